@@ -1,0 +1,32 @@
+// ServerConfig: the effective configuration of one kvd server process. Filled by the
+// CLI (flag names and defaults follow `lmcache server`), validated once, then read-only.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace kvd::server {
+
+struct ServerConfig {
+  std::string host = "localhost";
+  int port = 5555;
+  int64_t chunk_size = 256;
+  double l1_size_gb = 0;                 // required
+  std::string eviction_policy;           // required: LRU
+  double eviction_trigger_watermark = 0.8;
+  double eviction_ratio = 0.2;
+  double l1_read_ttl_seconds = 300;
+  double l1_write_ttl_seconds = 600;
+  int max_workers = 0;                   // 0: chosen from the core count
+  std::string hash_algorithm = "blake3";
+  std::string shm_name;                  // L1 pool segment; "" → kvd_l1_pool_<pid>
+  double worker_reap_timeout_seconds = 120;
+  double session_ttl_seconds = 600;
+  std::string log_level = "info";
+
+  uint64_t l1_size_bytes() const { return static_cast<uint64_t>(l1_size_gb * (1ull << 30)); }
+  std::string ZmqEndpoint() const;       // tcp://host:port
+  std::string Describe() const;          // one line for the startup log
+};
+
+}  // namespace kvd::server

@@ -1,0 +1,71 @@
+// SessionTable: per-request state shared by the scheduler's LOOKUP and the workers'
+// STORE/RETRIEVE of one vLLM request (keyed by request_id): the chained chunk hashes
+// computed so far (so each chunk is hashed once per request, not once per TP worker)
+// and the lookup result waiting to be polled. Sessions idle longer than the TTL expire.
+//
+// Thread-safe. The table lock is held only to find/create a session; hashing runs
+// under the session's own lock so concurrent workers of one request wait for, and
+// then reuse, one computation.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "common/clock.h"
+#include "common/status.h"
+#include "keys/chunk_hasher.h"
+
+namespace kvd::server {
+
+class SessionTable {
+ public:
+  SessionTable(const Clock* clock, uint32_t chunk_size, double ttl_seconds);
+
+  // Hashes of full chunks [0, num_chunks) of `tokens` for this request. The token
+  // prefix already hashed is compared with `tokens`; if a client reuses a request id
+  // with other tokens, the hashes are recomputed (never reused for different tokens).
+  // `identity` (model, world size, salt) is remembered so END_SESSION can refresh the
+  // request's chunks in L1.
+  Result<std::vector<keys::Hash32>> ChunkHashes(const std::string& request_id,
+                                                std::span<const int64_t> tokens,
+                                                size_t num_chunks,
+                                                const std::string& identity = "");
+
+  // Lookup results: set by LOOKUP, taken (once) by QUERY_PREFETCH_STATUS.
+  void SetLookupResult(const std::string& request_id, int64_t hit_chunks);
+  // nullopt: no result pending for this request (the caller answers 0).
+  std::optional<int64_t> TakeLookupResult(const std::string& request_id);
+  std::optional<int64_t> PeekLookupResult(const std::string& request_id);
+
+  // Removes the session; returns its identity and hashes (for touching them in L1).
+  std::pair<std::string, std::vector<keys::Hash32>> End(const std::string& request_id);
+
+  // Drops sessions idle for longer than the TTL; returns how many.
+  size_t Expire();
+  size_t size() const;
+
+ private:
+  struct Session {
+    std::mutex mu;
+    std::vector<int64_t> tokens;           // the tokens that `hashes` cover
+    std::vector<keys::Hash32> hashes;
+    std::optional<int64_t> lookup_result;
+    std::string identity;
+    int64_t last_used_ns = 0;
+  };
+  std::shared_ptr<Session> Get(const std::string& request_id, bool create);
+
+  const Clock* const clock_;
+  const uint32_t chunk_size_;
+  const int64_t ttl_ns_;
+  mutable std::mutex mu_;
+  std::unordered_map<std::string, std::shared_ptr<Session>> sessions_;  // guarded by mu_
+};
+
+}  // namespace kvd::server

@@ -1,0 +1,665 @@
+// Decoding follows the client's msgspec encoding: dataclasses and Structs are maps
+// keyed by field name; tagged Structs carry their tag under "type"; bytes are bin;
+// None is nil. Every reader below checks the msgpack type before touching a value.
+#include "wire/codec.h"
+
+#include <msgpack.hpp>
+
+#include <cmath>
+#include <limits>
+
+namespace kvd::wire {
+namespace {
+
+using msgpack::object;
+namespace mt = msgpack::type;
+
+const DecodeLimits kLimits{};
+
+// Parses one complete msgpack document; rejects trailing bytes.
+Result<msgpack::object_handle> Parse(std::string_view bytes, const char* what) {
+  msgpack::unpack_limit limit(kLimits.max_array, kLimits.max_map, kLimits.max_str,
+                              kLimits.max_bin, kLimits.max_ext, kLimits.max_depth);
+  try {
+    size_t off = 0;
+    msgpack::object_handle oh =
+        msgpack::unpack(bytes.data(), bytes.size(), off, nullptr, nullptr, limit);
+    if (off != bytes.size()) {
+      return Status::InvalidArgument(std::string(what) + ": trailing bytes after msgpack document");
+    }
+    return oh;
+  } catch (const std::exception& e) {
+    return Status::InvalidArgument(std::string(what) + ": malformed msgpack (" + e.what() + ")");
+  }
+}
+
+std::string Where(std::string_view ctx, std::string_view field) {
+  std::string s(ctx);
+  if (!field.empty()) {
+    s += '.';
+    s += field;
+  }
+  return s;
+}
+
+Status TypeError(std::string_view ctx, std::string_view field, const char* expected) {
+  return Status::InvalidArgument(Where(ctx, field) + ": expected " + expected);
+}
+
+Result<int64_t> ReadInt(const object& o, std::string_view ctx, std::string_view field) {
+  if (o.type == mt::POSITIVE_INTEGER) {
+    if (o.via.u64 > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+      return Status::InvalidArgument(Where(ctx, field) + ": integer out of range");
+    }
+    return static_cast<int64_t>(o.via.u64);
+  }
+  if (o.type == mt::NEGATIVE_INTEGER) return o.via.i64;
+  // The client coerces top-level int payloads from Python values; bool is an int there.
+  if (o.type == mt::BOOLEAN) return static_cast<int64_t>(o.via.boolean);
+  return TypeError(ctx, field, "integer");
+}
+
+Result<std::optional<int64_t>> ReadOptInt(const object& o, std::string_view ctx,
+                                          std::string_view field) {
+  if (o.type == mt::NIL) return std::optional<int64_t>();
+  auto v = ReadInt(o, ctx, field);
+  if (!v.ok()) return v.status();
+  return std::optional<int64_t>(*v);
+}
+
+Result<bool> ReadBool(const object& o, std::string_view ctx, std::string_view field) {
+  if (o.type == mt::BOOLEAN) return o.via.boolean;
+  if (o.type == mt::POSITIVE_INTEGER) return o.via.u64 != 0;
+  return TypeError(ctx, field, "bool");
+}
+
+Result<double> ReadFloat(const object& o, std::string_view ctx, std::string_view field) {
+  if (o.type == mt::FLOAT32 || o.type == mt::FLOAT64) return o.via.f64;
+  if (o.type == mt::POSITIVE_INTEGER) return static_cast<double>(o.via.u64);
+  if (o.type == mt::NEGATIVE_INTEGER) return static_cast<double>(o.via.i64);
+  return TypeError(ctx, field, "number");
+}
+
+Result<std::string> ReadStr(const object& o, std::string_view ctx, std::string_view field) {
+  if (o.type == mt::STR) return std::string(o.via.str.ptr, o.via.str.size);
+  return TypeError(ctx, field, "string");
+}
+
+Result<std::string> ReadBytes(const object& o, std::string_view ctx, std::string_view field) {
+  if (o.type == mt::BIN) return std::string(o.via.bin.ptr, o.via.bin.size);
+  if (o.type == mt::STR) return std::string(o.via.str.ptr, o.via.str.size);
+  if (o.type == mt::NIL) return std::string();
+  return TypeError(ctx, field, "bytes");
+}
+
+Result<std::vector<int64_t>> ReadIntArray(const object& o, std::string_view ctx,
+                                          std::string_view field) {
+  if (o.type != mt::ARRAY) return TypeError(ctx, field, "array of integers");
+  std::vector<int64_t> out;
+  out.resize(o.via.array.size);
+  const object* p = o.via.array.ptr;
+  for (uint32_t i = 0; i < o.via.array.size; ++i) {
+    // Token lists are long: keep the common non-negative case branch-light.
+    if (p[i].type == mt::POSITIVE_INTEGER &&
+        p[i].via.u64 <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+      out[i] = static_cast<int64_t>(p[i].via.u64);
+    } else if (p[i].type == mt::NEGATIVE_INTEGER) {
+      out[i] = p[i].via.i64;
+    } else {
+      return Status::InvalidArgument(Where(ctx, field) + "[" + std::to_string(i) +
+                                     "]: expected integer");
+    }
+  }
+  return out;
+}
+
+// Field lookup in a msgpack map with string keys; nullptr if absent.
+const object* Field(const object& map, std::string_view name) {
+  for (uint32_t i = 0; i < map.via.map.size; ++i) {
+    const object& k = map.via.map.ptr[i].key;
+    if (k.type == mt::STR && std::string_view(k.via.str.ptr, k.via.str.size) == name) {
+      return &map.via.map.ptr[i].val;
+    }
+  }
+  return nullptr;
+}
+
+Status RequireMap(const object& o, std::string_view ctx) {
+  if (o.type != mt::MAP) return TypeError(ctx, "", "map");
+  return Status::Ok();
+}
+
+// Reads a required field with `reader`; a missing field is an error naming it.
+template <typename Reader>
+auto Required(const object& map, std::string_view ctx, std::string_view name, Reader reader)
+    -> decltype(reader(map, ctx, name)) {
+  const object* f = Field(map, name);
+  if (f == nullptr) return Status::InvalidArgument(Where(ctx, name) + ": missing field");
+  return reader(*f, ctx, name);
+}
+
+#define KVD_ASSIGN(lhs, expr)              \
+  do {                                     \
+    auto _r = (expr);                      \
+    if (!_r.ok()) return _r.status();      \
+    lhs = std::move(_r).value();           \
+  } while (0)
+
+Result<CacheKey> ReadKey(const object& o, std::string_view ctx) {
+  KVD_RETURN_IF_ERROR(RequireMap(o, ctx));
+  CacheKey key;
+  KVD_ASSIGN(key.model_name, Required(o, ctx, "model_name", ReadStr));
+  KVD_ASSIGN(key.world_size, Required(o, ctx, "world_size", ReadInt));
+  KVD_ASSIGN(key.worker_id, Required(o, ctx, "worker_id", ReadOptInt));
+  KVD_ASSIGN(key.token_ids, Required(o, ctx, "token_ids", ReadIntArray));
+  KVD_ASSIGN(key.start, Required(o, ctx, "start", ReadInt));
+  KVD_ASSIGN(key.end, Required(o, ctx, "end", ReadInt));
+  KVD_ASSIGN(key.request_id, Required(o, ctx, "request_id", ReadStr));
+  if (const object* f = Field(o, "cache_salt"); f && f->type != mt::NIL) {
+    KVD_ASSIGN(key.cache_salt, ReadStr(*f, ctx, "cache_salt"));
+  }
+  if (const object* f = Field(o, "num_kv_readers"); f && f->type != mt::NIL) {
+    KVD_ASSIGN(key.num_kv_readers, ReadInt(*f, ctx, "num_kv_readers"));
+  }
+  // Identity checks that do not depend on server state.
+  if (key.world_size < 1 || key.world_size > 4096) {
+    return Status::InvalidArgument(std::string(ctx) + ".world_size: must be in [1, 4096], got " +
+                                   std::to_string(key.world_size));
+  }
+  if (key.worker_id && (*key.worker_id < 0 || *key.worker_id >= key.world_size)) {
+    return Status::InvalidArgument(std::string(ctx) + ".worker_id: " +
+                                   std::to_string(*key.worker_id) + " not in [0, world_size " +
+                                   std::to_string(key.world_size) + ")");
+  }
+  if (key.start < 0 || key.end < key.start ||
+      key.end > static_cast<int64_t>(key.token_ids.size())) {
+    return Status::InvalidArgument(std::string(ctx) + ": range [" + std::to_string(key.start) +
+                                   ", " + std::to_string(key.end) + ") not within " +
+                                   std::to_string(key.token_ids.size()) + " token ids");
+  }
+  if (key.cache_salt.size() > 128 ||
+      key.cache_salt.find_first_of(std::string_view("@/\\\0", 4)) != std::string::npos) {
+    return Status::InvalidArgument(std::string(ctx) +
+                                   ".cache_salt: at most 128 chars, no '@', '/', '\\' or NUL");
+  }
+  if (key.model_name.find('@') != std::string::npos) {
+    return Status::InvalidArgument(std::string(ctx) + ".model_name: must not contain '@'");
+  }
+  return key;
+}
+
+Result<std::vector<std::vector<int64_t>>> ReadBlockIds(const object& o, std::string_view ctx) {
+  if (o.type != mt::ARRAY) return TypeError(ctx, "", "array");
+  std::vector<std::vector<int64_t>> groups;
+  // Clients before mid-2026 sent a flat list: treat it as one group.
+  bool flat = o.via.array.size > 0 && o.via.array.ptr[0].type != mt::ARRAY;
+  if (flat || o.via.array.size == 0) {
+    KVD_ASSIGN(groups.emplace_back(), ReadIntArray(o, ctx, ""));
+    return groups;
+  }
+  groups.reserve(o.via.array.size);
+  for (uint32_t g = 0; g < o.via.array.size; ++g) {
+    KVD_ASSIGN(groups.emplace_back(),
+               ReadIntArray(o.via.array.ptr[g], ctx, "[" + std::to_string(g) + "]"));
+  }
+  return groups;
+}
+
+Status CheckArity(Frames payloads, Op op) {
+  const OpInfo& info = InfoOf(op);
+  if (payloads.size() < info.min_payloads || payloads.size() > info.max_payloads) {
+    return Status::InvalidArgument(std::string(info.name) + ": expected " +
+                                   std::to_string(info.min_payloads) +
+                                   (info.min_payloads == info.max_payloads
+                                        ? ""
+                                        : ".." + std::to_string(info.max_payloads)) +
+                                   " payload frames, got " + std::to_string(payloads.size()));
+  }
+  return Status::Ok();
+}
+
+Result<LayoutHints> ReadLayoutHints(const object& o) {
+  LayoutHints h;
+  if (o.type == mt::NIL) return h;
+  KVD_RETURN_IF_ERROR(RequireMap(o, "layout_hints"));
+  if (const object* f = Field(o, "kv_layout"); f && f->type != mt::NIL) {
+    KVD_ASSIGN(h.kv_layout, ReadStr(*f, "layout_hints", "kv_layout"));
+  }
+  if (const object* f = Field(o, "kv_list_layout"); f && f->type != mt::NIL) {
+    KVD_ASSIGN(h.kv_list_layout, ReadStr(*f, "layout_hints", "kv_list_layout"));
+  }
+  if (const object* f = Field(o, "num_kv_heads"); f) KVD_ASSIGN(h.num_kv_heads, ReadOptInt(*f, "layout_hints", "num_kv_heads"));
+  if (const object* f = Field(o, "tokens_per_block"); f) KVD_ASSIGN(h.tokens_per_block, ReadOptInt(*f, "layout_hints", "tokens_per_block"));
+  if (const object* f = Field(o, "head_dim"); f) KVD_ASSIGN(h.head_dim, ReadOptInt(*f, "layout_hints", "head_dim"));
+  return h;
+}
+
+Result<EngineGroupInfo> ReadGroupInfo(const object& o, std::string_view ctx) {
+  KVD_RETURN_IF_ERROR(RequireMap(o, ctx));
+  EngineGroupInfo g;
+  KVD_ASSIGN(g.engine_group_id, Required(o, ctx, "engine_group_id", ReadInt));
+  if (const object* f = Field(o, "layer_indices")) KVD_ASSIGN(g.layer_indices, ReadIntArray(*f, ctx, "layer_indices"));
+  if (const object* f = Field(o, "tokens_per_block")) KVD_ASSIGN(g.tokens_per_block, ReadInt(*f, ctx, "tokens_per_block"));
+  if (const object* f = Field(o, "sw_size_tokens")) KVD_ASSIGN(g.sw_size_tokens, ReadInt(*f, ctx, "sw_size_tokens"));
+  if (const object* f = Field(o, "extra_object_group_tag")) KVD_ASSIGN(g.extra_object_group_tag, ReadInt(*f, ctx, "extra_object_group_tag"));
+  if (const object* f = Field(o, "recurrent_state")) KVD_ASSIGN(g.recurrent_state, ReadBool(*f, ctx, "recurrent_state"));
+  return g;
+}
+
+Result<TensorDescriptor> ReadTensorMetadata(const object& o, TensorDescriptor d) {
+  constexpr std::string_view ctx = "ipc_descriptor.metadata";
+  KVD_RETURN_IF_ERROR(RequireMap(o, ctx));
+  KVD_ASSIGN(d.dtype, Required(o, ctx, "dtype", ReadStr));
+  KVD_ASSIGN(d.shape, Required(o, ctx, "shape", ReadIntArray));
+  KVD_ASSIGN(d.stride, Required(o, ctx, "stride", ReadIntArray));
+  KVD_ASSIGN(d.storage_offset, Required(o, ctx, "storage_offset", ReadInt));
+  KVD_ASSIGN(d.device_uuid, Required(o, ctx, "device_uuid", ReadStr));
+  if (d.shape.size() != d.stride.size() || d.shape.size() > 8) {
+    return Status::InvalidArgument(std::string(ctx) + ": shape and stride must have the same rank (<= 8)");
+  }
+  for (size_t i = 0; i < d.shape.size(); ++i) {
+    if (d.shape[i] < 0 || d.stride[i] < 0) {
+      return Status::InvalidArgument(std::string(ctx) + ": negative shape or stride");
+    }
+  }
+  if (d.storage_offset < 0) return Status::InvalidArgument(std::string(ctx) + ": negative storage_offset");
+  return d;
+}
+
+}  // namespace
+
+Result<const OpInfo*> DecodeOp(std::string_view op_frame) {
+  auto oh = Parse(op_frame, "operation");
+  if (!oh.ok()) return oh.status();
+  const object& o = oh->get();
+  const OpInfo* info = nullptr;
+  if (o.type == mt::POSITIVE_INTEGER) {
+    info = FindOpById(static_cast<int64_t>(o.via.u64));
+    if (!info) return Status::NotFound("unknown operation id " + std::to_string(o.via.u64));
+  } else if (o.type == mt::STR) {
+    std::string_view name(o.via.str.ptr, o.via.str.size);
+    info = FindOpByName(name);
+    if (!info) return Status::NotFound("unknown operation '" + std::string(name.substr(0, 64)) + "'");
+  } else {
+    return Status::InvalidArgument("operation frame must be a msgpack int or str");
+  }
+  return info;
+}
+
+Result<TensorDescriptor> DecodeTensorDescriptor(std::string_view ext_data) {
+  auto oh = Parse(ext_data, "ipc_descriptor");
+  if (!oh.ok()) return oh.status();
+  const object& o = oh->get();
+  constexpr std::string_view ctx = "ipc_descriptor";
+  KVD_RETURN_IF_ERROR(RequireMap(o, ctx));
+  std::string tag;
+  KVD_ASSIGN(tag, Required(o, ctx, "type", ReadStr));
+  int64_t version = 0;
+  KVD_ASSIGN(version, Required(o, ctx, "version", ReadInt));
+  if (version != 1) {
+    return Status::InvalidArgument("ipc_descriptor: unsupported version " + std::to_string(version));
+  }
+  const object* meta = Field(o, "metadata");
+  if (!meta) return Status::InvalidArgument("ipc_descriptor.metadata: missing field");
+  TensorDescriptor d;
+  if (tag == "cpu_shm") {
+    d.memory = TensorMemory::kCpuShm;
+    KVD_ASSIGN(d.shm_name, Required(o, ctx, "shm_name", ReadStr));
+    int64_t nbytes = 0;
+    KVD_ASSIGN(nbytes, Required(o, ctx, "nbytes", ReadInt));
+    if (nbytes < 0) return Status::InvalidArgument("ipc_descriptor.nbytes: negative");
+    d.nbytes = static_cast<uint64_t>(nbytes);
+  } else if (tag == "cuda") {
+    d.memory = TensorMemory::kCuda;
+    const object* h = Field(o, "handle");
+    if (!h || h->type != mt::ARRAY || h->via.array.size != 8) {
+      return Status::InvalidArgument("ipc_descriptor.handle: expected an 8-tuple");
+    }
+    const object* t = h->via.array.ptr;
+    int64_t v = 0;
+    KVD_ASSIGN(d.cuda_device_index, ReadInt(t[0], ctx, "handle[0]"));
+    KVD_ASSIGN(d.cuda_mem_handle, ReadBytes(t[1], ctx, "handle[1]"));
+    KVD_ASSIGN(v, ReadInt(t[2], ctx, "handle[2]"));
+    d.cuda_storage_size = static_cast<uint64_t>(v);
+    KVD_ASSIGN(v, ReadInt(t[3], ctx, "handle[3]"));
+    d.cuda_storage_offset_bytes = static_cast<uint64_t>(v);
+    KVD_ASSIGN(d.cuda_event_handle, ReadBytes(t[6], ctx, "handle[6]"));
+    KVD_ASSIGN(d.cuda_event_sync_required, ReadBool(t[7], ctx, "handle[7]"));
+    d.nbytes = d.cuda_storage_size;
+  } else if (tag == "cuda_raw") {
+    d.memory = TensorMemory::kCudaRaw;
+    KVD_ASSIGN(d.raw_ipc_handle, Required(o, ctx, "ipc_handle", ReadBytes));
+    if (d.raw_ipc_handle.size() != 64) {
+      return Status::InvalidArgument("ipc_descriptor.ipc_handle: expected 64 bytes");
+    }
+    int64_t v = 0;
+    KVD_ASSIGN(v, Required(o, ctx, "alloc_offset", ReadInt));
+    d.raw_alloc_offset = static_cast<uint64_t>(v);
+    KVD_ASSIGN(v, Required(o, ctx, "nbytes", ReadInt));
+    d.nbytes = static_cast<uint64_t>(v);
+  } else {
+    return Status::InvalidArgument("ipc_descriptor: unsupported wrapper type '" +
+                                   tag.substr(0, 32) +
+                                   "' (kvd accepts cpu_shm, cuda and cuda_raw)");
+  }
+  return ReadTensorMetadata(*meta, std::move(d));
+}
+
+Result<RegisterKvCacheRequest> DecodeRegisterKvCache(Frames p) {
+  KVD_RETURN_IF_ERROR(CheckArity(p, Op::kRegisterKvCache));
+  RegisterKvCacheRequest r;
+  std::vector<msgpack::object_handle> docs;
+  for (size_t i = 0; i < p.size(); ++i) {
+    auto oh = Parse(p[i], "register_kv_cache payload");
+    if (!oh.ok()) return oh.status();
+    docs.push_back(std::move(oh).value());
+  }
+  KVD_ASSIGN(r.instance_id, ReadInt(docs[0].get(), "register_kv_cache", "instance_id"));
+  const object& caches = docs[1].get();
+  if (caches.type != mt::ARRAY) return TypeError("register_kv_cache", "kv_cache", "array");
+  for (uint32_t i = 0; i < caches.via.array.size; ++i) {
+    const object& e = caches.via.array.ptr[i];
+    if (e.type != mt::EXT || e.via.ext.type() != 1) {
+      return Status::InvalidArgument("register_kv_cache.kv_cache[" + std::to_string(i) +
+                                     "]: expected msgpack ext type 1 (device IPC descriptor)");
+    }
+    auto d = DecodeTensorDescriptor(std::string_view(e.via.ext.data(), e.via.ext.size));
+    if (!d.ok()) {
+      return Status::InvalidArgument("register_kv_cache.kv_cache[" + std::to_string(i) +
+                                     "]: " + d.status().message());
+    }
+    r.tensors.push_back(std::move(d).value());
+  }
+  KVD_ASSIGN(r.model_name, ReadStr(docs[2].get(), "register_kv_cache", "model_name"));
+  KVD_ASSIGN(r.world_size, ReadInt(docs[3].get(), "register_kv_cache", "world_size"));
+  const object& et = docs[4].get();
+  if (et.type == mt::STR) {
+    r.engine_type.assign(et.via.str.ptr, et.via.str.size);
+  } else if (et.type == mt::POSITIVE_INTEGER) {
+    r.engine_type = std::to_string(et.via.u64);
+  }
+  KVD_ASSIGN(r.layout_hints, ReadLayoutHints(docs[5].get()));
+  const object& gi = docs[6].get();
+  if (gi.type != mt::ARRAY) return TypeError("register_kv_cache", "engine_group_infos", "array");
+  for (uint32_t i = 0; i < gi.via.array.size; ++i) {
+    KVD_ASSIGN(r.group_infos.emplace_back(),
+               ReadGroupInfo(gi.via.array.ptr[i],
+                             "register_kv_cache.engine_group_infos[" + std::to_string(i) + "]"));
+  }
+  return r;
+}
+
+Result<int64_t> DecodeInstanceId(Frames p) {
+  if (p.size() != 1) return Status::InvalidArgument("expected 1 payload frame (instance_id)");
+  auto oh = Parse(p[0], "instance_id");
+  if (!oh.ok()) return oh.status();
+  return ReadInt(oh->get(), "instance_id", "");
+}
+
+namespace {
+Result<TransferRequest> DecodeTransfer(Frames p, Op op) {
+  KVD_RETURN_IF_ERROR(CheckArity(p, op));
+  const char* name = op == Op::kStore ? "store" : "retrieve";
+  TransferRequest r;
+  {
+    auto oh = Parse(p[0], name);
+    if (!oh.ok()) return oh.status();
+    KVD_ASSIGN(r.key, ReadKey(oh->get(), std::string(name) + ".key"));
+  }
+  {
+    auto oh = Parse(p[1], name);
+    if (!oh.ok()) return oh.status();
+    KVD_ASSIGN(r.instance_id, ReadInt(oh->get(), name, "instance_id"));
+  }
+  {
+    auto oh = Parse(p[2], name);
+    if (!oh.ok()) return oh.status();
+    KVD_ASSIGN(r.block_ids, ReadBlockIds(oh->get(), std::string(name) + ".block_ids"));
+  }
+  {
+    auto oh = Parse(p[3], name);
+    if (!oh.ok()) return oh.status();
+    KVD_ASSIGN(r.event_handle, ReadBytes(oh->get(), name, "event_ipc_handle"));
+  }
+  if (op == Op::kRetrieve && p.size() > 4) {
+    auto oh = Parse(p[4], name);
+    if (!oh.ok()) return oh.status();
+    KVD_ASSIGN(r.skip_first_n_tokens, ReadInt(oh->get(), name, "skip_first_n_tokens"));
+    if (r.skip_first_n_tokens < 0) {
+      return Status::InvalidArgument("retrieve.skip_first_n_tokens: negative");
+    }
+  }
+  if (!r.key.worker_id) {
+    return Status::InvalidArgument(std::string(name) + ".key.worker_id: required (got nil)");
+  }
+  return r;
+}
+}  // namespace
+
+Result<TransferRequest> DecodeStore(Frames p) { return DecodeTransfer(p, Op::kStore); }
+Result<TransferRequest> DecodeRetrieve(Frames p) { return DecodeTransfer(p, Op::kRetrieve); }
+
+Result<LookupRequest> DecodeLookup(Frames p) {
+  KVD_RETURN_IF_ERROR(CheckArity(p, Op::kLookup));
+  LookupRequest r;
+  auto oh = Parse(p[0], "lookup");
+  if (!oh.ok()) return oh.status();
+  KVD_ASSIGN(r.key, ReadKey(oh->get(), "lookup.key"));
+  if (p.size() > 1) {
+    auto tp = Parse(p[1], "lookup");
+    if (!tp.ok()) return tp.status();
+    KVD_ASSIGN(r.tp_size, ReadInt(tp->get(), "lookup", "tp_size"));
+  }
+  return r;
+}
+
+Result<std::string> DecodeRequestId(Frames p) {
+  if (p.empty() || p.size() > 2) return Status::InvalidArgument("expected 1 payload frame (request_id)");
+  auto oh = Parse(p[0], "request_id");
+  if (!oh.ok()) return oh.status();
+  return ReadStr(oh->get(), "request_id", "");
+}
+
+Result<std::pair<std::string, double>> DecodeWaitPrefetch(Frames p) {
+  KVD_RETURN_IF_ERROR(CheckArity(p, Op::kWaitPrefetchStatus));
+  std::pair<std::string, double> r{"", 0.0};
+  KVD_ASSIGN(r.first, DecodeRequestId(p.subspan(0, 1)));
+  if (p.size() > 1) {
+    auto oh = Parse(p[1], "wait_prefetch_status");
+    if (!oh.ok()) return oh.status();
+    KVD_ASSIGN(r.second, ReadFloat(oh->get(), "wait_prefetch_status", "timeout"));
+    if (!std::isfinite(r.second) || r.second < 0) r.second = 0;
+  }
+  return r;
+}
+
+Result<std::optional<int64_t>> DecodePing(Frames p) {
+  KVD_RETURN_IF_ERROR(CheckArity(p, Op::kPing));
+  if (p.empty()) return std::optional<int64_t>();
+  auto oh = Parse(p[0], "ping");
+  if (!oh.ok()) return oh.status();
+  return ReadOptInt(oh->get(), "ping", "instance_id");
+}
+
+Result<bool> DecodeClear(Frames p) {
+  KVD_RETURN_IF_ERROR(CheckArity(p, Op::kClear));
+  if (p.empty()) return false;
+  auto oh = Parse(p[0], "clear");
+  if (!oh.ok()) return oh.status();
+  if (oh->get().type == mt::NIL) return false;
+  return ReadBool(oh->get(), "clear", "force");
+}
+
+Result<RegisterEngineDrivenRequest> DecodeRegisterEngineDriven(Frames p) {
+  KVD_RETURN_IF_ERROR(CheckArity(p, Op::kRegisterEngineDrivenContext));
+  auto oh = Parse(p[0], "register_kv_cache_engine_driven_context");
+  if (!oh.ok()) return oh.status();
+  const object& o = oh->get();
+  constexpr std::string_view ctx = "register_kv_cache_engine_driven_context";
+  KVD_RETURN_IF_ERROR(RequireMap(o, ctx));
+  RegisterEngineDrivenRequest r;
+  KVD_ASSIGN(r.instance_id, Required(o, ctx, "instance_id", ReadInt));
+  KVD_ASSIGN(r.model_name, Required(o, ctx, "model_name", ReadStr));
+  KVD_ASSIGN(r.world_size, Required(o, ctx, "world_size", ReadInt));
+  KVD_ASSIGN(r.block_size, Required(o, ctx, "block_size", ReadInt));
+  KVD_ASSIGN(r.num_layers, Required(o, ctx, "num_layers", ReadInt));
+  KVD_ASSIGN(r.hidden_dim_size, Required(o, ctx, "hidden_dim_size", ReadInt));
+  KVD_ASSIGN(r.dtype_str, Required(o, ctx, "dtype_str", ReadStr));
+  KVD_ASSIGN(r.use_mla, Required(o, ctx, "use_mla", ReadBool));
+  if (const object* f = Field(o, "num_physical_slots")) {
+    KVD_ASSIGN(r.num_physical_slots, ReadOptInt(*f, ctx, "num_physical_slots"));
+  }
+  return r;
+}
+
+Result<EngineDrivenRequest> DecodeEngineDriven(Frames p) {
+  if (p.size() < 2 || p.size() > 3) {
+    return Status::InvalidArgument("expected 2..3 payload frames (key, instance_id[, data])");
+  }
+  EngineDrivenRequest r;
+  {
+    auto oh = Parse(p[0], "key");
+    if (!oh.ok()) return oh.status();
+    KVD_ASSIGN(r.key, ReadKey(oh->get(), "key"));
+  }
+  {
+    auto oh = Parse(p[1], "instance_id");
+    if (!oh.ok()) return oh.status();
+    KVD_ASSIGN(r.instance_id, ReadInt(oh->get(), "instance_id", ""));
+  }
+  if (p.size() == 3) {
+    auto oh = Parse(p[2], "data");
+    if (!oh.ok()) return oh.status();
+    KVD_ASSIGN(r.data, ReadBytes(oh->get(), "data", ""));
+  }
+  if (!r.key.worker_id) return Status::InvalidArgument("key.worker_id: required (got nil)");
+  return r;
+}
+
+Result<ReportBlockAllocationRequest> DecodeReportBlockAllocation(Frames p) {
+  KVD_RETURN_IF_ERROR(CheckArity(p, Op::kReportBlockAllocation));
+  ReportBlockAllocationRequest r;
+  std::vector<msgpack::object_handle> docs;
+  for (auto f : p) {
+    auto oh = Parse(f, "report_block_allocation");
+    if (!oh.ok()) return oh.status();
+    docs.push_back(std::move(oh).value());
+  }
+  KVD_ASSIGN(r.instance_id, ReadInt(docs[0].get(), "report_block_allocation", "instance_id"));
+  KVD_ASSIGN(r.model_name, ReadStr(docs[1].get(), "report_block_allocation", "model_name"));
+  const object& recs = docs[2].get();
+  if (recs.type != mt::ARRAY) return TypeError("report_block_allocation", "records", "array");
+  for (uint32_t i = 0; i < recs.via.array.size; ++i) {
+    const object& o = recs.via.array.ptr[i];
+    constexpr std::string_view ctx = "report_block_allocation.records[]";
+    KVD_RETURN_IF_ERROR(RequireMap(o, ctx));
+    BlockAllocationRecord rec;
+    KVD_ASSIGN(rec.req_id, Required(o, ctx, "req_id", ReadStr));
+    KVD_ASSIGN(rec.new_block_ids, Required(o, ctx, "new_block_ids", ReadIntArray));
+    KVD_ASSIGN(rec.new_token_ids, Required(o, ctx, "new_token_ids", ReadIntArray));
+    r.records.push_back(std::move(rec));
+  }
+  return r;
+}
+
+// ---- encoders -------------------------------------------------------------------
+
+namespace {
+template <typename Fn>
+std::string Pack(Fn&& fn) {
+  msgpack::sbuffer buf;
+  msgpack::packer<msgpack::sbuffer> pk(buf);
+  fn(pk);
+  return std::string(buf.data(), buf.size());
+}
+
+void PackStr(msgpack::packer<msgpack::sbuffer>& pk, std::string_view s) {
+  pk.pack_str(static_cast<uint32_t>(s.size()));
+  pk.pack_str_body(s.data(), static_cast<uint32_t>(s.size()));
+}
+
+void PackSlots(msgpack::packer<msgpack::sbuffer>& pk, std::span<const ShmSlot> slots) {
+  pk.pack_array(static_cast<uint32_t>(slots.size()));
+  for (const auto& s : slots) {
+    pk.pack_map(4);
+    PackStr(pk, "offset");
+    pk.pack_uint64(s.offset);
+    PackStr(pk, "length");
+    pk.pack_uint64(s.length);
+    PackStr(pk, "shape");
+    pk.pack_array(static_cast<uint32_t>(s.shape.size()));
+    for (int64_t d : s.shape) pk.pack_int64(d);
+    PackStr(pk, "dtype");
+    PackStr(pk, s.dtype);
+  }
+}
+}  // namespace
+
+std::string EncodeNil() { return std::string(1, '\xc0'); }
+std::string EncodeBool(bool v) { return std::string(1, v ? '\xc3' : '\xc2'); }
+std::string EncodeInt(int64_t v) {
+  return Pack([&](auto& pk) { pk.pack_int64(v); });
+}
+std::string EncodeOptionalInt(std::optional<int64_t> v) { return v ? EncodeInt(*v) : EncodeNil(); }
+std::string EncodeStr(std::string_view v) {
+  return Pack([&](auto& pk) { PackStr(pk, v); });
+}
+std::string EncodeStrList(std::span<const std::string> v) {
+  return Pack([&](auto& pk) {
+    pk.pack_array(static_cast<uint32_t>(v.size()));
+    for (const auto& s : v) PackStr(pk, s);
+  });
+}
+std::string EncodeHandleAndOk(std::string_view event_handle, bool ok) {
+  return Pack([&](auto& pk) {
+    pk.pack_array(2);
+    pk.pack_bin(static_cast<uint32_t>(event_handle.size()));
+    pk.pack_bin_body(event_handle.data(), static_cast<uint32_t>(event_handle.size()));
+    if (ok) pk.pack_true(); else pk.pack_false();
+  });
+}
+std::string EncodeRegisterEngineDrivenResponse(std::string_view shm_name, uint64_t pool_size) {
+  return Pack([&](auto& pk) {
+    pk.pack_map(2);
+    PackStr(pk, "shm_name");
+    PackStr(pk, shm_name);
+    PackStr(pk, "pool_size");
+    pk.pack_uint64(pool_size);
+  });
+}
+std::string EncodePrepareStoreResponse(const std::optional<std::vector<ShmSlot>>& slots,
+                                       std::span<const int64_t> chunk_indices) {
+  return Pack([&](auto& pk) {
+    pk.pack_map(1);
+    PackStr(pk, "context");
+    if (!slots) {
+      pk.pack_map(0);
+      return;
+    }
+    pk.pack_map(2);
+    PackStr(pk, "slots");
+    PackSlots(pk, *slots);
+    PackStr(pk, "chunk_indices");
+    pk.pack_array(static_cast<uint32_t>(chunk_indices.size()));
+    for (int64_t c : chunk_indices) pk.pack_int64(c);
+  });
+}
+std::string EncodePrepareRetrieveResponse(bool success, std::span<const ShmSlot> slots) {
+  return Pack([&](auto& pk) {
+    pk.pack_map(3);
+    PackStr(pk, "success");
+    if (success) pk.pack_true(); else pk.pack_false();
+    PackStr(pk, "data");
+    pk.pack_bin(0);
+    PackStr(pk, "context");
+    if (!success) {
+      pk.pack_map(0);
+      return;
+    }
+    pk.pack_map(1);
+    PackStr(pk, "slots");
+    PackSlots(pk, slots);
+  });
+}
+
+}  // namespace kvd::wire

@@ -1,0 +1,68 @@
+// Codec for the lmcache 0.5.6 multiprocess wire protocol.
+//
+// Decoders take the payload frames of one request (each frame one msgpack document),
+// bound every size before allocating (see DecodeLimits), read maps by field name
+// (unknown keys ignored, defaulted fields filled) and return a typed request or an
+// InvalidArgument Status that says which field was wrong. They never throw.
+// Encoders produce exactly one reply frame. Stateless; safe from any thread.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/status.h"
+#include "wire/messages.h"
+#include "wire/ops.h"
+
+namespace kvd::wire {
+
+using Frames = std::span<const std::string_view>;
+
+// Upper bounds applied while parsing, before any allocation.
+struct DecodeLimits {
+  size_t max_array = 16u << 20;       // elements: token lists of very long prompts
+  size_t max_map = 4096;
+  size_t max_str = 1u << 20;
+  size_t max_bin = 1u << 30;
+  size_t max_ext = 1u << 20;
+  size_t max_depth = 16;
+};
+
+// The op frame: a msgpack int (frozen id) or str (op name). NotFound for unknown ops.
+Result<const OpInfo*> DecodeOp(std::string_view op_frame);
+
+Result<RegisterKvCacheRequest> DecodeRegisterKvCache(Frames payloads);
+Result<int64_t> DecodeInstanceId(Frames payloads);                  // unregister ops
+Result<TransferRequest> DecodeStore(Frames payloads);
+Result<TransferRequest> DecodeRetrieve(Frames payloads);
+Result<LookupRequest> DecodeLookup(Frames payloads);                // also free_lookup_locks
+Result<std::string> DecodeRequestId(Frames payloads);               // query/end_session
+Result<std::pair<std::string, double>> DecodeWaitPrefetch(Frames payloads);
+Result<std::optional<int64_t>> DecodePing(Frames payloads);
+Result<bool> DecodeClear(Frames payloads);                          // force flag
+Result<RegisterEngineDrivenRequest> DecodeRegisterEngineDriven(Frames payloads);
+Result<EngineDrivenRequest> DecodeEngineDriven(Frames payloads);    // prepare/commit ops
+Result<ReportBlockAllocationRequest> DecodeReportBlockAllocation(Frames payloads);
+
+// Decodes one ext-1 device IPC descriptor (the data of msgpack ext type 1).
+Result<TensorDescriptor> DecodeTensorDescriptor(std::string_view ext_data);
+
+// Reply encoders: each returns one msgpack document.
+std::string EncodeNil();
+std::string EncodeBool(bool v);
+std::string EncodeInt(int64_t v);
+std::string EncodeOptionalInt(std::optional<int64_t> v);
+std::string EncodeStr(std::string_view v);
+std::string EncodeStrList(std::span<const std::string> v);
+std::string EncodeHandleAndOk(std::string_view event_handle, bool ok);   // [bin, bool]
+std::string EncodeRegisterEngineDrivenResponse(std::string_view shm_name, uint64_t pool_size);
+// {"context": {"slots": [...], "chunk_indices": [...]}}; slots == nullopt → {"context": {}}
+std::string EncodePrepareStoreResponse(const std::optional<std::vector<ShmSlot>>& slots,
+                                       std::span<const int64_t> chunk_indices);
+std::string EncodePrepareRetrieveResponse(bool success, std::span<const ShmSlot> slots);
+
+}  // namespace kvd::wire

@@ -1,0 +1,135 @@
+// Typed requests of the lmcache 0.5.6 multiprocess protocol, as kvd sees them after
+// decoding. Plain values that own their data; no msgpack or ZMQ types leak out.
+// Field names follow the client's dataclasses/structs so the mapping stays obvious.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace kvd::wire {
+
+// IPCCacheServerKey: a token range of one request. request_id, request_configs and
+// num_kv_readers are not part of the cache identity.
+struct CacheKey {
+  std::string model_name;
+  int64_t world_size = 0;
+  std::optional<int64_t> worker_id;  // nullopt for scheduler lookups
+  std::vector<int64_t> token_ids;    // from position 0 up to at least `end`
+  int64_t start = 0;
+  int64_t end = 0;
+  std::string request_id;
+  std::string cache_salt;
+  int64_t num_kv_readers = 0;        // 0: not sent by the client
+};
+
+// Kind of device memory a registered tensor lives in (the ext-1 descriptor's tag).
+enum class TensorMemory : uint8_t { kCpuShm, kCuda, kCudaRaw, kCudaVmm };
+
+// A registered KV tensor: an (untrusted) description of a strided view into memory the
+// client shares with kvd. Sizes, strides and offsets are in elements of `dtype`.
+struct TensorDescriptor {
+  TensorMemory memory = TensorMemory::kCpuShm;
+  std::string dtype;                 // torch dtype name without "torch.", e.g. "bfloat16"
+  std::vector<int64_t> shape;
+  std::vector<int64_t> stride;
+  int64_t storage_offset = 0;
+  std::string device_uuid;           // "cpu" or "GPU-…"
+  // kCpuShm: POSIX shared-memory name and the byte length to map.
+  std::string shm_name;
+  uint64_t nbytes = 0;
+  // kCuda: PyTorch's _share_cuda_ tuple.
+  int64_t cuda_device_index = 0;
+  std::string cuda_mem_handle;       // may carry a 1-byte type prefix
+  uint64_t cuda_storage_size = 0;
+  uint64_t cuda_storage_offset_bytes = 0;
+  std::string cuda_event_handle;
+  bool cuda_event_sync_required = false;
+  // kCudaRaw: raw cudaIpcMemHandle_t (64 bytes) and a byte range of the allocation.
+  std::string raw_ipc_handle;
+  uint64_t raw_alloc_offset = 0;
+};
+
+struct LayoutHints {
+  std::optional<std::string> kv_layout;   // "NHD" | "HND" | "BLHNC" | "BLNHC" …
+  std::optional<int64_t> num_kv_heads;
+  std::optional<int64_t> tokens_per_block;
+  std::optional<int64_t> head_dim;
+  std::optional<std::string> kv_list_layout;
+};
+
+struct EngineGroupInfo {
+  int64_t engine_group_id = 0;
+  std::vector<int64_t> layer_indices;
+  int64_t tokens_per_block = 0;      // 0: not reported by the engine
+  int64_t sw_size_tokens = -1;       // -1: not sliding-window
+  int64_t extra_object_group_tag = 0;
+  bool recurrent_state = false;
+};
+
+struct RegisterKvCacheRequest {
+  int64_t instance_id = 0;
+  std::vector<TensorDescriptor> tensors;
+  std::string model_name;
+  int64_t world_size = 0;
+  std::string engine_type;           // EngineType value, e.g. "vllm"
+  LayoutHints layout_hints;
+  std::vector<EngineGroupInfo> group_infos;  // empty: one non-hybrid group
+};
+
+// STORE and RETRIEVE (lmcache-driven): the server copies between the registered
+// tensors and L1. block_ids has one inner list per KV group.
+struct TransferRequest {
+  CacheKey key;
+  int64_t instance_id = 0;
+  std::vector<std::vector<int64_t>> block_ids;
+  std::string event_handle;
+  int64_t skip_first_n_tokens = 0;   // RETRIEVE only
+};
+
+struct LookupRequest {
+  CacheKey key;
+  int64_t tp_size = 1;
+};
+
+struct RegisterEngineDrivenRequest {
+  int64_t instance_id = 0;
+  std::string model_name;
+  int64_t world_size = 0;
+  int64_t block_size = 0;
+  int64_t num_layers = 0;
+  int64_t hidden_dim_size = 0;
+  std::string dtype_str;
+  bool use_mla = false;
+  std::optional<int64_t> num_physical_slots;
+};
+
+// PREPARE_STORE / COMMIT_STORE / PREPARE_RETRIEVE / COMMIT_RETRIEVE.
+struct EngineDrivenRequest {
+  CacheKey key;
+  int64_t instance_id = 0;
+  std::string data;                  // COMMIT_STORE only: empty unless pickle fallback
+};
+
+struct BlockAllocationRecord {
+  std::string req_id;
+  std::vector<int64_t> new_block_ids;
+  std::vector<int64_t> new_token_ids;
+};
+
+struct ReportBlockAllocationRequest {
+  int64_t instance_id = 0;
+  std::string model_name;
+  std::vector<BlockAllocationRecord> records;
+};
+
+// One slot of the L1 pool handed to an engine-driven worker.
+struct ShmSlot {
+  uint64_t offset = 0;
+  uint64_t length = 0;
+  std::vector<int64_t> shape;
+  std::string dtype;
+};
+
+}  // namespace kvd::wire

@@ -1,0 +1,306 @@
+// MemoryPool: allocator behaviour (alignment, best fit, coalescing, exhaustion, double free)
+// and the mapping (shared segment lifecycle, stale segment replacement, name checks, sparse
+// creation of a pool larger than the machine's memory).
+#include "l1/memory_pool.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <fstream>
+#include <string>
+
+#include <gtest/gtest.h>
+
+namespace kvd::l1 {
+namespace {
+
+constexpr uint64_t kKiB = 1024;
+constexpr uint64_t kMiB = 1024 * kKiB;
+constexpr uint64_t kGiB = 1024 * kMiB;
+
+std::unique_ptr<MemoryPool> MakePool(uint64_t capacity, uint64_t align = 4096,
+                                     std::string shm_name = "") {
+  MemoryPoolOptions options;
+  options.capacity_bytes = capacity;
+  options.align = align;
+  options.shm_name = std::move(shm_name);
+  auto pool = MemoryPool::Create(options);
+  EXPECT_TRUE(pool.ok()) << pool.status().ToString();
+  return pool.ok() ? std::move(pool).value() : nullptr;
+}
+
+// Unique per process and call, so parallel ctest runs do not collide.
+std::string UniqueShmName(const char* tag) {
+  static std::atomic<int> counter{0};
+  return std::string("kvd_test_") + tag + "_" + std::to_string(getpid()) + "_" +
+         std::to_string(counter++);
+}
+
+bool ShmExists(const std::string& name, off_t* size = nullptr) {
+  struct stat st {};
+  if (stat(("/dev/shm/" + name).c_str(), &st) != 0) return false;
+  if (size != nullptr) *size = st.st_size;
+  return true;
+}
+
+// Resident set size of this process in bytes, from /proc/self/status.
+uint64_t RssBytes() {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::stoull(line.substr(6)) * kKiB;
+  }
+  return 0;
+}
+
+TEST(MemoryPoolTest, AllocationsAreAlignedAndRoundedUp) {
+  auto pool = MakePool(64 * 4096);
+  ASSERT_NE(pool, nullptr);
+  auto a = pool->Allocate(1);
+  auto b = pool->Allocate(4097);
+  auto c = pool->Allocate(100);
+  ASSERT_TRUE(a && b && c);
+  for (uint64_t off : {*a, *b, *c}) EXPECT_EQ(off % 4096, 0u) << off;
+  EXPECT_EQ(pool->AllocatedSize(*a), 4096u);
+  EXPECT_EQ(pool->AllocatedSize(*b), 8192u);
+  EXPECT_EQ(pool->used_bytes(), 4096u + 8192u + 4096u);
+  EXPECT_EQ(pool->free_bytes(), pool->capacity() - pool->used_bytes());
+  // Distinct, non-overlapping ranges.
+  EXPECT_TRUE(*b >= *a + 4096 || *a >= *b + 8192);
+  EXPECT_TRUE(*c >= *b + 8192 || *b >= *c + 4096);
+}
+
+TEST(MemoryPoolTest, SmallAlignmentAndCapacityRounding) {
+  auto pool = MakePool(1000, 64);  // rounded down to 960
+  ASSERT_NE(pool, nullptr);
+  EXPECT_EQ(pool->capacity(), 960u);
+  auto a = pool->Allocate(65);
+  ASSERT_TRUE(a);
+  EXPECT_EQ(pool->AllocatedSize(*a), 128u);
+  auto b = pool->Allocate(0);  // zero bytes still gets a unique granule
+  ASSERT_TRUE(b);
+  EXPECT_NE(*a, *b);
+  EXPECT_EQ(pool->used_bytes(), 192u);
+}
+
+TEST(MemoryPoolTest, FreeCoalescesWithNeighbours) {
+  auto pool = MakePool(4 * 4096);
+  ASSERT_NE(pool, nullptr);
+  auto a = pool->Allocate(4096);
+  auto b = pool->Allocate(4096);
+  auto c = pool->Allocate(4096);
+  auto d = pool->Allocate(4096);
+  ASSERT_TRUE(a && b && c && d);
+  EXPECT_FALSE(pool->Allocate(1));
+  EXPECT_EQ(pool->num_free_ranges(), 0u);
+
+  ASSERT_TRUE(pool->Free(*b));
+  ASSERT_TRUE(pool->Free(*a));
+  // A and B were adjacent: one free range of two pages, so a two-page allocation fits.
+  EXPECT_EQ(pool->num_free_ranges(), 1u);
+  EXPECT_EQ(pool->largest_free_range(), 2 * 4096u);
+  auto ab = pool->Allocate(2 * 4096);
+  ASSERT_TRUE(ab);
+  EXPECT_EQ(*ab, std::min(*a, *b));
+
+  // Freeing the middle of three free neighbours merges all of them.
+  ASSERT_TRUE(pool->Free(*ab));
+  ASSERT_TRUE(pool->Free(*d));
+  EXPECT_EQ(pool->num_free_ranges(), 2u);
+  ASSERT_TRUE(pool->Free(*c));
+  EXPECT_EQ(pool->num_free_ranges(), 1u);
+  EXPECT_EQ(pool->largest_free_range(), pool->capacity());
+  EXPECT_EQ(pool->used_bytes(), 0u);
+}
+
+TEST(MemoryPoolTest, BestFitPrefersTheSmallestHole) {
+  auto pool = MakePool(8 * 4096);
+  ASSERT_NE(pool, nullptr);
+  auto a = pool->Allocate(2 * 4096);  // [0,2)
+  auto s1 = pool->Allocate(4096);     // [2,3)
+  auto b = pool->Allocate(4096);      // [3,4)
+  auto s2 = pool->Allocate(4096);     // [4,5)
+  ASSERT_TRUE(a && s1 && b && s2);
+  ASSERT_TRUE(pool->Free(*a));  // hole of 2 pages
+  ASSERT_TRUE(pool->Free(*b));  // hole of 1 page; tail [5,8) has 3 pages
+  auto one = pool->Allocate(4096);
+  ASSERT_TRUE(one);
+  EXPECT_EQ(*one, *b);  // the exact fit, not the first hole
+}
+
+TEST(MemoryPoolTest, ExhaustionReturnsNulloptAndRecovers) {
+  auto pool = MakePool(16 * 4096);
+  ASSERT_NE(pool, nullptr);
+  std::vector<uint64_t> offsets;
+  while (auto off = pool->Allocate(4096)) offsets.push_back(*off);
+  EXPECT_EQ(offsets.size(), 16u);
+  EXPECT_EQ(pool->used_bytes(), pool->capacity());
+  EXPECT_FALSE(pool->Allocate(1));
+  EXPECT_FALSE(pool->Allocate(pool->capacity() + 1));
+  EXPECT_FALSE(pool->Allocate(UINT64_MAX));
+  ASSERT_TRUE(pool->Free(offsets[7]));
+  auto again = pool->Allocate(4096);
+  ASSERT_TRUE(again);
+  EXPECT_EQ(*again, offsets[7]);
+}
+
+TEST(MemoryPoolTest, DoubleFreeAndBogusFreeAreRejected) {
+  auto pool = MakePool(4 * 4096);
+  ASSERT_NE(pool, nullptr);
+  auto a = pool->Allocate(4096);
+  ASSERT_TRUE(a);
+  EXPECT_FALSE(pool->Free(*a + 4096));
+  EXPECT_TRUE(pool->Free(*a));
+  EXPECT_FALSE(pool->Free(*a));
+  EXPECT_EQ(pool->used_bytes(), 0u);
+  EXPECT_EQ(pool->num_free_ranges(), 1u);
+}
+
+TEST(MemoryPoolTest, MemoryIsWritableAndZeroed) {
+  auto pool = MakePool(16 * 4096);
+  ASSERT_NE(pool, nullptr);
+  auto a = pool->Allocate(3 * 4096);
+  ASSERT_TRUE(a);
+  uint8_t* p = pool->At(*a);
+  EXPECT_EQ(p, pool->base() + *a);
+  for (uint64_t i = 0; i < 3 * 4096; ++i) ASSERT_EQ(p[i], 0);
+  std::memset(p, 0xab, 3 * 4096);
+  EXPECT_EQ(p[3 * 4096 - 1], 0xab);
+}
+
+TEST(MemoryPoolTest, RejectsBadOptions) {
+  MemoryPoolOptions options;
+  options.capacity_bytes = 0;
+  EXPECT_EQ(MemoryPool::Create(options).status().code(), StatusCode::kInvalidArgument);
+  options.capacity_bytes = 4095;  // smaller than one granule
+  EXPECT_EQ(MemoryPool::Create(options).status().code(), StatusCode::kInvalidArgument);
+  options.capacity_bytes = 1 * kMiB;
+  options.align = 3000;
+  EXPECT_EQ(MemoryPool::Create(options).status().code(), StatusCode::kInvalidArgument);
+  options.align = 0;
+  EXPECT_EQ(MemoryPool::Create(options).status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST(MemoryPoolTest, SharedSegmentIsVisibleAndRemovedOnDestruction) {
+  const std::string name = UniqueShmName("vis");
+  {
+    auto pool = MakePool(8 * 4096, 4096, name);
+    ASSERT_NE(pool, nullptr);
+    EXPECT_TRUE(pool->is_shared());
+    EXPECT_EQ(pool->shm_name(), "/" + name);
+    off_t size = 0;
+    ASSERT_TRUE(ShmExists(name, &size));
+    EXPECT_EQ(static_cast<uint64_t>(size), 8 * 4096u);
+
+    // Another mapping of the segment (as a worker process would do) sees our bytes and we
+    // see its bytes.
+    int fd = shm_open(("/" + name).c_str(), O_RDWR, 0);
+    ASSERT_GE(fd, 0);
+    void* other = mmap(nullptr, 8 * 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    ASSERT_NE(other, MAP_FAILED);
+    auto off = pool->Allocate(4096);
+    ASSERT_TRUE(off);
+    std::memcpy(pool->At(*off), "hello", 6);
+    EXPECT_STREQ(static_cast<char*>(other) + *off, "hello");
+    static_cast<char*>(other)[*off + 4096 - 1] = 42;
+    EXPECT_EQ(pool->At(*off)[4096 - 1], 42);
+    munmap(other, 8 * 4096);
+  }
+  EXPECT_FALSE(ShmExists(name));
+}
+
+TEST(MemoryPoolTest, LeadingSlashNameIsAccepted) {
+  const std::string name = UniqueShmName("slash");
+  auto pool = MakePool(4096, 4096, "/" + name);
+  ASSERT_NE(pool, nullptr);
+  EXPECT_EQ(pool->shm_name(), "/" + name);
+  EXPECT_TRUE(ShmExists(name));
+  pool.reset();
+  EXPECT_FALSE(ShmExists(name));
+}
+
+TEST(MemoryPoolTest, StaleSegmentIsReplaced) {
+  const std::string name = UniqueShmName("stale");
+  // A leftover from a "crashed run": different size and content.
+  int fd = shm_open(("/" + name).c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(ftruncate(fd, 4096), 0);
+  ASSERT_EQ(pwrite(fd, "stale", 5, 0), 5);
+  struct stat old_st {};
+  ASSERT_EQ(fstat(fd, &old_st), 0);
+  close(fd);
+
+  auto pool = MakePool(4 * 4096, 4096, name);
+  ASSERT_NE(pool, nullptr);
+  off_t size = 0;
+  ASSERT_TRUE(ShmExists(name, &size));
+  EXPECT_EQ(static_cast<uint64_t>(size), 4 * 4096u);
+  EXPECT_EQ(pool->base()[0], 0);  // fresh memory, not the stale bytes
+  struct stat new_st {};
+  ASSERT_EQ(stat(("/dev/shm/" + name).c_str(), &new_st), 0);
+  EXPECT_NE(new_st.st_ino, old_st.st_ino);
+  pool.reset();
+  EXPECT_FALSE(ShmExists(name));
+}
+
+TEST(MemoryPoolTest, BadNamesAreRejected) {
+  const std::string too_long(MemoryPool::kMaxShmNameLength + 1, 'x');
+  for (const std::string& bad :
+       {std::string(""), std::string("/"), std::string("a/b"), std::string("/a/b"),
+        std::string("//a"), std::string(".."), std::string("/.."), std::string("a..b"),
+        std::string("."), too_long, std::string("a\0b", 3)}) {
+    auto normalized = MemoryPool::NormalizeShmName(bad);
+    EXPECT_FALSE(normalized.ok()) << "accepted '" << bad << "'";
+    EXPECT_EQ(normalized.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_FALSE(normalized.status().message().empty());
+
+    MemoryPoolOptions options;
+    options.capacity_bytes = 4096;
+    options.shm_name = bad;
+    if (bad.empty()) continue;  // empty means anonymous memory for Create
+    EXPECT_EQ(MemoryPool::Create(options).status().code(), StatusCode::kInvalidArgument) << bad;
+  }
+  const std::string longest(MemoryPool::kMaxShmNameLength, 'x');
+  EXPECT_EQ(MemoryPool::NormalizeShmName(longest).value(), "/" + longest);
+  EXPECT_EQ(MemoryPool::NormalizeShmName("abc").value(), "/abc");
+  EXPECT_EQ(MemoryPool::NormalizeShmName("/abc").value(), "/abc");
+  EXPECT_EQ(MemoryPool::NormalizeShmName("a.b-c_d").value(), "/a.b-c_d");
+}
+
+// 64 GiB is more than this machine's memory: creation must be lazy and fast.
+void CheckHugeSparsePool(const std::string& shm_name) {
+  const uint64_t rss_before = RssBytes();
+  const auto start = std::chrono::steady_clock::now();
+  auto pool = MakePool(64 * kGiB, 4096, shm_name);
+  const auto elapsed = std::chrono::steady_clock::now() - start;
+  ASSERT_NE(pool, nullptr);
+  EXPECT_LT(elapsed, std::chrono::seconds(1));
+  EXPECT_EQ(pool->capacity(), 64 * kGiB);
+
+  // Touch a page near the end and one at the start; only those become resident.
+  auto first = pool->Allocate(4096);
+  auto big = pool->Allocate(64 * kGiB - 2 * 4096);
+  auto last = pool->Allocate(4096);
+  ASSERT_TRUE(first && big && last);
+  pool->At(*first)[0] = 1;
+  pool->At(*last)[4095] = 2;
+  EXPECT_EQ(pool->At(*last)[4095], 2);
+  EXPECT_LT(RssBytes(), rss_before + 64 * kMiB);
+}
+
+TEST(MemoryPoolTest, HugeAnonymousPoolIsSparse) { CheckHugeSparsePool(""); }
+
+TEST(MemoryPoolTest, HugeSharedPoolIsSparse) {
+  const std::string name = UniqueShmName("huge");
+  CheckHugeSparsePool(name);
+  EXPECT_FALSE(ShmExists(name));
+}
+
+}  // namespace
+}  // namespace kvd::l1

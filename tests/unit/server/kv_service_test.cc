@@ -1,0 +1,359 @@
+// KvService end to end on real POSIX shared memory: a fake worker's KV tensors live in
+// a segment this test creates, exactly as the lmcache client's CpuShmTensorWrapper does.
+#include "server/kv_service.h"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <random>
+
+namespace kvd::server {
+namespace {
+
+constexpr int64_t kChunk = 256;
+constexpr int64_t kBlock = 16;
+constexpr int64_t kBlocks = 64;
+constexpr int64_t kHeads = 2, kHead = 8;   // hidden = 16 elements of 2 bytes
+constexpr int64_t kLayers = 2;
+constexpr int64_t kPlane = kBlocks * kBlock * kHeads * kHead;  // elements per K or V
+constexpr int64_t kLayerElems = 2 * kPlane;
+constexpr uint64_t kLayerBytes = kLayerElems * 2;
+
+// One worker's KV cache: kLayers tensors [2, NB, BS, NH, HS] bf16 in one shm segment.
+class FakeWorker {
+ public:
+  explicit FakeWorker(std::string name) : name_(std::move(name)) {
+    shm_unlink(name_.c_str());
+    int fd = shm_open(name_.c_str(), O_CREAT | O_RDWR, 0600);
+    EXPECT_GE(fd, 0);
+    EXPECT_EQ(ftruncate(fd, kLayerBytes * kLayers), 0);
+    data_ = static_cast<uint8_t*>(mmap(nullptr, kLayerBytes * kLayers, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
+    close(fd);
+  }
+  ~FakeWorker() {
+    munmap(data_, kLayerBytes * kLayers);
+    shm_unlink(name_.c_str());
+  }
+  wire::RegisterKvCacheRequest Registration(int64_t id, int64_t world_size) const {
+    wire::RegisterKvCacheRequest r;
+    r.instance_id = id;
+    r.model_name = "llama";
+    r.world_size = world_size;
+    r.engine_type = "vllm";
+    for (int64_t l = 0; l < kLayers; ++l) {
+      wire::TensorDescriptor t;
+      t.dtype = "bfloat16";
+      t.shape = {2, kBlocks, kBlock, kHeads, kHead};
+      t.stride = {kPlane, kBlock * kHeads * kHead, kHeads * kHead, kHead, 1};
+      t.storage_offset = l * kLayerElems;
+      t.shm_name = name_;
+      t.nbytes = kLayerBytes * kLayers;
+      t.device_uuid = "cpu";
+      r.tensors.push_back(t);
+    }
+    return r;
+  }
+  // Bytes of one (layer, kv, block).
+  uint8_t* Block(int64_t layer, int64_t kv, int64_t block) const {
+    return data_ + layer * kLayerBytes + (kv * kPlane + block * kBlock * kHeads * kHead) * 2;
+  }
+  static constexpr size_t kBlockBytes = kBlock * kHeads * kHead * 2;
+  void Fill(uint32_t seed) {
+    std::mt19937 rng(seed);
+    for (uint64_t i = 0; i < kLayerBytes * kLayers; ++i) data_[i] = static_cast<uint8_t>(rng());
+  }
+  void Zero() { std::memset(data_, 0, kLayerBytes * kLayers); }
+
+ private:
+  std::string name_;
+  uint8_t* data_ = nullptr;
+};
+
+wire::CacheKey Key(std::optional<int64_t> worker, int64_t n_tokens, int64_t start, int64_t end,
+                   int64_t world_size, const std::string& rid, int64_t token_seed = 1) {
+  wire::CacheKey k;
+  k.model_name = "llama";
+  k.world_size = world_size;
+  k.worker_id = worker;
+  for (int64_t i = 0; i < n_tokens; ++i) k.token_ids.push_back((i * 31 + token_seed) % 32000);
+  k.start = start;
+  k.end = end;
+  k.request_id = rid;
+  k.num_kv_readers = 1;
+  return k;
+}
+
+std::vector<std::vector<int64_t>> Blocks(int64_t first, int64_t count) {
+  std::vector<int64_t> ids;
+  for (int64_t i = 0; i < count; ++i) ids.push_back(first + i);
+  return {ids};
+}
+
+class KvServiceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    cfg_.l1_size_gb = 64.0 / 1024;  // 64 MiB
+    cfg_.eviction_policy = "LRU";
+    cfg_.shm_name = "kvd_test_pool_" + std::to_string(getpid());
+    auto s = KvService::Create(cfg_, &clock_);
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    svc_ = std::move(s).value();
+  }
+  int64_t LookupHits(const wire::CacheKey& key) {
+    wire::LookupRequest lr{key, 1};
+    EXPECT_TRUE(svc_->Lookup(lr).ok());
+    return svc_->QueryPrefetchStatus(key.request_id).value_or(-1);
+  }
+  ServerConfig cfg_;
+  FakeClock clock_;
+  std::unique_ptr<KvService> svc_;
+};
+
+TEST_F(KvServiceTest, StoreLookupRetrieveRoundTripTwoRanks) {
+  FakeWorker w0("/kvd_test_w0"), w1("/kvd_test_w1");
+  w0.Fill(1);
+  w1.Fill(2);
+  ASSERT_TRUE(svc_->RegisterKvCache(w0.Registration(100, 2)).ok());
+  ASSERT_TRUE(svc_->RegisterKvCache(w1.Registration(101, 2)).ok());
+  const int64_t bpc = kChunk / kBlock;
+  // 600 tokens: 2 full chunks and a partial one that is never stored.
+  for (int rank = 0; rank < 2; ++rank) {
+    wire::TransferRequest st{Key(rank, 600, 0, 512, 2, "r1"), 100 + rank, Blocks(0, 2 * bpc), "", 0};
+    ASSERT_TRUE(svc_->Store(st).ok());
+  }
+  EXPECT_EQ(LookupHits(Key(std::nullopt, 600, 0, 512, 2, "r2")), 2);
+  // Retrieve into other blocks of zeroed tensors and compare with the source blocks.
+  std::vector<uint8_t> before0(FakeWorker::kBlockBytes * 2 * bpc * 2 * kLayers);
+  size_t off = 0;
+  for (int64_t l = 0; l < kLayers; ++l)
+    for (int64_t kv = 0; kv < 2; ++kv)
+      for (int64_t b = 0; b < 2 * bpc; ++b, off += FakeWorker::kBlockBytes)
+        std::memcpy(before0.data() + off, w0.Block(l, kv, b), FakeWorker::kBlockBytes);
+  w0.Zero();
+  wire::TransferRequest rt{Key(0, 600, 0, 512, 2, "r2"), 100, Blocks(32, 2 * bpc), "", 0};
+  ASSERT_TRUE(svc_->Retrieve(rt).ok());
+  off = 0;
+  for (int64_t l = 0; l < kLayers; ++l)
+    for (int64_t kv = 0; kv < 2; ++kv)
+      for (int64_t b = 0; b < 2 * bpc; ++b, off += FakeWorker::kBlockBytes) {
+        ASSERT_EQ(std::memcmp(before0.data() + off, w0.Block(l, kv, 32 + b), FakeWorker::kBlockBytes), 0)
+            << "layer " << l << " kv " << kv << " block " << b;
+        std::vector<uint8_t> zero(FakeWorker::kBlockBytes, 0);
+        ASSERT_EQ(std::memcmp(zero.data(), w0.Block(l, kv, b), FakeWorker::kBlockBytes), 0);
+      }
+  auto c = svc_->l1_stats();
+  EXPECT_EQ(c.resident_objects, 4u);  // 2 chunks × 2 ranks
+}
+
+TEST_F(KvServiceTest, ChunkStoredByOneRankOnlyIsNotAHit) {
+  FakeWorker w0("/kvd_test_w0");
+  w0.Fill(3);
+  ASSERT_TRUE(svc_->RegisterKvCache(w0.Registration(100, 2)).ok());
+  wire::TransferRequest st{Key(0, 512, 0, 512, 2, "r"), 100, Blocks(0, 32), "", 0};
+  ASSERT_TRUE(svc_->Store(st).ok());
+  EXPECT_EQ(LookupHits(Key(std::nullopt, 512, 0, 512, 2, "q")), 0);
+}
+
+TEST_F(KvServiceTest, SharedPrefixHitsExactlyTheSharedChunks) {
+  FakeWorker w0("/kvd_test_w0");
+  w0.Fill(4);
+  ASSERT_TRUE(svc_->RegisterKvCache(w0.Registration(100, 1)).ok());
+  wire::TransferRequest st{Key(0, 768, 0, 768, 1, "a"), 100, Blocks(0, 48), "", 0};
+  ASSERT_TRUE(svc_->Store(st).ok());
+  auto other = Key(std::nullopt, 768, 0, 768, 1, "b");
+  other.token_ids[600] += 1;  // diverges inside chunk 2
+  EXPECT_EQ(LookupHits(other), 2);
+  auto salted = Key(std::nullopt, 768, 0, 768, 1, "c");
+  salted.cache_salt = "tenant-b";
+  EXPECT_EQ(LookupHits(salted), 0);
+  // Unknown request: 0 (and the answer is given once).
+  EXPECT_EQ(svc_->QueryPrefetchStatus("nobody").value_or(0), 0);
+}
+
+TEST_F(KvServiceTest, BadBlockIdsFailAndChangeNothing) {
+  FakeWorker w0("/kvd_test_w0");
+  w0.Fill(5);
+  ASSERT_TRUE(svc_->RegisterKvCache(w0.Registration(100, 1)).ok());
+  auto ids = Blocks(0, 16);
+  ids[0][5] = kBlocks;  // out of range
+  wire::TransferRequest st{Key(0, 256, 0, 256, 1, "r"), 100, ids, "", 0};
+  Status s = svc_->Store(st);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("out of range"), std::string::npos);
+  wire::TransferRequest few{Key(0, 256, 0, 256, 1, "r"), 100, Blocks(0, 15), "", 0};
+  EXPECT_FALSE(svc_->Store(few).ok());
+  EXPECT_EQ(svc_->l1_stats().entries, 0u);
+  EXPECT_EQ(svc_->l1_stats().used_bytes, 0u);
+  // Unregistered instance, misaligned range.
+  wire::TransferRequest unknown{Key(0, 256, 0, 256, 1, "r"), 999, Blocks(0, 16), "", 0};
+  EXPECT_EQ(svc_->Store(unknown).code(), StatusCode::kNotFound);
+  wire::TransferRequest mis{Key(0, 300, 0, 300, 1, "r"), 100, Blocks(0, 16), "", 0};
+  EXPECT_FALSE(svc_->Store(mis).ok());
+  EXPECT_FALSE(svc_->Retrieve(unknown).ok());
+}
+
+TEST_F(KvServiceTest, RetrieveHonoursSkipFirstNTokens) {
+  FakeWorker w0("/kvd_test_w0");
+  w0.Fill(6);
+  ASSERT_TRUE(svc_->RegisterKvCache(w0.Registration(100, 1)).ok());
+  wire::TransferRequest st{Key(0, 256, 0, 256, 1, "r"), 100, Blocks(0, 16), "", 0};
+  ASSERT_TRUE(svc_->Store(st).ok());
+  EXPECT_EQ(LookupHits(Key(std::nullopt, 256, 0, 256, 1, "q")), 1);
+  std::vector<uint8_t> src(FakeWorker::kBlockBytes);
+  std::memcpy(src.data(), w0.Block(0, 0, 2), src.size());
+  w0.Zero();
+  std::memset(w0.Block(0, 0, 34), 0xAB, FakeWorker::kBlockBytes);
+  // Skip 40 tokens = 2 full blocks + 8 tokens of the third.
+  wire::TransferRequest rt{Key(0, 256, 0, 256, 1, "q"), 100, Blocks(32, 16), "", 40};
+  ASSERT_TRUE(svc_->Retrieve(rt).ok());
+  const size_t tok = kHeads * kHead * 2;
+  for (size_t i = 0; i < 8 * tok; ++i) ASSERT_EQ(w0.Block(0, 0, 34)[i], 0xAB) << i;
+  EXPECT_EQ(std::memcmp(w0.Block(0, 0, 34) + 8 * tok, src.data() + 8 * tok, 8 * tok), 0);
+  for (size_t i = 0; i < FakeWorker::kBlockBytes; ++i) ASSERT_EQ(w0.Block(0, 0, 32)[i], 0) << i;
+}
+
+TEST_F(KvServiceTest, RetrieveOfMissingChunkFailsWithoutWriting) {
+  FakeWorker w0("/kvd_test_w0");
+  w0.Zero();
+  ASSERT_TRUE(svc_->RegisterKvCache(w0.Registration(100, 1)).ok());
+  wire::TransferRequest rt{Key(0, 256, 0, 256, 1, "q"), 100, Blocks(0, 16), "", 0};
+  EXPECT_EQ(svc_->Retrieve(rt).code(), StatusCode::kNotFound);
+}
+
+TEST_F(KvServiceTest, EvictionUnderPressureNeverServesWrongBytes) {
+  cfg_.l1_size_gb = 128.0 / (1024 * 1024);  // 128 KiB: four 32 KiB chunk objects
+  svc_.reset();
+  auto s = KvService::Create(cfg_, &clock_);
+  ASSERT_TRUE(s.ok());
+  svc_ = std::move(s).value();
+  FakeWorker w0("/kvd_test_w0");
+  ASSERT_TRUE(svc_->RegisterKvCache(w0.Registration(100, 1)).ok());
+  // Store 12 distinct one-chunk prompts, each with its own data.
+  for (int p = 0; p < 12; ++p) {
+    w0.Fill(100 + p);
+    wire::TransferRequest st{Key(0, 256, 0, 256, 1, "s" + std::to_string(p), p), 100, Blocks(0, 16), "", 0};
+    ASSERT_TRUE(svc_->Store(st).ok()) << p;
+  }
+  EXPECT_GT(svc_->l1_stats().evictions, 0u);
+  int hits = 0;
+  for (int p = 0; p < 12; ++p) {
+    auto key = Key(std::nullopt, 256, 0, 256, 1, "l" + std::to_string(p), p);
+    if (LookupHits(key) == 0) continue;
+    ++hits;
+    FakeWorker ref("/kvd_test_ref");
+    ref.Fill(100 + p);
+    w0.Zero();
+    wire::TransferRequest rt{Key(0, 256, 0, 256, 1, "l" + std::to_string(p), p), 100, Blocks(16, 16), "", 0};
+    ASSERT_TRUE(svc_->Retrieve(rt).ok());
+    for (int64_t l = 0; l < kLayers; ++l)
+      for (int64_t kv = 0; kv < 2; ++kv)
+        for (int64_t b = 0; b < 16; ++b)
+          ASSERT_EQ(std::memcmp(ref.Block(l, kv, b), w0.Block(l, kv, 16 + b), FakeWorker::kBlockBytes), 0);
+  }
+  EXPECT_GT(hits, 0);
+  EXPECT_LT(hits, 12);
+}
+
+TEST_F(KvServiceTest, ReRegistrationKeepsInstanceAndUnregisterForgetsIt) {
+  FakeWorker w0("/kvd_test_w0");
+  ASSERT_TRUE(svc_->RegisterKvCache(w0.Registration(100, 1)).ok());
+  ASSERT_TRUE(svc_->RegisterKvCache(w0.Registration(100, 1)).ok());
+  EXPECT_EQ(svc_->num_instances(), 1u);
+  ASSERT_TRUE(svc_->Unregister(100).ok());
+  EXPECT_EQ(svc_->num_instances(), 0u);
+  EXPECT_EQ(svc_->Unregister(100).code(), StatusCode::kNotFound);
+}
+
+TEST_F(KvServiceTest, RegistrationRefusesBadTensors) {
+  FakeWorker w0("/kvd_test_w0");
+  auto r = w0.Registration(100, 1);
+  r.tensors[1].nbytes = 10;  // view larger than the mapping
+  EXPECT_EQ(svc_->RegisterKvCache(r).code(), StatusCode::kInvalidArgument);
+  r = w0.Registration(100, 1);
+  r.tensors[0].shm_name = "/../etc/passwd";
+  EXPECT_FALSE(svc_->RegisterKvCache(r).ok());
+  r = w0.Registration(100, 1);
+  r.tensors[0].shm_name = "/kvd_test_does_not_exist";
+  EXPECT_EQ(svc_->RegisterKvCache(r).code(), StatusCode::kNotFound);
+  r = w0.Registration(100, 1);
+  r.tensors[0].memory = wire::TensorMemory::kCuda;
+  Status st = svc_->RegisterKvCache(r);
+  EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(st.message().find("CUDA"), std::string::npos);
+  EXPECT_EQ(svc_->num_instances(), 0u);
+}
+
+TEST_F(KvServiceTest, LookupBeforeAnyRegistrationHitsNothing) {
+  EXPECT_EQ(LookupHits(Key(std::nullopt, 512, 0, 512, 1, "r")), 0);
+}
+
+TEST_F(KvServiceTest, EngineDrivenPrepareCommitRoundTrip) {
+  wire::RegisterEngineDrivenRequest reg;
+  reg.instance_id = 7;
+  reg.model_name = "llama";
+  reg.world_size = 1;
+  reg.block_size = 16;
+  reg.num_layers = 2;
+  reg.hidden_dim_size = 16;
+  reg.dtype_str = "bfloat16";
+  reg.num_physical_slots = 256;
+  auto r = svc_->RegisterEngineDriven(reg);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->first, "/" + cfg_.shm_name);
+  // Map the advertised pool the way the worker does.
+  int fd = shm_open(r->first.c_str(), O_RDWR, 0);
+  ASSERT_GE(fd, 0);
+  auto* pool = static_cast<uint8_t*>(mmap(nullptr, r->second, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
+  close(fd);
+  wire::EngineDrivenRequest ps{Key(0, 512, 0, 512, 1, "e"), 7, ""};
+  auto slots = svc_->PrepareStore(ps);
+  ASSERT_TRUE(slots.ok());
+  ASSERT_EQ(slots->first.size(), 2u);
+  EXPECT_EQ(slots->second, (std::vector<int64_t>{0, 1}));
+  EXPECT_EQ(slots->first[0].length, 2u * 2 * 256 * 16 * 2);
+  EXPECT_EQ(slots->first[0].shape, (std::vector<int64_t>{2, 2, 256, 16}));
+  for (size_t i = 0; i < 2; ++i) std::memset(pool + slots->first[i].offset, 0x10 + i, slots->first[i].length);
+  EXPECT_EQ(LookupHits(Key(std::nullopt, 512, 0, 512, 1, "x")), 0);  // staging: invisible
+  ASSERT_TRUE(svc_->CommitStore(ps).ok());
+  EXPECT_FALSE(svc_->CommitStore(ps).ok());  // nothing pending any more
+  EXPECT_EQ(LookupHits(Key(std::nullopt, 512, 0, 512, 1, "y")), 2);
+  wire::EngineDrivenRequest pr{Key(0, 512, 0, 512, 1, "y"), 7, ""};
+  auto rs = svc_->PrepareRetrieve(pr);
+  ASSERT_TRUE(rs.ok());
+  ASSERT_EQ(rs->size(), 2u);
+  EXPECT_EQ(pool[(*rs)[1].offset + 100], 0x11);
+  ASSERT_TRUE(svc_->CommitRetrieve(pr).ok());
+  // A second prepare_store of the same chunks has nothing to write.
+  wire::EngineDrivenRequest again{Key(0, 512, 0, 512, 1, "z"), 7, ""};
+  auto none = svc_->PrepareStore(again);
+  ASSERT_TRUE(none.ok());
+  EXPECT_TRUE(none->first.empty());
+  munmap(pool, r->second);
+}
+
+TEST_F(KvServiceTest, ReadLocksKeepLookedUpChunksFromEviction) {
+  cfg_.l1_size_gb = 64.0 / (1024 * 1024);  // 64 KiB: two 32 KiB chunk objects
+  svc_.reset();
+  svc_ = std::move(KvService::Create(cfg_, &clock_)).value();
+  FakeWorker w0("/kvd_test_w0");
+  w0.Fill(9);
+  ASSERT_TRUE(svc_->RegisterKvCache(w0.Registration(100, 1)).ok());
+  for (int p = 0; p < 2; ++p) {
+    wire::TransferRequest st{Key(0, 256, 0, 256, 1, "s", p), 100, Blocks(0, 16), "", 0};
+    ASSERT_TRUE(svc_->Store(st).ok());
+  }
+  EXPECT_EQ(LookupHits(Key(std::nullopt, 256, 0, 256, 1, "a", 0)), 1);
+  EXPECT_EQ(LookupHits(Key(std::nullopt, 256, 0, 256, 1, "b", 1)), 1);
+  // Both are read-locked: a third store cannot evict them and fails cleanly.
+  wire::TransferRequest st3{Key(0, 256, 0, 256, 1, "t", 2), 100, Blocks(0, 16), "", 0};
+  EXPECT_EQ(svc_->Store(st3).code(), StatusCode::kResourceExhausted);
+  // After the read TTL the locks no longer protect them.
+  clock_.AdvanceSeconds(cfg_.l1_read_ttl_seconds + 1);
+  EXPECT_TRUE(svc_->Store(st3).ok());
+}
+
+}  // namespace
+}  // namespace kvd::server
