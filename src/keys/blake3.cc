@@ -123,10 +123,10 @@ struct NodeOutput {
   uint8_t flags;
 };
 
-void ChainingValue(const internal::Blake3Backend* be, const NodeOutput& o, uint8_t out[32]) {
+void ChainingValue(const internal::Blake3Backend* backend, const NodeOutput& o, uint8_t out[32]) {
   uint32_t cv[8];
   std::memcpy(cv, o.cv, sizeof(cv));
-  be->compress_in_place(cv, o.block, o.block_len, o.counter, o.flags);
+  backend->compress_in_place(cv, o.block, o.block_len, o.counter, o.flags);
   for (int i = 0; i < 8; ++i) internal::StoreLe32(out + 4 * i, cv[i]);
 }
 

@@ -74,9 +74,11 @@ Status AppendChainedChunkHashes(std::span<const int64_t> tokens, uint32_t chunk_
   if (chunk_size == 0) return Status::InvalidArgument("chunk_size must be positive");
   const size_t full_chunks = tokens.size() / chunk_size;
   if (first_chunk >= full_chunks) return Status::Ok();
+  // Copy `prev` before growing *out: callers pass out->back() (SessionTable extends a
+  // request's chain), which the reserve below may free.
+  Hash32 chain = prev;
   const size_t original_size = out->size();
   out->reserve(original_size + (full_chunks - first_chunk));
-  Hash32 chain = prev;
   for (size_t c = first_chunk; c < full_chunks; ++c) {
     const size_t base = c * chunk_size;
     size_t bad = 0;

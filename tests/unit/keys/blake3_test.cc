@@ -2,7 +2,8 @@
 // output), agreement between the portable, SSE4.1 and AVX2 backends, incremental
 // hashing, and agreement with Debian's b3sum on random files.
 //
-// Tests that force a backend restore automatic selection when they finish.
+// Single-threaded. Tests that force an implementation restore automatic selection
+// when they finish; the b3sum test writes (and removes) one temp file in /tmp.
 #include "keys/blake3.h"
 
 #include <gtest/gtest.h>

@@ -1,5 +1,6 @@
 // Tests for chained chunk hashing: agreement with lmcache 0.5.6's Python hasher
 // (hard-coded digests), chunking rules, chaining, resuming, and token validation.
+// Single-threaded; the test that forces BLAKE3 implementations restores kAuto.
 #include "keys/chunk_hasher.h"
 
 #include <gtest/gtest.h>
