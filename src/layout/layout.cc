@@ -1,19 +1,25 @@
 #include "layout/layout.h"
 
+#include <algorithm>
 #include <map>
+#include <optional>
+#include <set>
 #include <sstream>
 
 namespace kvd::layout {
 namespace {
 
 constexpr size_t kMaxRunsPerRow = 1 << 16;
+// No mapping is larger than this; keeps every byte offset comfortably inside int64.
+constexpr uint64_t kMaxMappingBytes = uint64_t{1} << 60;
 
-struct DimRoles {
-  int block = -1;
-  int kv = -1;      // -1: single plane
-  int token = -1;
-  std::string form;
-};
+// DeepSeek-V3.2 / GLM-5 DSA indexer page: uint8 rows of 128 fp8 values + one fp32
+// scale, stored per block as [BS x 128 values][BS x 4 scale bytes].
+constexpr int64_t kDsaIndexerRow = 132;
+constexpr int64_t kDsaIndexerValues = 128;
+constexpr int64_t kDsaIndexerScale = 4;
+
+enum class HintOrder { kNone, kNhd, kHnd };
 
 std::string TensorName(size_t i) { return "kv_cache[" + std::to_string(i) + "]"; }
 
@@ -25,72 +31,249 @@ std::string ShapeString(const std::vector<int64_t>& v) {
   return os.str();
 }
 
-// Chooses which of two candidate dims holds the tokens of a block: the engine's block
-// size decides when exactly one matches it; otherwise the layout hint does (NHD default).
-int PickTokenDim(const std::vector<int64_t>& shape, int nhd_dim, int hnd_dim, bool hint_hnd,
-                 int64_t tokens_per_block) {
-  if (tokens_per_block > 0) {
-    bool a = shape[nhd_dim] == tokens_per_block, b = shape[hnd_dim] == tokens_per_block;
-    if (a && !b) return nhd_dim;
-    if (b && !a) return hnd_dim;
-  }
-  return hint_hnd ? hnd_dim : nhd_dim;
+std::string Describe(const wire::TensorDescriptor& t, size_t i) {
+  return TensorName(i) + " (shape " + ShapeString(t.shape) + " stride " + ShapeString(t.stride) +
+         " offset " + std::to_string(t.storage_offset) + " " + t.dtype + ")";
 }
 
-Result<DimRoles> Classify(const wire::TensorDescriptor& t, size_t index, bool hint_hnd,
-                          int64_t tokens_per_block) {
+// NHD/HND and the standardized names of vLLM #51718 (permutations of L, B, H, N, C).
+// Only "heads before tokens" matters to kvd; layouts that put heads or layers-and-heads
+// outside the blocks of one layer are refused (lmcache refuses them too).
+Result<HintOrder> ParseHint(const std::optional<std::string>& hint) {
+  if (!hint) return HintOrder::kNone;
+  const std::string& v = *hint;
+  if (v == "NHD") return HintOrder::kNhd;
+  if (v == "HND") return HintOrder::kHnd;
+  std::string sorted = v;
+  std::sort(sorted.begin(), sorted.end());
+  if (sorted == "BCHLN" && v.back() == 'C') {
+    size_t b = v.find('B'), h = v.find('H'), n = v.find('N');
+    if (h > b) return h < n ? HintOrder::kHnd : HintOrder::kNhd;
+    return Status::InvalidArgument("layout_hints.kv_layout '" + v +
+                                   "' puts heads outside the blocks; kvd supports NHD, HND, "
+                                   "LBNHC, LBHNC, BLNHC, BLHNC");
+  }
+  return Status::InvalidArgument("layout_hints.kv_layout '" + v.substr(0, 40) +
+                                 "' is not supported (NHD, HND, LBNHC, LBHNC, BLNHC, BLHNC)");
+}
+
+// Logical dimensions in physical order: the dims of size > 1 by decreasing stride
+// (stable), then each size-1 dim (whose stride means nothing) right after its logical
+// predecessor, so e.g. a lone head dim stays where the engine put it.
+std::vector<int> PhysicalOrder(const std::vector<int64_t>& shape,
+                               const std::vector<int64_t>& stride) {
+  std::vector<int> order;
+  for (int d = 0; d < static_cast<int>(shape.size()); ++d) {
+    if (shape[d] != 1) order.push_back(d);
+  }
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int a, int b) { return stride[a] > stride[b]; });
+  for (int d = 0; d < static_cast<int>(shape.size()); ++d) {
+    if (shape[d] != 1) continue;
+    if (d == 0) {
+      order.insert(order.begin(), d);
+    } else {
+      auto prev = std::find(order.begin(), order.end(), d - 1);
+      order.insert(prev + 1, d);
+    }
+  }
+  return order;
+}
+
+// Checks the parts of a descriptor that do not depend on its layout: dtype, rank,
+// sizes, strides, offset, the view inside its mapping, and no two elements of the view
+// at the same address (a scatter into such a view would lose data).
+Result<uint64_t> ValidateView(const wire::TensorDescriptor& t, size_t i, int64_t itemsize) {
+  if (itemsize == 0) {
+    return Status::InvalidArgument(TensorName(i) + ": unsupported dtype '" + t.dtype.substr(0, 40) +
+                                   "'");
+  }
+  const size_t rank = t.shape.size();
+  if (rank < 3 || rank > 5) {
+    return Status::InvalidArgument(
+        TensorName(i) + " shape " + ShapeString(t.shape) + ": rank " + std::to_string(rank) +
+        " is not a KV cache layout kvd supports (rank 3 [blocks, tokens, hidden], rank 4 "
+        "[blocks, tokens|heads, heads|tokens, hidden] or rank 5 with a K/V dimension)");
+  }
+  if (t.stride.size() != rank) {
+    return Status::InvalidArgument(TensorName(i) + " shape " + ShapeString(t.shape) + " has " +
+                                   std::to_string(t.stride.size()) + " strides");
+  }
+  for (size_t d = 0; d < rank; ++d) {
+    if (t.shape[d] <= 0) {
+      return Status::InvalidArgument(TensorName(i) + " shape " + ShapeString(t.shape) +
+                                     ": every dimension must be positive");
+    }
+    if (t.stride[d] < 0) {
+      return Status::InvalidArgument(TensorName(i) + " stride " + ShapeString(t.stride) +
+                                     ": negative strides are not supported");
+    }
+  }
+  if (t.storage_offset < 0) {
+    return Status::InvalidArgument(TensorName(i) + ": negative storage offset " +
+                                   std::to_string(t.storage_offset));
+  }
+  __int128 last = t.storage_offset;
+  for (size_t d = 0; d < rank; ++d) last += static_cast<__int128>(t.shape[d] - 1) * t.stride[d];
+  __int128 span = (last + 1) * itemsize;
+  if (t.nbytes == 0 || t.nbytes > kMaxMappingBytes || span > static_cast<__int128>(t.nbytes)) {
+    std::string need = span > static_cast<__int128>(kMaxMappingBytes)
+                           ? std::string("more than 2^60")
+                           : std::to_string(static_cast<uint64_t>(span));
+    return Status::InvalidArgument(Describe(t, i) + " needs " + need +
+                                   " bytes but its memory is " + std::to_string(t.nbytes) +
+                                   " bytes");
+  }
+  // Non-overlap: going outwards by stride, each dim must step past everything inside it.
+  std::vector<int> dims;
+  for (int d = 0; d < static_cast<int>(rank); ++d) {
+    if (t.shape[d] > 1) dims.push_back(d);
+  }
+  std::stable_sort(dims.begin(), dims.end(),
+                   [&](int a, int b) { return t.stride[a] < t.stride[b]; });
+  int64_t extent = 1;  // elements covered by the dims seen so far
+  for (int d : dims) {
+    if (t.stride[d] < extent) {
+      return Status::InvalidArgument(Describe(t, i) + ": dimension " + std::to_string(d) +
+                                     " overlaps the dimensions inside it (stride " +
+                                     std::to_string(t.stride[d]) + " < extent " +
+                                     std::to_string(extent) + "); overlapping views cannot "
+                                     "be written safely");
+    }
+    extent += (t.shape[d] - 1) * t.stride[d];
+  }
+  return static_cast<uint64_t>(span);
+}
+
+struct Roles {
+  int block = -1;
+  int kv = -1;  // -1: one plane
+  int token = -1;
+  bool dsa_indexer = false;
+  std::string form;
+};
+
+// Picks the token dim out of two physical candidates: `nhd` (tokens before heads) and
+// `hnd` (heads before tokens). The declared block size decides when exactly one
+// candidate has that size; a tie (heads == block size) goes to the hint, NHD by
+// default, as lmcache does.
+Result<int> PickTokenDim(const wire::TensorDescriptor& t, size_t i, int nhd, int hnd,
+                         int64_t declared_tpb, const std::string& tpb_source, HintOrder hint) {
   const auto& s = t.shape;
-  DimRoles r;
+  if (declared_tpb > 0) {
+    bool a = s[nhd] == declared_tpb, b = s[hnd] == declared_tpb;
+    if (a && !b) return nhd;
+    if (b && !a) return hnd;
+    if (!a && !b) {
+      return Status::InvalidArgument(
+          Describe(t, i) + ": " + tpb_source + " declares " + std::to_string(declared_tpb) +
+          " tokens per block, but neither dimension that can hold a block's tokens (dim " +
+          std::to_string(nhd) + " of size " + std::to_string(s[nhd]) + ", dim " +
+          std::to_string(hnd) + " of size " + std::to_string(s[hnd]) + ") has that size");
+    }
+  } else {
+    if (s[nhd] == 1 && s[hnd] != 1) return hnd;  // a lone head: the other dim is tokens
+    if (s[hnd] == 1 && s[nhd] != 1) return nhd;
+  }
+  return hint == HintOrder::kHnd ? hnd : nhd;
+}
+
+Result<Roles> Classify(const wire::TensorDescriptor& t, size_t i, const std::vector<int>& p,
+                       int64_t declared_tpb, const std::string& tpb_source, HintOrder hint) {
+  const auto& s = t.shape;
+  Roles r;
   switch (s.size()) {
-    case 5:
-      if (s[0] == 2) {  // [2, NB, BS, NH, HS] or [2, NB, NH, BS, HS]
-        r.kv = 0;
-        r.block = 1;
-        r.token = PickTokenDim(s, 2, 3, hint_hnd, tokens_per_block);
-        r.form = r.token == 2 ? "kv-first NHD" : "kv-first HND";
-      } else if (s[1] == 2) {  // [NB, 2, BS, NH, HS] or [NB, 2, NH, BS, HS]
-        r.block = 0;
-        r.kv = 1;
-        r.token = PickTokenDim(s, 2, 3, hint_hnd, tokens_per_block);
-        r.form = r.token == 2 ? "block-first NHD" : "block-first HND";
+    case 5: {
+      if (s[p[0]] == 2) {  // [2, NB, BS, NH, HS] or physically [2, NB, NH, BS, HS]
+        r.kv = p[0];
+        r.block = p[1];
+        r.form = "kv-first";
+      } else if (s[p[1]] == 2) {  // [NB, 2, BS, NH, HS] or physically [NB, 2, NH, BS, HS]
+        r.block = p[0];
+        r.kv = p[1];
+        r.form = "blocks-first";
       } else {
-        return Status::InvalidArgument(TensorName(index) + " shape " + ShapeString(s) +
-                                       ": a rank-5 KV cache needs a K/V dimension of size 2 "
-                                       "at position 0 or 1");
+        return Status::InvalidArgument(
+            Describe(t, i) + ": a rank-5 KV cache needs a K/V dimension of size 2 outermost "
+            "or right inside the block dimension (physical order [2, NB, ...] or [NB, 2, ...])");
       }
+      auto tok = PickTokenDim(t, i, p[2], p[3], declared_tpb, tpb_source, hint);
+      if (!tok.ok()) return tok.status();
+      r.token = *tok;
+      r.form += r.token == p[2] ? " NHD" : " HND";
       return r;
-    case 4:  // [NB, BS, NH, HS] / [NB, NH, BS, HS] / packed [NB, NH, BS, 2*HS]: one plane
-      r.block = 0;
-      r.token = PickTokenDim(s, 1, 2, hint_hnd, tokens_per_block);
-      r.form = r.token == 1 ? "single-plane NHD" : "single-plane HND";
+    }
+    case 4: {  // packed K/V [NB, NH, BS, 2*HS] / [NB, BS, NH, 2*HS]; MLA with a head slot
+      r.block = p[0];
+      auto tok = PickTokenDim(t, i, p[1], p[2], declared_tpb, tpb_source, hint);
+      if (!tok.ok()) return tok.status();
+      r.token = *tok;
+      r.form = r.token == p[1] ? "single-plane NHD" : "single-plane HND";
       return r;
+    }
     case 3:  // MLA latent [NB, BS, D], key-only indexer caches, opaque byte pages
-      r.block = 0;
-      r.token = 1;
-      r.form = "single-plane [blocks, tokens, hidden]";
+      r.block = p[0];
+      r.token = p[1];
+      if (declared_tpb > 0 && s[r.token] != declared_tpb) {
+        return Status::InvalidArgument(Describe(t, i) + ": " + tpb_source + " declares " +
+                                       std::to_string(declared_tpb) +
+                                       " tokens per block, but the tensor's token dimension (" +
+                                       std::to_string(r.token) + ") has " +
+                                       std::to_string(s[r.token]));
+      }
+      r.form = "single-plane";
       return r;
     default:
-      return Status::InvalidArgument(TensorName(index) + " shape " + ShapeString(s) +
-                                     ": rank " + std::to_string(s.size()) +
-                                     " is not a KV cache layout kvd supports (rank 3, 4 or 5)");
+      break;
   }
+  return Status::InvalidArgument(TensorName(i) + ": unsupported rank");  // not reached
 }
 
-// Enumerates the byte offsets of one row's hidden elements and merges adjacent ones.
-void CollectRuns(const std::vector<int64_t>& sizes, const std::vector<int64_t>& strides,
-                 size_t dim, int64_t offset, int64_t itemsize, std::vector<ByteRun>* runs) {
-  if (dim == sizes.size()) {
-    if (!runs->empty() && runs->back().offset + runs->back().length == offset) {
-      runs->back().length += itemsize;
-    } else {
-      runs->push_back({offset, itemsize});
+// The byte runs of one token row: hidden dims (logical order) with byte strides.
+// Size-1 dims are dropped, dims that are contiguous with the next are merged, and the
+// innermost contiguous dim becomes one run.
+Status CollectRuns(const std::vector<int64_t>& sizes_in, const std::vector<int64_t>& strides_in,
+                   int64_t itemsize, int64_t token_stride, std::vector<ByteRun>* runs) {
+  std::vector<int64_t> sizes, strides;
+  for (size_t d = 0; d < sizes_in.size(); ++d) {
+    if (sizes_in[d] == 1) continue;
+    if (!sizes.empty() && strides.back() == sizes_in[d] * strides_in[d]) {
+      sizes.back() *= sizes_in[d];
+      strides.back() = strides_in[d];
+      continue;
     }
-    return;
+    sizes.push_back(sizes_in[d]);
+    strides.push_back(strides_in[d]);
   }
-  for (int64_t i = 0; i < sizes[dim]; ++i) {
-    CollectRuns(sizes, strides, dim + 1, offset + i * strides[dim], itemsize, runs);
-    if (runs->size() > kMaxRunsPerRow) return;
+  int64_t run_len = itemsize;
+  if (!sizes.empty() && strides.back() == itemsize) {
+    run_len = sizes.back() * itemsize;
+    sizes.pop_back();
+    strides.pop_back();
   }
+  uint64_t count = 1;
+  for (int64_t s : sizes) {
+    count *= static_cast<uint64_t>(s);
+    if (count > kMaxRunsPerRow) {
+      return Status::InvalidArgument("a token row is split into more than " +
+                                     std::to_string(kMaxRunsPerRow) + " pieces");
+    }
+  }
+  std::vector<int64_t> idx(sizes.size(), 0);
+  for (uint64_t n = 0; n < count; ++n) {
+    int64_t off = 0;
+    for (size_t d = 0; d < sizes.size(); ++d) off += idx[d] * strides[d];
+    if (!runs->empty() && runs->back().offset + runs->back().length == off) {
+      runs->back().length += run_len;
+    } else {
+      runs->push_back({off, run_len, token_stride});
+    }
+    for (size_t d = sizes.size(); d-- > 0;) {
+      if (++idx[d] < sizes[d]) break;
+      idx[d] = 0;
+    }
+  }
+  return Status::Ok();
 }
 
 std::string AliasKey(const wire::TensorDescriptor& t) {
@@ -117,12 +300,18 @@ int64_t DtypeSize(const std::string& d) {
 
 std::string KvLayout::Describe() const {
   std::ostringstream os;
-  os << groups.size() << " kernel group(s), " << object_bytes << " bytes per chunk object";
+  os << groups.size() << " kernel group(s), " << object_bytes << " bytes per chunk object of "
+     << chunk_tokens << " tokens";
   for (size_t g = 0; g < groups.size(); ++g) {
     const auto& k = groups[g];
     os << "; group " << g << ": " << k.layers.size() << " x " << ShapeString(k.shape) << " "
-       << k.dtype << " (" << k.form << ", engine group " << k.engine_group << ", "
-       << k.tokens_per_block << " tokens/block)";
+       << k.dtype << " (" << k.form << ", kv_size " << k.kv_size << ", hidden " << k.hidden_elems
+       << ", block list " << k.engine_group << ", " << k.tokens_per_block << " tokens/block, "
+       << k.BytesPerChunk(chunk_tokens) << " bytes/chunk)";
+  }
+  if (!aliased_tensors.empty()) os << "; " << aliased_tensors.size() << " aliased tensor(s) stored once";
+  if (!excluded_tensors.empty()) {
+    os << "; " << excluded_tensors.size() << " tensor(s) in no engine group, not copied";
   }
   return os.str();
 }
@@ -133,134 +322,173 @@ Result<KvLayout> BuildLayout(const std::vector<wire::TensorDescriptor>& tensors,
                              int64_t chunk_tokens) {
   if (tensors.empty()) return Status::InvalidArgument("register_kv_cache: no KV tensors");
   if (chunk_tokens <= 0) return Status::InvalidArgument("chunk size must be positive");
-  bool hint_hnd = hints.kv_layout && (*hints.kv_layout == "HND" || *hints.kv_layout == "LBHNC");
-  if (hints.kv_layout && !(*hints.kv_layout == "NHD" || *hints.kv_layout == "HND" ||
-                           *hints.kv_layout == "LBNHC" || *hints.kv_layout == "LBHNC")) {
-    return Status::InvalidArgument("layout_hints.kv_layout '" + *hints.kv_layout +
-                                   "' is not supported (NHD, HND, LBNHC, LBHNC)");
-  }
+  auto hint = ParseHint(hints.kv_layout);
+  if (!hint.ok()) return hint.status();
 
-  // Engine groups: which tensors use which block-id list.
+  // Block-id lists: which tensors use which list, and the tokens each block id covers.
   std::vector<std::vector<size_t>> members;
-  std::vector<int64_t> group_tpb;
+  std::vector<int64_t> declared_tpb;
+  std::vector<std::string> tpb_source;
+  KvLayout out;
+  out.chunk_tokens = chunk_tokens;
+  const int64_t hint_tpb = hints.tokens_per_block.value_or(0);
   if (group_infos.empty()) {
     members.emplace_back();
     for (size_t i = 0; i < tensors.size(); ++i) members[0].push_back(i);
-    group_tpb.push_back(hints.tokens_per_block.value_or(0));
+    declared_tpb.push_back(hint_tpb > 0 ? hint_tpb : 0);
+    tpb_source.push_back("layout_hints.tokens_per_block");
   } else {
     std::vector<int> owner(tensors.size(), -1);
     for (size_t g = 0; g < group_infos.size(); ++g) {
+      const auto& info = group_infos[g];
       members.emplace_back();
-      group_tpb.push_back(group_infos[g].tokens_per_block);
-      for (int64_t li : group_infos[g].layer_indices) {
-        if (li < 0 || static_cast<size_t>(li) >= tensors.size()) {
+      int64_t tpb = info.tokens_per_block;
+      std::string src = "engine_group_infos[" + std::to_string(g) + "] (engine group " +
+                        std::to_string(info.engine_group_id) + ")";
+      if (tpb < 0) {
+        return Status::InvalidArgument(src + ": negative tokens_per_block " + std::to_string(tpb));
+      }
+      if (tpb == 0 && group_infos.size() == 1 && hint_tpb > 0) {
+        tpb = hint_tpb;
+        src = "layout_hints.tokens_per_block";
+      }
+      declared_tpb.push_back(tpb);
+      tpb_source.push_back(src);
+      for (int64_t li : info.layer_indices) {
+        if (li < 0 || static_cast<uint64_t>(li) >= tensors.size()) {
           return Status::InvalidArgument("engine_group_infos[" + std::to_string(g) +
                                          "] names layer " + std::to_string(li) + " but only " +
-                                         std::to_string(tensors.size()) + " tensors were registered");
+                                         std::to_string(tensors.size()) +
+                                         " tensors were registered");
         }
         if (owner[li] != -1) {
-          return Status::InvalidArgument(TensorName(li) + " is listed in engine groups " +
-                                         std::to_string(owner[li]) + " and " + std::to_string(g));
+          return Status::InvalidArgument(TensorName(li) + " is listed in engine_group_infos[" +
+                                         std::to_string(owner[li]) + "] and [" +
+                                         std::to_string(g) + "]");
         }
         owner[li] = static_cast<int>(g);
         members[g].push_back(static_cast<size_t>(li));
       }
     }
     for (size_t i = 0; i < tensors.size(); ++i) {
-      if (owner[i] == -1) {
-        return Status::InvalidArgument(TensorName(i) + " belongs to no engine group");
-      }
+      if (owner[i] == -1) out.excluded_tensors.push_back(i);
+    }
+    if (out.excluded_tensors.size() == tensors.size()) {
+      return Status::InvalidArgument("engine_group_infos name none of the " +
+                                     std::to_string(tensors.size()) + " registered tensors");
     }
   }
-
-  KvLayout out;
-  out.chunk_tokens = chunk_tokens;
   out.num_engine_groups = members.size();
-  std::map<std::string, bool> seen_alias;
+
   for (size_t eg = 0; eg < members.size(); ++eg) {
-    std::map<std::string, size_t> by_signature;  // signature → index in out.groups
+    std::map<std::string, size_t> by_key;  // kernel-group key → index in out.groups
+    std::set<std::string> seen_alias;      // aliases only within one block-id list
+    int64_t list_tpb = declared_tpb[eg];
+    size_t list_tpb_tensor = 0;
     for (size_t ti : members[eg]) {
       const auto& t = tensors[ti];
-      int64_t itemsize = DtypeSize(t.dtype);
-      if (itemsize == 0) {
-        return Status::InvalidArgument(TensorName(ti) + ": unsupported dtype '" + t.dtype + "'");
-      }
-      for (int64_t d : t.shape) {
-        if (d <= 0) {
-          return Status::InvalidArgument(TensorName(ti) + " shape " + ShapeString(t.shape) +
-                                         ": every dimension must be positive");
-        }
-      }
-      // Highest element touched, then bytes; overflow-safe within int64 for sane inputs.
-      __int128 last = t.storage_offset;
-      for (size_t d = 0; d < t.shape.size(); ++d) last += static_cast<__int128>(t.shape[d] - 1) * t.stride[d];
-      __int128 span = (last + 1) * itemsize;
-      if (t.nbytes == 0 || span > static_cast<__int128>(t.nbytes)) {
-        return Status::InvalidArgument(
-            TensorName(ti) + " shape " + ShapeString(t.shape) + " stride " + ShapeString(t.stride) +
-            " offset " + std::to_string(t.storage_offset) + " " + t.dtype + " needs " +
-            std::to_string(static_cast<int64_t>(span)) + " bytes but its memory is " +
-            std::to_string(t.nbytes) + " bytes");
-      }
-      auto roles = Classify(t, ti, hint_hnd, group_tpb[eg]);
+      const int64_t itemsize = DtypeSize(t.dtype);
+      auto span = ValidateView(t, ti, itemsize);
+      if (!span.ok()) return span.status();
+      std::vector<int> phys = PhysicalOrder(t.shape, t.stride);
+      auto roles = Classify(t, ti, phys, declared_tpb[eg], tpb_source[eg], *hint);
       if (!roles.ok()) return roles.status();
-      std::string alias = AliasKey(t);
-      if (seen_alias.count(alias)) continue;  // same memory and view: stored once
-      seen_alias[alias] = true;
+      const int64_t tpb = t.shape[roles->token];
+      if (list_tpb == 0) {
+        list_tpb = tpb;
+        list_tpb_tensor = ti;
+      } else if (declared_tpb[eg] == 0 && tpb != list_tpb) {
+        return Status::InvalidArgument(
+            Describe(t, ti) + " has " + std::to_string(tpb) + " tokens per block but " +
+            TensorName(list_tpb_tensor) + " of the same block-id list has " +
+            std::to_string(list_tpb) + "; one block-id list covers one block size");
+      }
+      if (chunk_tokens % tpb != 0) {
+        return Status::InvalidArgument(
+            "chunk size " + std::to_string(chunk_tokens) + " is not a multiple of block size " +
+            std::to_string(tpb) + " of engine group " + std::to_string(eg) + " (" +
+            Describe(t, ti) + "); start kvd with a --chunk-size that is a multiple of every "
+            "group's block size");
+      }
+      if (!seen_alias.insert(AliasKey(t)).second) {  // same memory and view: stored once
+        out.aliased_tensors.push_back(ti);
+        continue;
+      }
 
-      std::string sig = t.dtype + ShapeString(t.shape) + ShapeString(t.stride) + roles->form;
-      auto it = by_signature.find(sig);
-      if (it == by_signature.end()) {
+      // Hidden dims: everything but block, K/V and token, in logical order.
+      std::vector<int64_t> hsizes, hstrides, squeezed;
+      for (int d = 0; d < static_cast<int>(t.shape.size()); ++d) {
+        if (d == roles->block || d == roles->kv || d == roles->token) continue;
+        hsizes.push_back(t.shape[d]);
+        hstrides.push_back(t.stride[d] * itemsize);
+        if (t.shape[d] != 1) squeezed.push_back(t.shape[d]);
+      }
+      int64_t hidden = 1;
+      for (int64_t h : hsizes) hidden *= h;
+      const int64_t kv_size = roles->kv >= 0 ? 2 : 1;
+      const int64_t token_stride = t.stride[roles->token] * itemsize;
+
+      TensorAccess acc;
+      acc.tensor_index = ti;
+      acc.base_offset = t.storage_offset * itemsize;
+      acc.span_bytes = *span;
+      acc.block_stride = t.stride[roles->block] * itemsize;
+      acc.kv_stride = roles->kv >= 0 ? t.stride[roles->kv] * itemsize : 0;
+      Status st = CollectRuns(hsizes, hstrides, itemsize, token_stride, &acc.row_runs);
+      if (!st.ok()) return Status::InvalidArgument(Describe(t, ti) + ": " + st.message());
+      const int64_t row_bytes = hidden * itemsize;
+      bool dsa = t.dtype == "uint8" && kv_size == 1 && squeezed.size() == 1 &&
+                 squeezed[0] == kDsaIndexerRow;
+      std::string form = roles->form;
+      if (dsa) {
+        // The page is [BS x 128 values][BS x 4 scale bytes]: only a tight row layout
+        // lets kvd find a token's bytes, so anything else is refused.
+        if (acc.row_runs.size() != 1 || acc.row_runs[0].offset != 0 ||
+            token_stride != kDsaIndexerRow) {
+          return Status::InvalidArgument(
+              Describe(t, ti) + ": a uint8 [blocks, tokens, 132] DSA indexer page must hold "
+              "each block's rows tightly ([tokens x 128 values][tokens x 4 scale bytes])");
+        }
+        acc.row_runs = {ByteRun{0, kDsaIndexerValues, kDsaIndexerValues},
+                        ByteRun{tpb * kDsaIndexerValues, kDsaIndexerScale, kDsaIndexerScale}};
+        form = "DSA indexer page (values, then scales)";
+      }
+      acc.block_is_contiguous = !dsa && acc.row_runs.size() == 1 && acc.row_runs[0].offset == 0 &&
+                                token_stride == row_bytes;
+
+      std::ostringstream key;
+      key << t.dtype << '|' << kv_size << '|' << tpb << '|' << t.shape[roles->block] << '|'
+          << ShapeString(squeezed) << '|' << dsa;
+      auto it = by_key.find(key.str());
+      if (it == by_key.end()) {
         KernelGroup k;
         k.engine_group = eg;
         k.dtype = t.dtype;
         k.itemsize = itemsize;
-        k.kv_size = roles->kv >= 0 ? 2 : 1;
+        k.kv_size = kv_size;
         k.num_blocks = t.shape[roles->block];
-        k.tokens_per_block = t.shape[roles->token];
-        k.block_stride = t.stride[roles->block] * itemsize;
-        k.kv_stride = roles->kv >= 0 ? t.stride[roles->kv] * itemsize : 0;
-        k.token_stride = t.stride[roles->token] * itemsize;
+        k.tokens_per_block = tpb;
+        k.hidden_elems = hidden;
+        k.row_bytes = row_bytes;
         k.shape = t.shape;
-        k.form = roles->form;
-        std::vector<int64_t> hs, hst;
-        for (int d = 0; d < static_cast<int>(t.shape.size()); ++d) {
-          if (d == roles->block || d == roles->kv || d == roles->token) continue;
-          hs.push_back(t.shape[d]);
-          hst.push_back(t.stride[d] * itemsize);
+        k.form = form;
+        if (!group_infos.empty()) {
+          k.sw_size_tokens = group_infos[eg].sw_size_tokens;
+          k.recurrent_state = group_infos[eg].recurrent_state;
         }
-        k.hidden_elems = 1;
-        for (int64_t h : hs) k.hidden_elems *= h;
-        k.row_bytes = k.hidden_elems * itemsize;
-        CollectRuns(hs, hst, 0, 0, itemsize, &k.row_runs);
-        if (k.row_runs.size() > kMaxRunsPerRow) {
-          return Status::InvalidArgument(TensorName(ti) + ": hidden dimensions are too fragmented");
-        }
-        k.block_is_contiguous = k.row_runs.size() == 1 && k.row_runs[0].offset == 0 &&
-                                k.token_stride == k.row_bytes;
-        if (group_tpb[eg] > 0 && k.tokens_per_block != group_tpb[eg]) {
-          return Status::InvalidArgument(
-              TensorName(ti) + " shape " + ShapeString(t.shape) + ": engine group " +
-              std::to_string(eg) + " declares " + std::to_string(group_tpb[eg]) +
-              " tokens per block, but the tensor's token dimension is " +
-              std::to_string(k.tokens_per_block));
-        }
-        if (chunk_tokens % k.tokens_per_block != 0) {
-          return Status::InvalidArgument(
-              "chunk size " + std::to_string(chunk_tokens) + " is not a multiple of block size " +
-              std::to_string(k.tokens_per_block) + " of engine group " + std::to_string(eg) +
-              " (" + TensorName(ti) + " shape " + ShapeString(t.shape) +
-              "); start kvd with a --chunk-size that is a multiple of every group's block size");
-        }
-        by_signature[sig] = out.groups.size();
+        it = by_key.emplace(key.str(), out.groups.size()).first;
         out.groups.push_back(std::move(k));
-        it = by_signature.find(sig);
       }
-      out.groups[it->second].layers.push_back(
-          TensorAccess{ti, t.storage_offset * itemsize, static_cast<uint64_t>(span)});
+      out.groups[it->second].layers.push_back(std::move(acc));
     }
   }
-  for (const auto& k : out.groups) out.object_bytes += k.BytesPerChunk(chunk_tokens);
+  for (auto& k : out.groups) {
+    k.object_offset = out.object_bytes;
+    out.object_bytes += k.BytesPerChunk(chunk_tokens);
+  }
+  if (out.groups.empty()) {
+    return Status::InvalidArgument("register_kv_cache: no tensor to copy");
+  }
   return out;
 }
 

@@ -1,6 +1,9 @@
 #include "transfer/cpu_copy.h"
 
+#include <algorithm>
+#include <atomic>
 #include <cstring>
+#include <thread>
 
 namespace kvd::transfer {
 
@@ -11,20 +14,25 @@ Status ValidateBlockIds(const layout::KvLayout& layout,
                                    " group list(s), the registered layout has " +
                                    std::to_string(layout.num_engine_groups));
   }
+  if (num_chunks < 0) {
+    return Status::InvalidArgument("negative chunk count " + std::to_string(num_chunks));
+  }
   for (const auto& g : layout.groups) {
     const auto& ids = block_ids[g.engine_group];
     int64_t need = num_chunks * (layout.chunk_tokens / g.tokens_per_block);
     if (static_cast<int64_t>(ids.size()) < need) {
       return Status::InvalidArgument("block_ids[" + std::to_string(g.engine_group) + "] has " +
                                      std::to_string(ids.size()) + " ids, " +
-                                     std::to_string(num_chunks) + " chunk(s) need " +
-                                     std::to_string(need));
+                                     std::to_string(num_chunks) + " chunk(s) of " +
+                                     std::to_string(layout.chunk_tokens) + " tokens at " +
+                                     std::to_string(g.tokens_per_block) +
+                                     " tokens per block need " + std::to_string(need));
     }
     for (int64_t i = 0; i < need; ++i) {
       if (ids[i] < 0 || ids[i] >= g.num_blocks) {
         return Status::InvalidArgument("block id " + std::to_string(ids[i]) + " at position " +
-                                       std::to_string(i) + " of group " +
-                                       std::to_string(g.engine_group) + " is out of range [0, " +
+                                       std::to_string(i) + " of block_ids[" +
+                                       std::to_string(g.engine_group) + "] is out of range [0, " +
                                        std::to_string(g.num_blocks) + ")");
       }
     }
@@ -34,50 +42,114 @@ Status ValidateBlockIds(const layout::KvLayout& layout,
 
 namespace {
 
+// Copies one (K or V) plane of one layer for one chunk: the chunk's blocks of that
+// tensor ↔ the object's [chunk_tokens][hidden] plane.
 template <bool kToObject>
-void CopyGroup(const layout::KernelGroup& g, int64_t chunk_tokens,
-               std::span<uint8_t* const> bases, const std::vector<int64_t>& ids, int64_t chunk,
-               uint8_t* object_group, int64_t skip_tokens) {
+void CopyPlane(const layout::KernelGroup& g, const layout::TensorAccess& acc, int64_t kv,
+               int64_t chunk_tokens, uint8_t* base, const int64_t* ids, uint8_t* plane,
+               int64_t skip_tokens) {
   const int64_t bpc = chunk_tokens / g.tokens_per_block;
+  const int64_t tpb = g.tokens_per_block;
+  uint8_t* tensor = base + acc.base_offset + kv * acc.kv_stride;
+  for (int64_t b = 0; b < bpc; ++b) {
+    uint8_t* block = tensor + ids[b] * acc.block_stride;
+    uint8_t* obj = plane + b * tpb * g.row_bytes;
+    int64_t first = 0;
+    if constexpr (!kToObject) {
+      first = skip_tokens - b * tpb;
+      if (first >= tpb) continue;
+      if (first < 0) first = 0;
+    }
+    if (acc.block_is_contiguous) {
+      const int64_t n = (tpb - first) * g.row_bytes;
+      if constexpr (kToObject) {
+        std::memcpy(obj, block, n);
+      } else {
+        std::memcpy(block + first * g.row_bytes, obj + first * g.row_bytes, n);
+      }
+      continue;
+    }
+    for (int64_t t = first; t < tpb; ++t) {
+      uint8_t* orow = obj + t * g.row_bytes;
+      for (const auto& run : acc.row_runs) {
+        uint8_t* p = block + run.offset + t * run.token_stride;
+        if constexpr (kToObject) {
+          std::memcpy(orow, p, run.length);
+        } else {
+          std::memcpy(p, orow, run.length);
+        }
+        orow += run.length;
+      }
+    }
+  }
+}
+
+// One unit of work: one plane of one layer of one group of one task.
+struct WorkItem {
+  size_t task;
+  size_t group;
+  int64_t kv;
+  size_t layer;
+};
+
+template <bool kToObject>
+void RunItem(const layout::KvLayout& layout, std::span<uint8_t* const> bases,
+             const std::vector<std::vector<int64_t>>& block_ids, const ChunkTask& task,
+             size_t gi, int64_t kv, size_t li) {
+  const auto& g = layout.groups[gi];
+  const auto& acc = g.layers[li];
   const int64_t layers = static_cast<int64_t>(g.layers.size());
-  for (int64_t kv = 0; kv < g.kv_size; ++kv) {
-    for (int64_t l = 0; l < layers; ++l) {
-      const auto& acc = g.layers[l];
-      uint8_t* tensor = bases[acc.tensor_index] + acc.base_offset + kv * g.kv_stride;
-      uint8_t* plane = object_group + ((kv * layers + l) * chunk_tokens) * g.row_bytes;
-      for (int64_t b = 0; b < bpc; ++b) {
-        uint8_t* block = tensor + ids[chunk * bpc + b] * g.block_stride;
-        uint8_t* obj = plane + b * g.tokens_per_block * g.row_bytes;
-        int64_t first = 0;
-        if constexpr (!kToObject) {
-          first = skip_tokens - b * g.tokens_per_block;
-          if (first >= g.tokens_per_block) continue;
-          if (first < 0) first = 0;
-        }
-        if (g.block_is_contiguous) {
-          int64_t n = (g.tokens_per_block - first) * g.row_bytes;
-          if constexpr (kToObject) {
-            std::memcpy(obj, block, n);
-          } else {
-            std::memcpy(block + first * g.row_bytes, obj + first * g.row_bytes, n);
-          }
-          continue;
-        }
-        for (int64_t t = first; t < g.tokens_per_block; ++t) {
-          uint8_t* row = block + t * g.token_stride;
-          uint8_t* orow = obj + t * g.row_bytes;
-          for (const auto& run : g.row_runs) {
-            if constexpr (kToObject) {
-              std::memcpy(orow, row + run.offset, run.length);
-            } else {
-              std::memcpy(row + run.offset, orow, run.length);
-            }
-            orow += run.length;
+  const int64_t bpc = layout.chunk_tokens / g.tokens_per_block;
+  uint8_t* plane = task.object + g.object_offset +
+                   static_cast<uint64_t>((kv * layers + static_cast<int64_t>(li)) *
+                                         layout.chunk_tokens * g.row_bytes);
+  const int64_t* ids = block_ids[g.engine_group].data() + task.chunk * bpc;
+  CopyPlane<kToObject>(g, acc, kv, layout.chunk_tokens, bases[acc.tensor_index], ids, plane,
+                       task.skip_tokens);
+}
+
+template <bool kToObject>
+void RunTasks(const layout::KvLayout& layout, std::span<uint8_t* const> bases,
+              const std::vector<std::vector<int64_t>>& block_ids,
+              std::span<const ChunkTask> tasks, int threads) {
+  if (threads <= 1 || tasks.empty()) {
+    for (const auto& task : tasks) {
+      if (!kToObject && task.skip_tokens >= layout.chunk_tokens) continue;
+      for (size_t gi = 0; gi < layout.groups.size(); ++gi) {
+        const auto& g = layout.groups[gi];
+        for (int64_t kv = 0; kv < g.kv_size; ++kv) {
+          for (size_t li = 0; li < g.layers.size(); ++li) {
+            RunItem<kToObject>(layout, bases, block_ids, task, gi, kv, li);
           }
         }
       }
     }
+    return;
   }
+  std::vector<WorkItem> items;
+  for (size_t ti = 0; ti < tasks.size(); ++ti) {
+    if (!kToObject && tasks[ti].skip_tokens >= layout.chunk_tokens) continue;
+    for (size_t gi = 0; gi < layout.groups.size(); ++gi) {
+      const auto& g = layout.groups[gi];
+      for (int64_t kv = 0; kv < g.kv_size; ++kv) {
+        for (size_t li = 0; li < g.layers.size(); ++li) items.push_back({ti, gi, kv, li});
+      }
+    }
+  }
+  std::atomic<size_t> next{0};
+  auto worker = [&] {
+    for (size_t i = next.fetch_add(1, std::memory_order_relaxed); i < items.size();
+         i = next.fetch_add(1, std::memory_order_relaxed)) {
+      const auto& w = items[i];
+      RunItem<kToObject>(layout, bases, block_ids, tasks[w.task], w.group, w.kv, w.layer);
+    }
+  };
+  const size_t n = std::min<size_t>(static_cast<size_t>(threads), items.size());
+  std::vector<std::thread> pool;
+  pool.reserve(n > 0 ? n - 1 : 0);
+  for (size_t t = 1; t < n; ++t) pool.emplace_back(worker);
+  worker();
+  for (auto& t : pool) t.join();
 }
 
 }  // namespace
@@ -85,22 +157,28 @@ void CopyGroup(const layout::KernelGroup& g, int64_t chunk_tokens,
 void GatherChunk(const layout::KvLayout& layout, std::span<uint8_t* const> tensor_bases,
                  const std::vector<std::vector<int64_t>>& block_ids, int64_t chunk,
                  uint8_t* object) {
-  uint8_t* out = object;
-  for (const auto& g : layout.groups) {
-    CopyGroup<true>(g, layout.chunk_tokens, tensor_bases, block_ids[g.engine_group], chunk, out, 0);
-    out += g.BytesPerChunk(layout.chunk_tokens);
-  }
+  const ChunkTask task{chunk, object, 0};
+  RunTasks<true>(layout, tensor_bases, block_ids, std::span<const ChunkTask>(&task, 1), 1);
 }
 
 void ScatterChunk(const layout::KvLayout& layout, std::span<uint8_t* const> tensor_bases,
                   const std::vector<std::vector<int64_t>>& block_ids, int64_t chunk,
                   const uint8_t* object, int64_t skip_tokens) {
-  const uint8_t* in = object;
-  for (const auto& g : layout.groups) {
-    CopyGroup<false>(g, layout.chunk_tokens, tensor_bases, block_ids[g.engine_group], chunk,
-                     const_cast<uint8_t*>(in), skip_tokens);
-    in += g.BytesPerChunk(layout.chunk_tokens);
-  }
+  // The object is only read on this path.
+  const ChunkTask task{chunk, const_cast<uint8_t*>(object), skip_tokens};
+  RunTasks<false>(layout, tensor_bases, block_ids, std::span<const ChunkTask>(&task, 1), 1);
+}
+
+void GatherChunks(const layout::KvLayout& layout, std::span<uint8_t* const> tensor_bases,
+                  const std::vector<std::vector<int64_t>>& block_ids,
+                  std::span<const ChunkTask> tasks, int threads) {
+  RunTasks<true>(layout, tensor_bases, block_ids, tasks, threads);
+}
+
+void ScatterChunks(const layout::KvLayout& layout, std::span<uint8_t* const> tensor_bases,
+                   const std::vector<std::vector<int64_t>>& block_ids,
+                   std::span<const ChunkTask> tasks, int threads) {
+  RunTasks<false>(layout, tensor_bases, block_ids, tasks, threads);
 }
 
 }  // namespace kvd::transfer

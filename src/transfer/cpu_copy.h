@@ -3,6 +3,10 @@
 // CUDA kernels are tested against. Pure functions over caller-owned memory: the caller
 // guarantees that block ids were validated (ValidateBlockIds) and that the buffers stay
 // mapped for the duration of the call. Safe to run concurrently on disjoint outputs.
+//
+// Every byte written by ScatterChunk is an element of a registered view at a validated
+// block id (BuildLayout checked that the view fits its mapping and does not overlap
+// itself), so a scatter never writes outside a registered buffer.
 #pragma once
 
 #include <cstdint>
@@ -14,20 +18,39 @@
 
 namespace kvd::transfer {
 
-// Checks block_ids against the layout for `num_chunks` chunks: one list per engine
-// group, each with num_chunks × chunk_tokens / tokens_per_block ids in [0, num_blocks).
+// Checks block_ids against the layout for `num_chunks` chunks: exactly one list per
+// engine_group_info (layout.num_engine_groups), each with at least num_chunks ×
+// chunk_tokens / tokens_per_block ids, the ones used in [0, num_blocks).
 Status ValidateBlockIds(const layout::KvLayout& layout,
                         const std::vector<std::vector<int64_t>>& block_ids, int64_t num_chunks);
 
 // `tensor_bases[i]` is the first byte of registered tensor i's mapping.
 // `chunk` indexes chunks within the request's block lists (0 = its first chunk).
+// `object` has layout.object_bytes bytes.
 void GatherChunk(const layout::KvLayout& layout, std::span<uint8_t* const> tensor_bases,
                  const std::vector<std::vector<int64_t>>& block_ids, int64_t chunk,
                  uint8_t* object);
 
-// Writes every token of the chunk at or after `skip_tokens` (chunk-relative).
+// Writes every token of the chunk at or after `skip_tokens` (chunk-relative; <= 0:
+// all, >= chunk_tokens: none). Tokens before it are not touched, in any group.
 void ScatterChunk(const layout::KvLayout& layout, std::span<uint8_t* const> tensor_bases,
                   const std::vector<std::vector<int64_t>>& block_ids, int64_t chunk,
                   const uint8_t* object, int64_t skip_tokens);
+
+// Several chunks at once, the work (chunk × group × K/V plane × layer) spread over
+// `threads` threads; threads <= 1 runs on the caller's thread. Same bytes as calling
+// GatherChunk / ScatterChunk once per task. Objects of different tasks must not
+// overlap; for scatters, tasks must not name the same destination blocks.
+struct ChunkTask {
+  int64_t chunk = 0;           // index into the request's block lists
+  uint8_t* object = nullptr;   // layout.object_bytes bytes
+  int64_t skip_tokens = 0;     // scatter only, as in ScatterChunk
+};
+void GatherChunks(const layout::KvLayout& layout, std::span<uint8_t* const> tensor_bases,
+                  const std::vector<std::vector<int64_t>>& block_ids,
+                  std::span<const ChunkTask> tasks, int threads);
+void ScatterChunks(const layout::KvLayout& layout, std::span<uint8_t* const> tensor_bases,
+                   const std::vector<std::vector<int64_t>>& block_ids,
+                   std::span<const ChunkTask> tasks, int threads);
 
 }  // namespace kvd::transfer

@@ -1,0 +1,529 @@
+// GatherChunk / ScatterChunk: byte-exact store → retrieve round trips for every KV
+// layout kvd supports, over host buffers standing in for the mapped tensors.
+//
+// Each round trip fills the source tensors with random bytes, gathers chunks from
+// some block ids and checks each object against a reference object built from the
+// test's own description of the layout; then scatters the objects into zeroed buffers
+// at other block ids and checks every byte of every destination buffer: copied blocks
+// equal their source blocks, the first skip_tokens tokens and every other block (and
+// every padding byte) stay zero.
+#include "transfer/cpu_copy.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <numeric>
+#include <random>
+
+#include "../layout/layout_test_util.h"
+
+namespace kvd::transfer {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+using namespace kvd::layout::test_util;  // NOLINT
+using layout::KvLayout;
+
+using BlockIds = std::vector<std::vector<int64_t>>;
+
+layout::KvLayout MustBuild(const TestModel& m, int64_t chunk) {
+  auto l = layout::BuildLayout(m.Descriptors(), m.hints, m.infos, chunk);
+  EXPECT_TRUE(l.ok()) << l.status().ToString();
+  if (!l.ok()) return {};
+  // The plan's group order is the reference's.
+  EXPECT_EQ(l->groups.size(), m.groups.size()) << l->Describe();
+  for (size_t g = 0; g < std::min(l->groups.size(), m.groups.size()); ++g) {
+    std::vector<size_t> got;
+    for (const auto& a : l->groups[g].layers) got.push_back(a.tensor_index);
+    EXPECT_EQ(got, m.groups[g].tensors) << "group " << g;
+    EXPECT_EQ(l->groups[g].engine_group, m.groups[g].block_list) << "group " << g;
+  }
+  return std::move(l).value();
+}
+
+// Distinct block ids for `num_chunks` chunks. Block lists that name the same engine
+// group get the same ids (lmcache 0.5.6 sends copies); different engine groups get
+// disjoint ids (vLLM allocates all groups from one pool, which matters when they share
+// a buffer).
+BlockIds PickIds(const TestModel& m, const KvLayout& l, int64_t num_chunks, uint64_t seed) {
+  BlockIds ids(l.num_engine_groups);
+  int64_t min_blocks = INT64_MAX;
+  for (const auto& g : l.groups) min_blocks = std::min(min_blocks, g.num_blocks);
+  std::vector<int64_t> perm(min_blocks);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::mt19937_64 rng(seed);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  std::map<int64_t, std::vector<int64_t>> by_engine_group;
+  size_t next = 0;
+  for (size_t list = 0; list < l.num_engine_groups; ++list) {
+    int64_t tpb = 0;
+    for (const auto& g : l.groups) {
+      if (g.engine_group == list) tpb = g.tokens_per_block;
+    }
+    if (tpb == 0) continue;
+    int64_t eg = m.infos.empty() ? 0 : m.infos[list].engine_group_id;
+    auto it = by_engine_group.find(eg);
+    if (it != by_engine_group.end()) {
+      ids[list] = it->second;
+      continue;
+    }
+    const size_t need = static_cast<size_t>(num_chunks * l.chunk_tokens / tpb);
+    EXPECT_LE(next + need, perm.size()) << "test model has too few blocks";
+    ids[list].assign(perm.begin() + next, perm.begin() + next + need);
+    next += need;
+    by_engine_group[eg] = ids[list];
+  }
+  return ids;
+}
+
+void ExpectSameBuffers(const Buffers& got, const Buffers& want) {
+  for (const auto& [name, w] : want.seg) {
+    const auto& g = got.seg.at(name);
+    ASSERT_EQ(g.size(), w.size()) << name;
+    auto mm = std::mismatch(g.begin(), g.end(), w.begin());
+    EXPECT_TRUE(mm.first == g.end())
+        << "segment " << name << " differs first at byte " << (mm.first - g.begin()) << " of "
+        << g.size() << ": got " << int(*mm.first) << ", want " << int(*mm.second);
+  }
+}
+
+// Gathers `num_chunks` chunks, checks them against the reference, scatters them into
+// zeroed buffers at other ids with skips[c] for chunk c, checks every byte.
+void RoundTrip(const TestModel& m, int64_t chunk_tokens, int64_t num_chunks,
+               std::vector<int64_t> skips = {}, uint64_t seed = 1) {
+  skips.resize(num_chunks, 0);
+  KvLayout l = MustBuild(m, chunk_tokens);
+  ASSERT_FALSE(l.groups.empty());
+  Buffers src = Buffers::Random(m, seed);
+  BlockIds src_ids = PickIds(m, l, num_chunks, seed * 7 + 1);
+  BlockIds dst_ids = PickIds(m, l, num_chunks, seed * 7 + 2);
+  ASSERT_NE(src_ids, dst_ids);
+  ASSERT_TRUE(ValidateBlockIds(l, src_ids, num_chunks).ok());
+  ASSERT_TRUE(ValidateBlockIds(l, dst_ids, num_chunks).ok());
+  auto src_bases = src.Bases(m);
+
+  std::vector<std::vector<uint8_t>> objects;
+  for (int64_t c = 0; c < num_chunks; ++c) {
+    std::vector<uint8_t> obj(l.object_bytes, 0xEE);
+    GatherChunk(l, src_bases, src_ids, c, obj.data());
+    std::vector<uint8_t> want = ReferenceObject(m, src, src_ids, c, chunk_tokens);
+    ASSERT_EQ(want.size(), l.object_bytes);
+    auto mm = std::mismatch(obj.begin(), obj.end(), want.begin());
+    ASSERT_TRUE(mm.first == obj.end())
+        << "chunk " << c << " object differs from the reference at byte " << (mm.first - obj.begin())
+        << " of " << obj.size() << " (" << l.Describe() << ")";
+    objects.push_back(std::move(obj));
+  }
+
+  Buffers dst = Buffers::Zeroed(m);
+  Buffers want = Buffers::Zeroed(m);
+  auto dst_bases = dst.Bases(m);
+  for (int64_t c = 0; c < num_chunks; ++c) {
+    ScatterChunk(l, dst_bases, dst_ids, c, objects[c].data(), skips[c]);
+    ApplyExpectedScatter(m, src, &want, src_ids, dst_ids, c, chunk_tokens, skips[c]);
+  }
+  ExpectSameBuffers(dst, want);
+
+  // Without skips the destination now holds the same chunks: gathering it gives the
+  // same objects.
+  for (int64_t c = 0; c < num_chunks; ++c) {
+    if (skips[c] > 0) continue;
+    std::vector<uint8_t> again(l.object_bytes);
+    GatherChunk(l, dst_bases, dst_ids, c, again.data());
+    EXPECT_TRUE(again == objects[c]) << "chunk " << c << " re-gathered differently";
+  }
+}
+
+// ---- Standard attention --------------------------------------------------------------
+
+TEST(CpuCopyTest, FlashAttentionNhd) { RoundTrip(FlashAttention(3, 24, 16, 4, 32, Order::kNhd), 64, 2); }
+TEST(CpuCopyTest, FlashAttentionHndPhysical) {
+  RoundTrip(FlashAttention(3, 24, 16, 4, 32, Order::kHndPhysical), 64, 2);
+}
+TEST(CpuCopyTest, FlashAttentionHndView) {
+  RoundTrip(FlashAttention(3, 24, 16, 4, 32, Order::kHndView), 64, 2);
+}
+TEST(CpuCopyTest, FlashInferNhd) { RoundTrip(FlashInfer(3, 24, 16, 4, 32, Order::kNhd), 64, 2); }
+TEST(CpuCopyTest, FlashInferHndPhysical) {
+  RoundTrip(FlashInfer(3, 24, 16, 4, 32, Order::kHndPhysical), 64, 2);
+}
+TEST(CpuCopyTest, FlashInferHndView) { RoundTrip(FlashInfer(3, 24, 16, 4, 32, Order::kHndView), 64, 2); }
+TEST(CpuCopyTest, PackedKvHnd) { RoundTrip(PackedKv(3, 24, 16, 4, 32, true), 64, 2); }
+TEST(CpuCopyTest, PackedKvNhd) { RoundTrip(PackedKv(3, 24, 16, 4, 32, false), 64, 2); }
+TEST(CpuCopyTest, HeadsEqualToBlockSize) {
+  RoundTrip(FlashInfer(2, 20, 16, 16, 8, Order::kHndView), 32, 2);
+  RoundTrip(FlashAttention(2, 20, 16, 16, 8, Order::kNhd), 32, 2);
+}
+TEST(CpuCopyTest, Fp32AndFp8Caches) {
+  RoundTrip(FlashAttention(2, 20, 16, 2, 16, Order::kNhd, "float32"), 32, 2);
+  RoundTrip(FlashAttention(2, 20, 16, 2, 16, Order::kHndView, "float8_e4m3fn"), 32, 2);
+}
+
+// Writes the same logical KV (per kv, block, token: one row of heads × head_size) into
+// an NHD model and an HND model; their objects must be identical.
+void ExpectSameObject(const TestModel& nhd, const TestModel& hnd, int64_t chunk_tokens) {
+  KvLayout ln = MustBuild(nhd, chunk_tokens);
+  KvLayout lh = MustBuild(hnd, chunk_tokens);
+  ASSERT_EQ(ln.object_bytes, lh.object_bytes);
+  Buffers a = Buffers::Random(nhd, 5);
+  Buffers b = Buffers::Zeroed(hnd);
+  ASSERT_EQ(nhd.tensors.size(), hnd.tensors.size());
+  for (size_t i = 0; i < nhd.tensors.size(); ++i) {
+    const auto& tn = nhd.tensors[i];
+    const auto& th = hnd.tensors[i];
+    const int64_t kv_size = tn.kv_dim >= 0 ? 2 : 1;
+    for (int64_t kv = 0; kv < kv_size; ++kv) {
+      for (int64_t blk = 0; blk < tn.desc.shape[tn.block_dim]; ++blk) {
+        for (int64_t t = 0; t < TokensPerBlock(tn); ++t) {
+          std::vector<uint8_t> row;
+          const uint8_t* pa = a.seg.at(tn.desc.shm_name).data();
+          for (auto [off, len] : TokenRow(tn, kv, blk, t)) row.insert(row.end(), pa + off, pa + off + len);
+          uint8_t* pb = b.seg.at(th.desc.shm_name).data();
+          size_t pos = 0;
+          for (auto [off, len] : TokenRow(th, kv, blk, t)) {
+            std::memcpy(pb + off, row.data() + pos, len);
+            pos += len;
+          }
+          ASSERT_EQ(pos, row.size());
+        }
+      }
+    }
+  }
+  BlockIds ids = PickIds(nhd, ln, 2, 9);
+  for (int64_t c = 0; c < 2; ++c) {
+    std::vector<uint8_t> on(ln.object_bytes), oh(lh.object_bytes);
+    GatherChunk(ln, a.Bases(nhd), ids, c, on.data());
+    GatherChunk(lh, b.Bases(hnd), ids, c, oh.data());
+    EXPECT_TRUE(on == oh) << "chunk " << c << ": NHD and HND objects differ";
+    EXPECT_TRUE(on == ReferenceObject(nhd, a, ids, c, chunk_tokens));
+  }
+}
+
+TEST(CpuCopyTest, ObjectDoesNotDependOnNhdOrHnd) {
+  ExpectSameObject(FlashAttention(2, 12, 16, 4, 8, Order::kNhd),
+                   FlashAttention(2, 12, 16, 4, 8, Order::kHndPhysical), 32);
+  ExpectSameObject(FlashAttention(2, 12, 16, 4, 8, Order::kNhd),
+                   FlashAttention(2, 12, 16, 4, 8, Order::kHndView), 32);
+  ExpectSameObject(FlashInfer(2, 12, 16, 4, 8, Order::kNhd),
+                   FlashInfer(2, 12, 16, 4, 8, Order::kHndPhysical), 32);
+  ExpectSameObject(FlashInfer(2, 12, 16, 16, 8, Order::kNhd),
+                   FlashInfer(2, 12, 16, 16, 8, Order::kHndView), 32);
+  ExpectSameObject(PackedKv(2, 12, 16, 4, 8, false), PackedKv(2, 12, 16, 4, 8, true), 32);
+}
+
+// ---- MLA and sparse-attention indexers -------------------------------------------
+
+TEST(CpuCopyTest, MlaLatent) { RoundTrip(Mla(3, 12, 64), 256, 2); }
+
+TEST(CpuCopyTest, DeepSeekV32WithBlockedIndexer) {
+  RoundTrip(DeepSeekV32(3, 12), 256, 2);
+  RoundTrip(DeepSeekV32(3, 12, /*with_info=*/false), 256, 2, {}, 3);
+}
+
+TEST(CpuCopyTest, DeepSeekV32PartialBlockSkipMovesTheRightScales) {
+  // Tokens 10.. of the first block: value bytes [10*128, 64*128) and scale bytes
+  // [64*128 + 40, 64*132) of that block; nothing else of it.
+  RoundTrip(DeepSeekV32(2, 12), 256, 2, {10, 200});
+}
+
+TEST(CpuCopyTest, MiniMaxM3PackedMainAndIndexerOneInfo) {
+  RoundTrip(MiniMaxM3(6, M3Main::kPackedHnd, "bfloat16", false), 256, 2);
+}
+TEST(CpuCopyTest, MiniMaxM3AsLmcacheSplitsTheInfos) {
+  RoundTrip(MiniMaxM3(6, M3Main::kPackedHnd, "bfloat16", true), 256, 2);
+}
+TEST(CpuCopyTest, MiniMaxM3TokensBeforeHeads) {
+  RoundTrip(MiniMaxM3(6, M3Main::kPackedNhd, "bfloat16", false), 256, 2);
+}
+TEST(CpuCopyTest, MiniMaxM3OldRankFiveMain) {
+  RoundTrip(MiniMaxM3(6, M3Main::kRank5, "bfloat16", false), 256, 2);
+}
+TEST(CpuCopyTest, MiniMaxM3Fp8Main) {
+  RoundTrip(MiniMaxM3(6, M3Main::kPackedHnd, "float8_e4m3fn", true), 256, 2, {0, 130});
+}
+
+// ---- Shared buffers, hybrids, aliases ------------------------------------------------
+
+// vLLM #51718 BLHNC: one pool [NB, L, NH, BS, C] with padding after each block; each
+// layer is a view at its own storage offset.
+TestModel SharedPoolBlocksFirst(int64_t pad) {
+  const int64_t nb = 16, layers = 3, nh = 2, bs = 16, c = 24;
+  const int64_t page = nh * bs * c, bstride = layers * page + pad;
+  TestModel m;
+  m.hints = Hint("BLHNC");
+  ExpectedGroup g;
+  std::vector<int64_t> all;
+  for (int64_t l = 0; l < layers; ++l) {
+    TestTensor t;
+    t.desc = Desc("/pool", "bfloat16", {nb, nh, bs, c}, {bstride, bs * c, c, 1}, l * page,
+                  static_cast<uint64_t>(nb * bstride * 2));
+    t.token_dim = 2;
+    g.tensors.push_back(m.tensors.size());
+    all.push_back(l);
+    m.Add(t);
+  }
+  m.groups = {g};
+  m.infos = {Info(0, all, bs)};
+  return m;
+}
+
+// Layers-first FlashInfer views into one buffer, each block padded.
+TestModel SharedPoolLayersFirst(int64_t pad) {
+  const int64_t nb = 16, layers = 3, bs = 16, nh = 2, hs = 8;
+  const int64_t bstride = 2 * bs * nh * hs + pad, layer_bytes = nb * bstride;
+  TestModel m;
+  m.hints = Hint("NHD");
+  ExpectedGroup g;
+  for (int64_t l = 0; l < layers; ++l) {
+    TestTensor t;
+    t.desc = Desc("/pool", "float16", {nb, 2, bs, nh, hs}, {bstride, bs * nh * hs, nh * hs, hs, 1},
+                  l * layer_bytes, static_cast<uint64_t>(layers * layer_bytes * 2));
+    t.kv_dim = 1;
+    t.token_dim = 2;
+    g.tensors.push_back(m.tensors.size());
+    m.Add(t);
+  }
+  m.groups = {g};
+  return m;
+}
+
+// K-first FlashAttention views in one buffer: [2, NB, BS, NH, HS] with padded blocks,
+// the K planes of all layers first, then the V planes.
+TestModel SharedPoolKvFirst(int64_t pad) {
+  const int64_t nb = 16, layers = 2, bs = 16, nh = 2, hs = 8;
+  const int64_t bstride = bs * nh * hs + pad;
+  const int64_t plane = nb * bstride;
+  TestModel m;
+  m.hints = Hint("NHD");
+  ExpectedGroup g;
+  for (int64_t l = 0; l < layers; ++l) {
+    TestTensor t;
+    t.desc = Desc("/pool", "bfloat16", {2, nb, bs, nh, hs}, {layers * plane, bstride, nh * hs, hs, 1},
+                  l * plane, static_cast<uint64_t>(2 * layers * plane * 2));
+    t.kv_dim = 0;
+    t.block_dim = 1;
+    t.token_dim = 2;
+    g.tensors.push_back(m.tensors.size());
+    m.Add(t);
+  }
+  m.groups = {g};
+  return m;
+}
+
+TEST(CpuCopyTest, StridedViewsIntoOneSharedBuffer) {
+  RoundTrip(SharedPoolBlocksFirst(0), 64, 2);
+  RoundTrip(SharedPoolLayersFirst(0), 64, 2);
+  RoundTrip(SharedPoolKvFirst(0), 64, 2);
+}
+
+TEST(CpuCopyTest, PaddedBlockStride) {
+  RoundTrip(SharedPoolBlocksFirst(40), 64, 2, {0, 5});
+  RoundTrip(SharedPoolLayersFirst(24), 64, 2, {17, 0});
+  RoundTrip(SharedPoolKvFirst(8), 64, 2);
+  // MLA rows padded to a larger pool row (DeepSeek-V4-style page padding).
+  TestModel m = Mla(2, 12, 64);
+  for (auto& t : m.tensors) t.desc = Desc(t.desc.shm_name, "bfloat16", {12, 64, 576}, {64 * 576 + 512, 576, 1});
+  m.segment_bytes.clear();
+  for (const auto& t : m.tensors) m.segment_bytes[t.desc.shm_name] = t.desc.nbytes;
+  RoundTrip(m, 128, 2);
+}
+
+// Recurrent-state pages as lmcache 0.5.6 re-views them (_MambaPageViewEdit): a state row
+// per block seen as [NB, BS, 1, W] with strides (S, W, W, 1) (NHD) or [NB, 1, BS, W] with
+// strides (S, BS*W, W, 1) (HND), S > BS*W (page padding and sibling layers).
+TEST(CpuCopyTest, RecurrentStatePageViews) {
+  const int64_t nb = 12, bs = 32, w = 8, s = bs * w * 2 + 16;
+  for (bool hnd : {false, true}) {
+    TestModel m;
+    m.hints = Hint(hnd ? "HND" : "NHD");
+    ExpectedGroup g;
+    for (int64_t l = 0; l < 2; ++l) {
+      TestTensor t;
+      if (hnd) {
+        t.desc = Desc("/mamba", "bfloat16", {nb, 1, bs, w}, {s, bs * w, w, 1}, l * bs * w,
+                      static_cast<uint64_t>(nb * s * 2));
+        t.token_dim = 2;
+      } else {
+        t.desc = Desc("/mamba", "bfloat16", {nb, bs, 1, w}, {s, w, w, 1}, l * bs * w,
+                      static_cast<uint64_t>(nb * s * 2));
+        t.token_dim = 1;
+      }
+      g.tensors.push_back(m.tensors.size());
+      m.Add(t);
+    }
+    m.groups = {g};
+    auto info = Info(0, {0, 1}, bs);
+    info.recurrent_state = true;
+    m.infos = {info};
+    RoundTrip(m, 64, 2);
+  }
+}
+
+// Hybrid: group 0 full attention (16 tokens/block) with an MTP draft layer registered
+// after the target layers; group 1 sliding window (32 tokens/block). Chunk 256.
+TestModel Hybrid() {
+  TestModel m;
+  m.hints = Hint("NHD");
+  const int64_t bs_of[5] = {16, 32, 16, 32, 16};
+  for (int i = 0; i < 5; ++i) {
+    TestTensor t;
+    t.desc = Desc("/hy" + std::to_string(i), "bfloat16", {2, 48, bs_of[i], 2, 8});
+    t.kv_dim = 0;
+    t.block_dim = 1;
+    t.token_dim = 2;
+    m.Add(t);
+  }
+  m.infos = {Info(0, {0, 2, 4}, 16), Info(1, {1, 3}, 32)};
+  m.groups = {{{0, 2, 4}, 0}, {{1, 3}, 1}};
+  return m;
+}
+
+TEST(CpuCopyTest, HybridTwoBlockSizesTwoBlockLists) { RoundTrip(Hybrid(), 256, 1, {0}, 2); }
+TEST(CpuCopyTest, HybridSkip) { RoundTrip(Hybrid(), 256, 1, {48}, 4); }
+
+TEST(CpuCopyTest, OneBufferSharedByTwoEngineGroups) {
+  // vLLM hybrid allocation: layer 0 of group 0 and layer 0 of group 1 share one raw
+  // tensor; each group uses its own block ids. Both must be stored and restored.
+  TestModel m;
+  m.hints = Hint("NHD");
+  for (int i = 0; i < 2; ++i) {
+    TestTensor t;
+    t.desc = Desc("/shared", "bfloat16", {2, 40, 16, 2, 8});
+    t.kv_dim = 0;
+    t.block_dim = 1;
+    t.token_dim = 2;
+    m.Add(t);
+  }
+  m.infos = {Info(0, {0}, 16), Info(1, {1}, 16)};
+  m.groups = {{{0}, 0}, {{1}, 1}};
+  RoundTrip(m, 64, 2);
+}
+
+TEST(CpuCopyTest, AliasedTensorsAreStoredOnceAndExcludedOnesUntouched) {
+  TestModel m;
+  m.hints = Hint("NHD");
+  auto kv = [](const std::string& shm) {
+    TestTensor t;
+    t.desc = Desc(shm, "bfloat16", {2, 20, 16, 2, 8});
+    t.kv_dim = 0;
+    t.block_dim = 1;
+    t.token_dim = 2;
+    return t;
+  };
+  m.Add(kv("/a"));       // 0
+  m.Add(kv("/a"));       // 1: the same memory and view as 0
+  m.Add(kv("/b"));       // 2
+  m.Add(kv("/a"));       // 3: KV sharing, in no group
+  m.Add(kv("/scratch"));  // 4: a scratch ring, in no group: must stay zero
+  m.infos = {Info(0, {0, 1, 2}, 16)};
+  m.groups = {{{0, 2}, 0}};
+  KvLayout l = MustBuild(m, 32);
+  EXPECT_EQ(l.object_bytes, 2u * 2 * 32 * 16 * 2);
+  RoundTrip(m, 32, 2);
+}
+
+// ---- skip_tokens -------------------------------------------------------------------
+
+TEST(CpuCopyTest, SkipTokensLeavesTheFirstTokensUntouched) {
+  const std::vector<int64_t> skips = {1, 15, 16, 17, 63, 64, 100, -3};
+  for (int64_t s : skips) {
+    SCOPED_TRACE("skip " + std::to_string(s));
+    RoundTrip(FlashAttention(2, 24, 16, 2, 8, Order::kNhd), 64, 2, {s, s});
+    RoundTrip(FlashAttention(2, 24, 16, 2, 8, Order::kHndView), 64, 2, {s, 0});
+    RoundTrip(PackedKv(2, 24, 16, 2, 8, true), 64, 2, {0, s});
+    RoundTrip(Mla(2, 24, 16, 40), 64, 2, {s, s});
+  }
+}
+
+TEST(CpuCopyTest, SkipTokensMiniMaxM3) {
+  RoundTrip(MiniMaxM3(6, M3Main::kPackedHnd, "bfloat16", false, 8, 3), 256, 2, {128, 255});
+  RoundTrip(MiniMaxM3(6, M3Main::kRank5, "bfloat16", true, 8, 3), 256, 2, {1, 129});
+}
+
+// ---- Threads ---------------------------------------------------------------------
+
+void ExpectThreadsMatch(const TestModel& m, int64_t chunk_tokens, int64_t num_chunks, int threads) {
+  KvLayout l = MustBuild(m, chunk_tokens);
+  Buffers src = Buffers::Random(m, 11);
+  BlockIds src_ids = PickIds(m, l, num_chunks, 21);
+  BlockIds dst_ids = PickIds(m, l, num_chunks, 22);
+  std::vector<std::vector<uint8_t>> one(num_chunks), many(num_chunks);
+  std::vector<ChunkTask> tasks;
+  for (int64_t c = 0; c < num_chunks; ++c) {
+    one[c].resize(l.object_bytes);
+    many[c].assign(l.object_bytes, 0xAB);
+    GatherChunk(l, src.Bases(m), src_ids, c, one[c].data());
+    tasks.push_back({c, many[c].data(), c == 0 ? 0 : 37});
+  }
+  GatherChunks(l, src.Bases(m), src_ids, tasks, threads);
+  for (int64_t c = 0; c < num_chunks; ++c) EXPECT_TRUE(one[c] == many[c]) << "chunk " << c;
+
+  Buffers a = Buffers::Zeroed(m), b = Buffers::Zeroed(m);
+  for (int64_t c = 0; c < num_chunks; ++c) {
+    ScatterChunk(l, a.Bases(m), dst_ids, c, one[c].data(), tasks[c].skip_tokens);
+  }
+  ScatterChunks(l, b.Bases(m), dst_ids, tasks, threads);
+  ExpectSameBuffers(b, a);
+}
+
+TEST(CpuCopyTest, ThreadedGatherAndScatterMatchTheSingleThreadedOnes) {
+  ExpectThreadsMatch(MiniMaxM3(8, M3Main::kPackedHnd, "bfloat16", true), 256, 3, 4);
+  ExpectThreadsMatch(Hybrid(), 256, 1, 3);
+  ExpectThreadsMatch(FlashAttention(3, 24, 16, 4, 32, Order::kHndView), 64, 3, 16);
+  ExpectThreadsMatch(DeepSeekV32(3, 12), 256, 2, 2);
+}
+
+TEST(CpuCopyTest, ChunkTasksWithZeroOrOneThread) {
+  ExpectThreadsMatch(Mla(2, 12, 64), 128, 2, 0);
+  ExpectThreadsMatch(Mla(2, 12, 64), 128, 2, 1);
+}
+
+// ---- ValidateBlockIds ----------------------------------------------------------------
+
+TEST(ValidateBlockIdsTest, AcceptsExactlyEnoughIdsInRange) {
+  KvLayout l = MustBuild(Hybrid(), 256);
+  BlockIds ids = {std::vector<int64_t>(32, 47), std::vector<int64_t>(16, 0)};
+  EXPECT_TRUE(ValidateBlockIds(l, ids, 2).ok());
+  EXPECT_TRUE(ValidateBlockIds(l, ids, 0).ok());
+  ids[0].push_back(1000);  // beyond what the chunks use: not looked at
+  EXPECT_TRUE(ValidateBlockIds(l, ids, 2).ok());
+}
+
+TEST(ValidateBlockIdsTest, WrongNumberOfLists) {
+  KvLayout l = MustBuild(Hybrid(), 256);
+  auto st = ValidateBlockIds(l, {std::vector<int64_t>(16, 0)}, 1);
+  EXPECT_THAT(st.message(), AllOf(HasSubstr("1 group list(s)"), HasSubstr("has 2")));
+  // lmcache 0.5.6 sends one list per engine_group_info: MiniMax-M3 split infos need two.
+  KvLayout m3 = MustBuild(MiniMaxM3(4, M3Main::kPackedHnd, "bfloat16", true), 256);
+  EXPECT_FALSE(ValidateBlockIds(m3, {{0, 1}}, 1).ok());
+  EXPECT_TRUE(ValidateBlockIds(m3, {{0, 1}, {0, 1}}, 1).ok());
+}
+
+TEST(ValidateBlockIdsTest, TooFewIds) {
+  KvLayout l = MustBuild(Hybrid(), 256);
+  BlockIds ids = {std::vector<int64_t>(16, 0), std::vector<int64_t>(7, 0)};
+  auto st = ValidateBlockIds(l, ids, 1);
+  EXPECT_THAT(st.message(), AllOf(HasSubstr("block_ids[1] has 7 ids"), HasSubstr("need 8"),
+                                  HasSubstr("32 tokens per block")));
+  ids[1].resize(8);
+  EXPECT_TRUE(ValidateBlockIds(l, ids, 1).ok());
+  EXPECT_FALSE(ValidateBlockIds(l, ids, 2).ok());
+}
+
+TEST(ValidateBlockIdsTest, IdsOutOfRange) {
+  KvLayout l = MustBuild(Hybrid(), 256);
+  BlockIds ids = {std::vector<int64_t>(16, 0), std::vector<int64_t>(8, 0)};
+  ids[0][5] = 48;
+  EXPECT_THAT(ValidateBlockIds(l, ids, 1).message(),
+              AllOf(HasSubstr("block id 48 at position 5 of block_ids[0]"), HasSubstr("[0, 48)")));
+  ids[0][5] = -1;
+  EXPECT_THAT(ValidateBlockIds(l, ids, 1).message(), HasSubstr("block id -1"));
+  ids[0][5] = 47;
+  EXPECT_TRUE(ValidateBlockIds(l, ids, 1).ok());
+  EXPECT_FALSE(ValidateBlockIds(l, ids, -1).ok());
+}
+
+}  // namespace
+}  // namespace kvd::transfer
