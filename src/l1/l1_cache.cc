@@ -207,6 +207,8 @@ uint64_t L1Cache::FreeSlotMemoryLocked(Entry& entry, uint32_t slot) {
     spdlog::error("l1: slot {} of {} had no live allocation at offset {}", slot,
                   ShortKey(entry.key), s.offset);
   }
+  if (s.state == SlotState::kResident) --counters_.resident_objects;
+  if (s.state == SlotState::kStaging) --counters_.staging_objects;
   s.state = SlotState::kEmpty;
   s.writer = 0;
   s.offset = 0;
@@ -330,6 +332,7 @@ Result<WriteReservation> L1Cache::ReserveWrite(const ChunkKey& key, uint32_t num
   }
   Slot& s = entry->slots[slot];
   s.state = SlotState::kStaging;
+  ++counters_.staging_objects;
   s.offset = *offset;
   s.size = size;
   s.writer = next_token_++;
@@ -346,6 +349,8 @@ bool L1Cache::CommitWrite(Entry* entry, uint32_t slot, uint64_t token) {
   if (s.state == SlotState::kStaging && s.writer == token) {
     if (entry->in_table) {
       s.state = SlotState::kResident;
+      --counters_.staging_objects;
+      ++counters_.resident_objects;
       s.writer = 0;
       policy_->OnAccess(IdOf(entry));
       ++counters_.commits;
@@ -436,7 +441,7 @@ Result<ReadPin> L1Cache::PinForRead(const ChunkKey& key, uint32_t slot) {
   }
   Slot& s = entry->slots[slot];
   if (s.state != SlotState::kResident) return Status::NotFound("object is not resident");
-  ++s.pins;
+  if (s.pins++ == 0) ++counters_.pinned_objects;
   ++entry->handles;
   policy_->OnAccess(IdOf(entry));
   return ReadPin(this, entry, slot, pool_->At(s.offset), s.offset, s.size);
@@ -445,7 +450,7 @@ Result<ReadPin> L1Cache::PinForRead(const ChunkKey& key, uint32_t slot) {
 void L1Cache::Unpin(Entry* entry, uint32_t slot) {
   std::lock_guard<std::mutex> lock(mu_);
   Slot& s = entry->slots[slot];
-  --s.pins;
+  if (--s.pins == 0) --counters_.pinned_objects;
   // A cleared entry kept this slot's memory only for the pins; the last one frees it.
   if (!entry->in_table && s.pins == 0 && s.state == SlotState::kResident) {
     FreeSlotMemoryLocked(*entry, slot);
@@ -561,25 +566,18 @@ size_t L1Cache::EvictToWatermark() {
 // ---------------------------------------------------------------------------------------------
 // Stats
 
-L1Stats L1Cache::stats() const {
+L1Stats L1Cache::stats(bool count_locked) const {
   std::lock_guard<std::mutex> lock(mu_);
-  const int64_t now = clock_->NowNanos();
   L1Stats st = counters_;
   st.capacity_bytes = pool_->capacity();
   st.used_bytes = pool_->used_bytes();
   st.entries = table_.size();
   st.detached_entries = detached_.size();
-  st.resident_objects = st.staging_objects = st.locked_entries = st.pinned_objects = 0;
-  for (const auto& [key, entry] : table_) {
-    for (const Slot& s : entry->slots) {
-      st.resident_objects += s.state == SlotState::kResident;
-      st.staging_objects += s.state == SlotState::kStaging;
-      st.pinned_objects += s.pins > 0;
-    }
-    st.locked_entries += !EvictableLocked(*entry, now);
-  }
-  for (const auto& [ptr, entry] : detached_) {
-    for (const Slot& s : entry->slots) st.pinned_objects += s.pins > 0;
+  st.locked_entries = 0;
+  if (count_locked) {
+    // Lock state depends on the time (TTLs), so it is counted by a walk over the table.
+    const int64_t now = clock_->NowNanos();
+    for (const auto& [key, entry] : table_) st.locked_entries += !EvictableLocked(*entry, now);
   }
   return st;
 }

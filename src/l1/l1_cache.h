@@ -95,9 +95,9 @@ struct L1Stats {
   uint64_t used_bytes = 0;         // pool bytes allocated (staging, resident and detached)
   uint64_t entries = 0;            // entries in the table
   uint64_t detached_entries = 0;   // removed from the table, waiting for their last handle
-  uint64_t resident_objects = 0;   // resident slots of entries in the table
-  uint64_t staging_objects = 0;    // staging slots of entries in the table
-  uint64_t locked_entries = 0;     // entries in the table that are not evictable right now
+  uint64_t resident_objects = 0;   // resident slots whose memory is held (table + detached)
+  uint64_t staging_objects = 0;    // staging slots whose memory is held (table + detached)
+  uint64_t locked_entries = 0;     // entries not evictable right now (only with stats(true))
   uint64_t pinned_objects = 0;     // slots with at least one live ReadPin (table + detached)
   uint64_t evictions = 0;          // entries evicted since creation
   uint64_t evicted_bytes = 0;
@@ -254,7 +254,10 @@ class L1Cache {
   // number of entries evicted. Takes the mutex in batches so other calls are not stalled.
   size_t EvictToWatermark();
 
-  L1Stats stats() const;
+  // O(1) except with count_locked, which walks the table to count locked entries (the
+  // field is 0 otherwise): keep that for on-demand status, not for periodic sampling.
+  // Object counts include detached entries whose memory is still held.
+  L1Stats stats(bool count_locked = false) const;
 
   // The pool: engine-driven clients map the shared segment and access objects at offsets.
   uint8_t* base() const { return pool_->base(); }
@@ -308,7 +311,7 @@ class L1Cache {
   std::unordered_map<ChunkKey, std::unique_ptr<Entry>, ChunkKeyHash> table_;
   std::unordered_map<Entry*, std::unique_ptr<Entry>> detached_;
   uint64_t next_token_ = 1;
-  L1Stats counters_;  // only the counter fields are maintained; the rest is computed in stats()
+  L1Stats counters_;  // counters and object counts are maintained; sizes are read in stats()
 };
 
 }  // namespace kvd::l1

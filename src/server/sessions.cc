@@ -1,7 +1,6 @@
 #include "server/sessions.h"
 
 #include <algorithm>
-#include <cstring>
 
 namespace kvd::server {
 
@@ -32,20 +31,24 @@ Result<std::vector<keys::Hash32>> SessionTable::ChunkHashes(const std::string& r
   std::lock_guard<std::mutex> lock(s->mu);
   if (!identity.empty()) s->identity = identity;
   // Reuse the hashed prefix only if it is the same token sequence.
-  size_t reusable = std::min(s->hashes.size(), num_chunks);
-  size_t cmp = reusable * chunk_size_;
-  if (reusable > 0 &&
-      std::memcmp(s->tokens.data(), tokens.data(), cmp * sizeof(int64_t)) != 0) {
-    s->hashes.clear();
-    s->tokens.clear();
-    reusable = 0;
+  const size_t reusable = std::min(s->hashes.size(), num_chunks);
+  const size_t cmp = reusable * chunk_size_;
+  for (size_t i = 0; i < cmp; ++i) {
+    if (static_cast<int64_t>(s->tokens[i]) != tokens[i]) {
+      s->hashes.clear();
+      s->tokens.clear();
+      break;
+    }
   }
   if (s->hashes.size() < num_chunks) {
     size_t first = s->hashes.size();
     const keys::Hash32& prev = first == 0 ? keys::NoneHash() : s->hashes.back();
     KVD_RETURN_IF_ERROR(keys::AppendChainedChunkHashes(tokens.first(num_chunks * chunk_size_),
                                                        chunk_size_, first, prev, &s->hashes));
-    s->tokens.assign(tokens.begin(), tokens.begin() + num_chunks * chunk_size_);
+    // Hashing succeeded, so every token of these chunks fits in 32 bits.
+    const size_t n = num_chunks * chunk_size_;
+    s->tokens.resize(n);
+    for (size_t i = first * chunk_size_; i < n; ++i) s->tokens[i] = static_cast<uint32_t>(tokens[i]);
   }
   return std::vector<keys::Hash32>(s->hashes.begin(), s->hashes.begin() + num_chunks);
 }

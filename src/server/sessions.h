@@ -53,7 +53,7 @@ class SessionTable {
  private:
   struct Session {
     std::mutex mu;
-    std::vector<int64_t> tokens;           // the tokens that `hashes` cover
+    std::vector<uint32_t> tokens;          // the tokens that `hashes` cover (all < 2^32)
     std::vector<keys::Hash32> hashes;
     std::optional<int64_t> lookup_result;
     std::string identity;

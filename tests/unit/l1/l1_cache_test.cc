@@ -266,7 +266,7 @@ TEST_F(L1CacheTest, ReadLockedEntriesAreNotEvicted) {
     ASSERT_TRUE(WriteObject(*cache, keys.back(), 1, 0, kPage).ok());
   }
   EXPECT_EQ(cache->LookupPrefixAndLock(keys, 1, 1), 4u);
-  EXPECT_EQ(cache->stats().locked_entries, 4u);
+  EXPECT_EQ(cache->stats(true).locked_entries, 4u);
   auto res = cache->ReserveWrite(Key(10), 1, 0, kPage);
   EXPECT_EQ(res.status().code(), StatusCode::kResourceExhausted);
   L1Stats st = cache->stats();
@@ -288,10 +288,10 @@ TEST_F(L1CacheTest, ReadLocksAreCappedAndNeverNegative) {
   EXPECT_EQ(cache->DescribeSlot(k, 0)->read_locks, L1Cache::kMaxReadLocksPerSlot);
   cache->ReleaseReadLocks(k, 0, L1Cache::kMaxReadLocksPerSlot - 1);
   EXPECT_EQ(cache->DescribeSlot(k, 0)->read_locks, 1u);
-  EXPECT_EQ(cache->stats().locked_entries, 1u);
+  EXPECT_EQ(cache->stats(true).locked_entries, 1u);
   cache->ReleaseReadLocks(k, 0, 5);
   EXPECT_EQ(cache->DescribeSlot(k, 0)->read_locks, 0u);
-  EXPECT_EQ(cache->stats().locked_entries, 0u);
+  EXPECT_EQ(cache->stats(true).locked_entries, 0u);
   // Lookup without locks takes none.
   EXPECT_EQ(Lookup(*cache, {k}, 1, 0), 1u);
   EXPECT_EQ(cache->DescribeSlot(k, 0)->read_locks, 0u);
@@ -311,7 +311,7 @@ TEST_F(L1CacheTest, ReleaseReadLocksAllSlots) {
     for (uint32_t s = 0; s < 2; ++s) EXPECT_EQ(cache->DescribeSlot(k, s)->read_locks, 1u);
   }
   cache->ReleaseReadLocksAllSlots(keys, 10);
-  EXPECT_EQ(cache->stats().locked_entries, 0u);
+  EXPECT_EQ(cache->stats(true).locked_entries, 0u);
 }
 
 TEST_F(L1CacheTest, ExpiredReadLocksCountAsZero) {
@@ -384,7 +384,7 @@ TEST_F(L1CacheTest, LiveStagingBlocksEvictionExpiredStagingDoesNot) {
   auto writer = cache->ReserveWrite(Key(1), 1, 0, kPage);
   ASSERT_TRUE(writer.ok());
   ASSERT_TRUE(WriteObject(*cache, Key(2), 1, 0, kPage).ok());
-  EXPECT_EQ(cache->stats().locked_entries, 1u);
+  EXPECT_EQ(cache->stats(true).locked_entries, 1u);
   ASSERT_TRUE(WriteObject(*cache, Key(3), 1, 0, kPage).ok());  // evicts Key(2), not the writer
   EXPECT_FALSE(cache->IsResident(Key(2), 0));
   EXPECT_EQ(cache->DescribeSlot(Key(1), 0)->state, SlotState::kStaging);
@@ -546,7 +546,7 @@ TEST_F(L1CacheTest, StatsCountWhatHappened) {
   auto pin = cache->PinForRead(k, 0);
   ASSERT_TRUE(pin.ok());
 
-  L1Stats st = cache->stats();
+  L1Stats st = cache->stats(true);
   EXPECT_EQ(st.capacity_bytes, 4 * kPage);
   EXPECT_EQ(st.used_bytes, 4 * kPage);
   EXPECT_EQ(st.entries, 2u);
@@ -569,7 +569,7 @@ TEST_F(L1CacheTest, StatsCountWhatHappened) {
   staging->Abort();
   pin = Result<ReadPin>(ReadPin());
   cache->ReleaseReadLocks(Key(2), 0, 1);
-  st = cache->stats();
+  st = cache->stats(true);
   EXPECT_EQ(st.used_bytes, 2 * kPage);
   EXPECT_EQ(st.locked_entries, 0u);
   EXPECT_EQ(st.staging_objects, 0u);

@@ -130,7 +130,7 @@ TEST_F(ZmqServerTest, ManyOutstandingRequestsAreAllAnsweredByUid) {
     if (i % 2) {
       SendFrames(c, {wire::EncodeInt(i), wire::EncodeInt(22), wire::EncodeInt(1)});
     } else {
-      SendFrames(c, {wire::EncodeInt(i), wire::EncodeInt(13), wire::EncodeStr("r" + std::to_string(i))});
+      SendFrames(c, {wire::EncodeInt(i), wire::EncodeInt(13), wire::EncodeStr(std::string("r").append(std::to_string(i)))});
     }
   }
   std::vector<bool> seen(n, false);

@@ -100,7 +100,9 @@ TEST(OpTable, FrozenIdsAndNamesRoundTrip) {
   for (const auto& info : Lmcache056Ops()) {
     EXPECT_EQ(&InfoOf(info.op), &info) << info.name;
     EXPECT_EQ(FindOpByName(info.name), &info);
-    if (info.legacy_id >= 0) EXPECT_EQ(FindOpById(info.legacy_id), &info);
+    if (info.legacy_id >= 0) {
+      EXPECT_EQ(FindOpById(info.legacy_id), &info);
+    }
   }
   EXPECT_EQ(FindOpById(6)->op, Op::kStore);
   EXPECT_EQ(FindOpById(21)->op, Op::kGetChunkSize);
