@@ -1,0 +1,209 @@
+#include "http/http_server.h"
+
+#include "http/httplib_wrap.h"
+#include <spdlog/spdlog.h>
+#include <sys/socket.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <nlohmann/json.hpp>
+
+#include "http/dashboard.h"
+#include "http/json_views.h"
+#include "http/prometheus.h"
+
+namespace kvd::http {
+namespace {
+
+constexpr const char* kJson = "application/json";
+
+void NoStore(httplib::Response& res) { res.set_header("Cache-Control", "no-store"); }
+
+void SendJson(httplib::Response& res, int status, const std::string& body) {
+  res.status = status;
+  NoStore(res);
+  res.set_content(body, kJson);
+}
+
+std::string ErrorJson(const std::string& error) {
+  return nlohmann::json{{"error", error}}.dump(-1, ' ', false,
+                                               nlohmann::json::error_handler_t::replace);
+}
+
+int64_t UnixMillis() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+double MonoSeconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace
+
+struct HttpServer::Impl {
+  httplib::Server server;
+};
+
+HttpServer::HttpServer(HttpOptions options, StatsSource* source)
+    : options_(std::move(options)),
+      source_(source),
+      series_(options_.history_samples),
+      impl_(std::make_unique<Impl>()) {
+  httplib::Server& svr = impl_->server;
+  const int threads = std::max(1, options_.threads);
+  svr.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
+  // httplib's default also sets SO_REUSEPORT, which would let a second kvd bind the
+  // same port and silently share it. SO_REUSEADDR alone still allows a quick restart.
+  svr.set_socket_options([](socket_t sock) {
+    int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+  });
+  svr.set_keep_alive_timeout(5);
+  svr.set_read_timeout(10);
+  svr.set_write_timeout(10);
+
+  svr.Get("/", [](const httplib::Request&, httplib::Response& res) {
+    NoStore(res);
+    res.set_content(std::string(DashboardHtml()), "text/html; charset=utf-8");
+  });
+  svr.Get("/healthcheck", [this](const httplib::Request&, httplib::Response& res) {
+    Health h = source_->CheckHealth();
+    if (h.healthy) {
+      SendJson(res, 200, R"({"status":"healthy"})");
+    } else {
+      SendJson(res, 503,
+               nlohmann::json{{"status", "unhealthy"}, {"reason", h.reason}}.dump(
+                   -1, ' ', false, nlohmann::json::error_handler_t::replace));
+    }
+  });
+  svr.Get("/status", [this](const httplib::Request&, httplib::Response& res) {
+    Snapshot s = source_->Collect(/*detailed=*/true);
+    Health h = source_->CheckHealth();
+    SendJson(res, 200, StatusJson(s, h, options_.version));
+  });
+  // A content-reader handler: httplib would answer a body-less POST without
+  // Content-Length (`curl -X POST …`) with 400 before reaching a plain handler.
+  auto clear = [this](const httplib::Request& req, httplib::Response& res,
+                      const httplib::ContentReader&) {
+    uint64_t n = source_->ClearCache();
+    spdlog::info("http: L1 cleared on request from {} ({} entries)", req.remote_addr, n);
+    SendJson(res, 200, nlohmann::json{{"status", "ok"}, {"cleared_entries", n}}.dump());
+  };
+  svr.Post("/clear-cache", clear);
+  svr.Post("/cache/clear", clear);
+  auto conf = [this](const httplib::Request&, httplib::Response& res) {
+    SendJson(res, 200, options_.config_json);
+  };
+  svr.Get("/conf", conf);
+  svr.Get("/config", conf);
+  svr.Get("/version", [this](const httplib::Request&, httplib::Response& res) {
+    SendJson(res, 200, VersionJson(options_.version));
+  });
+  svr.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+    if (!options_.metrics_enabled) {
+      res.status = 404;
+      res.set_content("metrics are disabled (--disable-metrics)\n", "text/plain");
+      return;
+    }
+    NoStore(res);
+    res.set_content(RenderPrometheus(source_->Collect(/*detailed=*/false), options_.version),
+                    "text/plain; version=0.0.4; charset=utf-8");
+  });
+  svr.Get("/api/timeseries", [this](const httplib::Request& req, httplib::Response& res) {
+    size_t points = 0;
+    if (req.has_param("points")) {
+      try {
+        points = static_cast<size_t>(std::max(0L, std::stol(req.get_param_value("points"))));
+      } catch (...) {
+        SendJson(res, 400, ErrorJson("points must be a non-negative integer"));
+        return;
+      }
+    }
+    SendJson(res, 200, series_.ToJson(points, options_.sample_interval_seconds));
+  });
+  svr.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
+    if (!res.body.empty()) return;
+    if (res.status == 404) {
+      res.set_content(ErrorJson("no such endpoint: " + req.method + " " + req.path), kJson);
+    }
+  });
+  svr.set_exception_handler(
+      [](const httplib::Request& req, httplib::Response& res, std::exception_ptr ep) {
+        std::string what = "unknown error";
+        try {
+          std::rethrow_exception(ep);
+        } catch (const std::exception& e) {
+          what = e.what();
+        } catch (...) {
+        }
+        spdlog::error("http: {} {}: {}", req.method, req.path, what);
+        SendJson(res, 500, ErrorJson(what));
+      });
+}
+
+HttpServer::~HttpServer() { Stop(); }
+
+Status HttpServer::Start() {
+  httplib::Server& svr = impl_->server;
+  const std::string where = options_.host + ":" + std::to_string(options_.port);
+  errno = 0;
+  if (options_.port == 0) {
+    bound_port_ = svr.bind_to_any_port(options_.host);
+    if (bound_port_ <= 0) bound_port_ = 0;
+  } else if (svr.bind_to_port(options_.host, options_.port)) {
+    bound_port_ = options_.port;
+  }
+  if (bound_port_ == 0) {
+    const int err = errno;
+    std::string why = err == EADDRINUSE ? "address already in use"
+                      : err != 0        ? std::strerror(err)
+                                        : "cannot bind (bad host?)";
+    return Status::Unavailable("cannot listen for HTTP on " + where + ": " + why +
+                               " (choose another --http-port / --http-host)");
+  }
+  SampleNow();
+  listener_ = std::thread([this] { impl_->server.listen_after_bind(); });
+  // Until the listener runs, httplib's stop() would be a no-op (and Stop would hang).
+  for (int i = 0; i < 2000 && !impl_->server.is_running(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  sampler_ = std::thread([this] { SamplerLoop(); });
+  return Status::Ok();
+}
+
+void HttpServer::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(stop_mu_);
+    if (stopping_) return;
+    stopping_ = true;
+  }
+  stop_cv_.notify_all();
+  impl_->server.stop();
+  if (listener_.joinable()) listener_.join();
+  if (sampler_.joinable()) sampler_.join();
+}
+
+void HttpServer::SampleNow() {
+  series_.Add(Sample::From(source_->Collect(/*detailed=*/false), UnixMillis(), MonoSeconds()));
+}
+
+void HttpServer::SamplerLoop() {
+  const auto interval = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+      std::chrono::duration<double>(std::max(0.05, options_.sample_interval_seconds)));
+  auto next = std::chrono::steady_clock::now() + interval;
+  std::unique_lock<std::mutex> lock(stop_mu_);
+  while (!stop_cv_.wait_until(lock, next, [this] { return stopping_; })) {
+    lock.unlock();
+    SampleNow();
+    lock.lock();
+    next += interval;
+    const auto now = std::chrono::steady_clock::now();
+    if (next < now) next = now + interval;  // fell behind (suspended?): do not burst
+  }
+}
+
+}  // namespace kvd::http

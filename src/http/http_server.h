@@ -1,0 +1,79 @@
+// HttpServer: kvd's operator endpoints on one HTTP port (cpp-httplib):
+//   GET  /                 dashboard (self-contained HTML/JS/CSS, no external resources)
+//   GET  /healthcheck      200 {"status":"healthy"} | 503 {"status":"unhealthy","reason":...}
+//   GET  /status           instances, L1, sessions, per-op request stats (JSON)
+//   POST /clear-cache      drop every L1 entry (also POST /cache/clear, LMCache's path)
+//   GET  /conf             effective configuration (also /config, LMCache's path)
+//   GET  /version
+//   GET  /metrics          Prometheus text; 404 when metrics are disabled
+//   GET  /api/timeseries   the last minutes of 1-second samples (JSON, for the dashboard)
+// See docs/operations.md for the payloads.
+//
+// Threads: Start binds the port (failing cleanly when it is taken) and starts a small
+// worker pool plus one sampler thread that calls source->Collect() every
+// sample_interval and appends to the ring. Handlers run on the pool and call the
+// StatsSource concurrently. Stop (or the destructor) stops accepting, finishes the
+// requests being served and joins every thread. Start/Stop are not thread-safe with
+// respect to each other; call them from one thread.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "common/status.h"
+#include "http/stats_source.h"
+#include "http/timeseries.h"
+
+namespace kvd::http {
+
+struct HttpOptions {
+  std::string host = "127.0.0.1";
+  int port = 8080;                    // 0: an ephemeral port (tests); see port()
+  bool metrics_enabled = true;        // false: /metrics answers 404 (--disable-metrics)
+  std::string version;                // reported by /version, /status and the dashboard
+  std::string config_json = "{}";     // GET /conf body: the effective configuration
+  double sample_interval_seconds = 1.0;
+  size_t history_samples = 900;       // 15 minutes at 1 s
+  int threads = 4;                    // HTTP worker threads
+};
+
+class HttpServer {
+ public:
+  // `source` must outlive the server.
+  HttpServer(HttpOptions options, StatsSource* source);
+  ~HttpServer();
+  HttpServer(const HttpServer&) = delete;
+  HttpServer& operator=(const HttpServer&) = delete;
+
+  // Binds and starts serving. Unavailable (with a one-line reason naming host:port) when
+  // the address is in use or cannot be bound; nothing is left running then.
+  Status Start();
+  void Stop();
+
+  // The bound port (the ephemeral one when options.port was 0); 0 before Start.
+  int port() const { return bound_port_; }
+  // Takes one sample now (tests; the sampler thread does this every interval).
+  void SampleNow();
+  const TimeSeries& timeseries() const { return series_; }
+
+ private:
+  struct Impl;
+  void SamplerLoop();
+
+  const HttpOptions options_;
+  StatsSource* const source_;
+  TimeSeries series_;
+  std::unique_ptr<Impl> impl_;
+  int bound_port_ = 0;
+  std::thread listener_;
+  std::thread sampler_;
+  std::mutex stop_mu_;
+  std::condition_variable stop_cv_;
+  bool stopping_ = false;             // guarded by stop_mu_
+};
+
+}  // namespace kvd::http

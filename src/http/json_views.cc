@@ -1,0 +1,96 @@
+#include "http/json_views.h"
+
+#include <nlohmann/json.hpp>
+
+#include "http/prometheus.h"
+
+namespace kvd::http {
+
+using json = nlohmann::ordered_json;
+
+namespace {
+
+// Model names come from clients: never let invalid UTF-8 throw while serialising.
+std::string Dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+}  // namespace
+
+std::string StatusJson(const Snapshot& s, const Health& health, const std::string& version) {
+  json instances = json::array();
+  for (const auto& i : s.instances) {
+    instances.push_back({{"instance_id", i.instance_id},
+                         // JavaScript numbers lose 64-bit ids (lmcache's are random 63-bit)
+                         {"instance_id_str", std::to_string(i.instance_id)},
+                         {"mode", i.engine_driven ? "engine_driven" : "lmcache_driven"},
+                         {"model_name", i.model_name},
+                         {"world_size", i.world_size},
+                         {"layout", i.layout},
+                         {"object_bytes_per_chunk", i.object_bytes},
+                         {"idle_seconds", i.idle_seconds},
+                         {"pinged", i.pinged}});
+  }
+  json ops = json::object();
+  json in_flight = json::object();
+  for (const auto& o : s.ops) {
+    ops[o.name] = {
+        {"requests", o.requests},
+        {"in_flight", o.in_flight},
+        {"mean_ms", o.requests ? 1e3 * o.latency_sum_seconds / static_cast<double>(o.requests) : 0.0},
+        {"p50_ms", 1e3 * HistogramQuantile(s.latency_bounds, o.buckets, 0.5)},
+        {"p99_ms", 1e3 * HistogramQuantile(s.latency_bounds, o.buckets, 0.99)}};
+    if (o.in_flight > 0) in_flight[o.name] = o.in_flight;
+  }
+  const auto& l1 = s.l1;
+  const auto& c = s.counters;
+  json j = {
+      {"is_healthy", health.healthy},
+      {"server", "kvd"},
+      {"version", version},
+      {"uptime_seconds", s.uptime_seconds},
+      {"chunk_size", s.chunk_size},
+      {"l1",
+       {{"used_bytes", l1.used_bytes},
+        {"total_bytes", l1.capacity_bytes},
+        {"usage_ratio", l1.capacity_bytes ? static_cast<double>(l1.used_bytes) /
+                                                static_cast<double>(l1.capacity_bytes)
+                                          : 0.0},
+        {"entries", l1.entries},
+        {"locked_entries", l1.locked_entries},
+        {"resident_objects", l1.resident_objects},
+        {"staging_objects", l1.staging_objects},
+        {"pinned_objects", l1.pinned_objects},
+        {"evictions", l1.evictions},
+        {"evicted_bytes", l1.evicted_bytes}}},
+      {"instances", std::move(instances)},
+      {"sessions", s.sessions},
+      {"pending_engine_driven", {{"stores", s.pending_engine_stores},
+                                 {"retrieves", s.pending_engine_retrieves}}},
+      {"counters",
+       {{"lookups", c.lookups},
+        {"lookup_tokens", c.lookup_tokens},
+        {"hit_tokens", c.hit_tokens},
+        {"hit_ratio", c.lookup_tokens ? static_cast<double>(c.hit_tokens) /
+                                            static_cast<double>(c.lookup_tokens)
+                                      : 0.0},
+        {"stores", c.stores},
+        {"store_failures", c.store_failures},
+        {"stored_chunks", c.stored_chunks},
+        {"stored_bytes", c.stored_bytes},
+        {"retrieves", c.retrieves},
+        {"retrieve_failures", c.retrieve_failures},
+        {"retrieved_chunks", c.retrieved_chunks},
+        {"retrieved_bytes", c.retrieved_bytes},
+        {"requests", s.total_requests()},
+        {"unknown_ops", s.unknown_ops}}},
+      {"ops", std::move(ops)},
+  };
+  if (!health.healthy) j["unhealthy_reason"] = health.reason;
+  if (!in_flight.empty()) j["in_flight"] = std::move(in_flight);
+  return Dump(j);
+}
+
+std::string VersionJson(const std::string& version) {
+  return Dump({{"name", "kvd"}, {"version", version}, {"lmcache_protocol", "0.5.6"}});
+}
+
+}  // namespace kvd::http

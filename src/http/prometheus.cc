@@ -1,0 +1,182 @@
+#include "http/prometheus.h"
+
+#include <algorithm>
+#include <cinttypes>
+#include <cmath>
+#include <cstdio>
+
+namespace kvd::http {
+namespace {
+
+class Writer {
+ public:
+  void Header(const char* name, const char* type, const char* help) {
+    out_ += "# HELP ";
+    out_ += name;
+    out_ += ' ';
+    out_ += help;
+    out_ += "\n# TYPE ";
+    out_ += name;
+    out_ += ' ';
+    out_ += type;
+    out_ += '\n';
+  }
+  void Value(const std::string& name_and_labels, uint64_t v) {
+    char buf[32];
+    std::snprintf(buf, sizeof(buf), " %" PRIu64 "\n", v);
+    out_ += name_and_labels;
+    out_ += buf;
+  }
+  void Value(const std::string& name_and_labels, double v) {
+    char buf[48];
+    if (std::isnan(v)) {
+      std::snprintf(buf, sizeof(buf), " NaN\n");
+    } else if (std::isinf(v)) {
+      std::snprintf(buf, sizeof(buf), v > 0 ? " +Inf\n" : " -Inf\n");
+    } else {
+      std::snprintf(buf, sizeof(buf), " %.17g\n", v);
+    }
+    out_ += name_and_labels;
+    out_ += buf;
+  }
+  // One metric without labels.
+  void Counter(const char* name, const char* help, uint64_t v) {
+    Header(name, "counter", help);
+    Value(name, v);
+  }
+  void Gauge(const char* name, const char* help, double v) {
+    Header(name, "gauge", help);
+    Value(name, v);
+  }
+  void Gauge(const char* name, const char* help, uint64_t v) {
+    Header(name, "gauge", help);
+    Value(name, v);
+  }
+  std::string Take() { return std::move(out_); }
+
+ private:
+  std::string out_;
+};
+
+// Label values: escape backslash, double quote and newline.
+std::string Escape(const std::string& v) {
+  std::string o;
+  o.reserve(v.size());
+  for (char c : v) {
+    if (c == '\\' || c == '"') {
+      o += '\\';
+      o += c;
+    } else if (c == '\n') {
+      o += "\\n";
+    } else {
+      o += c;
+    }
+  }
+  return o;
+}
+
+std::string Bound(double b) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%g", b);
+  return buf;
+}
+
+}  // namespace
+
+double HistogramQuantile(const std::vector<double>& bounds, const std::vector<uint64_t>& buckets,
+                         double q) {
+  uint64_t total = 0;
+  for (uint64_t b : buckets) total += b;
+  if (total == 0 || bounds.empty()) return 0;
+  const double rank = q * static_cast<double>(total);
+  uint64_t seen = 0;
+  for (size_t i = 0; i < buckets.size(); ++i) {
+    if (buckets[i] == 0) continue;
+    if (static_cast<double>(seen + buckets[i]) >= rank) {
+      if (i >= bounds.size()) return bounds.back();
+      const double lo = i == 0 ? 0.0 : bounds[i - 1];
+      const double hi = bounds[i];
+      const double frac = (rank - static_cast<double>(seen)) / static_cast<double>(buckets[i]);
+      return lo + (hi - lo) * std::clamp(frac, 0.0, 1.0);
+    }
+    seen += buckets[i];
+  }
+  return bounds.back();
+}
+
+std::string RenderPrometheus(const Snapshot& s, const std::string& version) {
+  Writer w;
+  const CacheCounters& c = s.counters;
+
+  // --- LMCache counterparts (lmcache 0.5.6 `lmcache server` names) ---
+  w.Counter("lmcache_mp_lookups_requests_total", "LOOKUP requests.", c.lookups);
+  w.Counter("lmcache_mp_lookup_requested_tokens_total",
+            "Tokens (full chunks) asked for by LOOKUP requests.", c.lookup_tokens);
+  w.Counter("lmcache_mp_lookup_hit_tokens_total", "Tokens LOOKUP found cached.", c.hit_tokens);
+  w.Counter("lmcache_mp_lookup_hit_l1_tokens_total", "Tokens LOOKUP found in L1.", c.hit_tokens);
+  w.Counter("lmcache_mp_num_submitted_stores_total", "Store requests received.", c.stores);
+  w.Counter("lmcache_mp_num_finished_stores_total", "Store requests that succeeded.",
+            c.stores >= c.store_failures ? c.stores - c.store_failures : 0);
+  w.Counter("lmcache_mp_num_submitted_retrieves_total", "Retrieve requests received.",
+            c.retrieves);
+  w.Counter("lmcache_mp_num_finished_retrieves_total", "Retrieve requests that succeeded.",
+            c.retrieves >= c.retrieve_failures ? c.retrieves - c.retrieve_failures : 0);
+  w.Counter("lmcache_mp_l1_write_chunks_total", "Chunk objects written into L1.",
+            c.stored_chunks);
+  w.Counter("lmcache_mp_l1_read_chunks_total", "Chunk objects read from L1.", c.retrieved_chunks);
+  w.Counter("lmcache_mp_l1_evicted_chunks_total", "Chunk entries evicted from L1.",
+            s.l1.evictions);
+  w.Gauge("lmcache_mp_l1_memory_usage_bytes", "Bytes of L1 in use.", s.l1.used_bytes);
+  w.Gauge("lmcache_mp_l1_usage_ratio", "Fraction of L1 in use.",
+          s.l1.capacity_bytes ? static_cast<double>(s.l1.used_bytes) /
+                                    static_cast<double>(s.l1.capacity_bytes)
+                              : 0.0);
+
+  // --- kvd series ---
+  w.Header("kvd_build_info", "gauge", "kvd version (value is always 1).");
+  w.Value("kvd_build_info{version=\"" + Escape(version) + "\",lmcache_protocol=\"0.5.6\"}",
+          uint64_t{1});
+  w.Gauge("kvd_uptime_seconds", "Seconds since kvd started.", s.uptime_seconds);
+  w.Counter("kvd_stored_bytes_total", "Bytes written into L1 by stores.", c.stored_bytes);
+  w.Counter("kvd_retrieved_bytes_total", "Bytes read from L1 by retrieves.", c.retrieved_bytes);
+  w.Counter("kvd_store_failures_total", "Store requests that failed.", c.store_failures);
+  w.Counter("kvd_retrieve_failures_total", "Retrieve requests that failed.",
+            c.retrieve_failures);
+  w.Gauge("kvd_l1_capacity_bytes", "L1 capacity in bytes.", s.l1.capacity_bytes);
+  w.Gauge("kvd_l1_entries", "Chunk entries in L1.", s.l1.entries);
+  w.Gauge("kvd_l1_locked_entries", "L1 entries that cannot be evicted now (locked or pinned).",
+          s.l1.locked_entries);
+  w.Gauge("kvd_l1_pinned_objects", "L1 objects pinned by in-flight copies.",
+          s.l1.pinned_objects);
+  w.Counter("kvd_l1_evicted_bytes_total", "Bytes freed by L1 eviction.", s.l1.evicted_bytes);
+  w.Gauge("kvd_registered_instances", "Registered worker instances.",
+          static_cast<uint64_t>(s.instances.size()));
+  w.Gauge("kvd_active_sessions", "Live request sessions.", s.sessions);
+  w.Counter("kvd_unknown_op_requests_total", "Requests whose op kvd does not know.",
+            s.unknown_ops);
+
+  w.Header("kvd_requests_total", "counter", "Requests completed, per operation.");
+  for (const auto& o : s.ops) {
+    w.Value("kvd_requests_total{op=\"" + Escape(o.name) + "\"}", o.requests);
+  }
+  w.Header("kvd_requests_in_flight", "gauge", "Requests received and not yet answered.");
+  for (const auto& o : s.ops) {
+    w.Value("kvd_requests_in_flight{op=\"" + Escape(o.name) + "\"}", o.in_flight);
+  }
+  w.Header("kvd_request_duration_seconds", "histogram",
+           "Time from receiving a request to its reply being ready, per operation.");
+  for (const auto& o : s.ops) {
+    const std::string op = Escape(o.name);
+    uint64_t cum = 0;
+    for (size_t i = 0; i < o.buckets.size(); ++i) {
+      cum += o.buckets[i];
+      const std::string le = i < s.latency_bounds.size() ? Bound(s.latency_bounds[i]) : "+Inf";
+      w.Value("kvd_request_duration_seconds_bucket{op=\"" + op + "\",le=\"" + le + "\"}", cum);
+    }
+    w.Value("kvd_request_duration_seconds_sum{op=\"" + op + "\"}", o.latency_sum_seconds);
+    w.Value("kvd_request_duration_seconds_count{op=\"" + op + "\"}", cum);
+  }
+  return w.Take();
+}
+
+}  // namespace kvd::http

@@ -1,0 +1,22 @@
+// Prometheus text exposition (format 0.0.4) of a Snapshot. Pure functions: no state,
+// no threads. Metric names follow LMCache's `lmcache_mp_*` where LMCache 0.5.6 exports a
+// counterpart (so existing dashboards keep working); kvd-only series are `kvd_*`.
+// docs/operations.md lists every series.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "http/stats_source.h"
+
+namespace kvd::http {
+
+std::string RenderPrometheus(const Snapshot& s, const std::string& version);
+
+// Approximate quantile q (0..1) of a histogram with the given upper bounds and
+// per-bucket (not cumulative) counts, interpolating linearly inside the bucket. 0 when
+// empty; the last finite bound when the quantile falls in the +Inf bucket.
+double HistogramQuantile(const std::vector<double>& bounds, const std::vector<uint64_t>& buckets,
+                         double q);
+
+}  // namespace kvd::http

@@ -1,0 +1,98 @@
+// The http module's only view of the server: StatsSource, a narrow interface the process
+// (src/cli/main.cc) implements over KvService, the L1 cache and the request metrics, and
+// the plain-data Snapshot it returns. The http module never includes server headers.
+//
+// Threads: every method may be called concurrently from HTTP worker threads and from the
+// HttpServer's sampler thread; implementations must be thread-safe and should not block
+// for long (a healthcheck may wait for a bounded probe).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace kvd::http {
+
+struct Health {
+  bool healthy = true;
+  std::string reason;  // why not, when !healthy
+};
+
+struct L1View {
+  uint64_t capacity_bytes = 0;
+  uint64_t used_bytes = 0;
+  uint64_t entries = 0;           // chunk entries in the table
+  uint64_t locked_entries = 0;    // entries that cannot be evicted right now
+  uint64_t resident_objects = 0;
+  uint64_t staging_objects = 0;
+  uint64_t pinned_objects = 0;
+  uint64_t evictions = 0;         // entries evicted since start
+  uint64_t evicted_bytes = 0;
+};
+
+// Monotonic counters since the process started.
+struct CacheCounters {
+  uint64_t lookups = 0;           // LOOKUP requests
+  uint64_t lookup_tokens = 0;     // tokens of full chunks looked up
+  uint64_t hit_tokens = 0;        // of which hits
+  uint64_t stores = 0;            // STORE / PREPARE_STORE requests
+  uint64_t store_failures = 0;
+  uint64_t stored_chunks = 0;
+  uint64_t stored_bytes = 0;
+  uint64_t retrieves = 0;         // RETRIEVE / PREPARE_RETRIEVE requests
+  uint64_t retrieve_failures = 0;
+  uint64_t retrieved_chunks = 0;
+  uint64_t retrieved_bytes = 0;
+};
+
+struct InstanceView {
+  int64_t instance_id = 0;
+  bool engine_driven = false;
+  std::string model_name;
+  int64_t world_size = 0;
+  std::string layout;             // one-line description of the registered layout
+  uint64_t object_bytes = 0;      // bytes of one chunk object
+  double idle_seconds = 0;
+  bool pinged = false;
+};
+
+struct OpView {
+  std::string name;
+  uint64_t requests = 0;
+  uint64_t in_flight = 0;
+  std::vector<uint64_t> buckets;  // per latency bucket, not cumulative; bounds in Snapshot
+  double latency_sum_seconds = 0;
+};
+
+struct Snapshot {
+  double uptime_seconds = 0;
+  int64_t chunk_size = 0;
+  L1View l1;
+  CacheCounters counters;
+  std::vector<InstanceView> instances;
+  uint64_t sessions = 0;
+  uint64_t pending_engine_stores = 0;
+  uint64_t pending_engine_retrieves = 0;
+  std::vector<double> latency_bounds;  // upper bounds (s) of OpView::buckets; +Inf implied
+  std::vector<OpView> ops;             // ops that have seen requests
+  uint64_t unknown_ops = 0;
+
+  uint64_t total_requests() const {
+    uint64_t n = 0;
+    for (const auto& o : ops) n += o.requests;
+    return n;
+  }
+};
+
+class StatsSource {
+ public:
+  virtual ~StatsSource() = default;
+  virtual Health CheckHealth() = 0;
+  // detailed: also count locked L1 entries, which walks the cache table (for /status;
+  // the per-second sampler and /metrics use the O(1) form).
+  virtual Snapshot Collect(bool detailed) = 0;
+  // Drops every L1 entry (POST /clear-cache). Returns the number of entries removed.
+  virtual uint64_t ClearCache() = 0;
+};
+
+}  // namespace kvd::http

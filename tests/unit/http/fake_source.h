@@ -1,0 +1,77 @@
+// A StatsSource with settable answers, for the http tests.
+#pragma once
+
+#include <atomic>
+#include <mutex>
+
+#include "http/stats_source.h"
+
+namespace kvd::http {
+
+class FakeSource : public StatsSource {
+ public:
+  Health CheckHealth() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return health;
+  }
+  Snapshot Collect(bool) override {
+    collects++;
+    std::lock_guard<std::mutex> lock(mu_);
+    return snapshot;
+  }
+  uint64_t ClearCache() override {
+    clears++;
+    std::lock_guard<std::mutex> lock(mu_);
+    uint64_t n = snapshot.l1.entries;
+    snapshot.l1.entries = 0;
+    snapshot.l1.used_bytes = 0;
+    return n;
+  }
+  void Set(const Snapshot& s) {
+    std::lock_guard<std::mutex> lock(mu_);
+    snapshot = s;
+  }
+  void SetHealth(Health h) {
+    std::lock_guard<std::mutex> lock(mu_);
+    health = std::move(h);
+  }
+
+  std::atomic<int> collects{0};
+  std::atomic<int> clears{0};
+
+ private:
+  std::mutex mu_;
+  Health health;
+  Snapshot snapshot;
+};
+
+// A snapshot with some of everything.
+inline Snapshot SampleSnapshot() {
+  Snapshot s;
+  s.uptime_seconds = 42.5;
+  s.chunk_size = 256;
+  s.l1.capacity_bytes = 1000;
+  s.l1.used_bytes = 250;
+  s.l1.entries = 7;
+  s.l1.locked_entries = 2;
+  s.l1.evictions = 3;
+  s.l1.evicted_bytes = 300;
+  s.counters.lookups = 4;
+  s.counters.lookup_tokens = 2048;
+  s.counters.hit_tokens = 512;
+  s.counters.stores = 10;
+  s.counters.store_failures = 1;
+  s.counters.stored_chunks = 12;
+  s.counters.stored_bytes = 12 << 20;
+  s.counters.retrieves = 5;
+  s.counters.retrieved_chunks = 2;
+  s.counters.retrieved_bytes = 2 << 20;
+  s.instances.push_back({17, false, "llama\"3", 2, "2 groups: ...", 1 << 20, 1.5, true});
+  s.sessions = 3;
+  s.latency_bounds = {0.001, 0.01, 0.1};
+  s.ops.push_back({"store", 10, 1, {6, 3, 1, 0}, 0.02});
+  s.ops.push_back({"lookup", 4, 0, {0, 0, 0, 4}, 1.0});
+  return s;
+}
+
+}  // namespace kvd::http

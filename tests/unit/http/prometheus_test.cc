@@ -1,0 +1,108 @@
+// The Prometheus exposition: LMCache-compatible names, well-formed families, a histogram
+// whose buckets are cumulative and whose count matches +Inf, escaped label values.
+#include "http/prometheus.h"
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <sstream>
+
+#include "fake_source.h"
+
+namespace kvd::http {
+namespace {
+
+// name{labels} -> value, ignoring comments.
+std::map<std::string, std::string> Parse(const std::string& text) {
+  std::map<std::string, std::string> out;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) {
+    if (line.empty() || line[0] == '#') continue;
+    auto sp = line.rfind(' ');
+    out[line.substr(0, sp)] = line.substr(sp + 1);
+  }
+  return out;
+}
+
+TEST(Prometheus, LmcacheCounterpartsCarryTheSnapshotValues) {
+  auto m = Parse(RenderPrometheus(SampleSnapshot(), "1.2.3"));
+  EXPECT_EQ(m["lmcache_mp_lookups_requests_total"], "4");
+  EXPECT_EQ(m["lmcache_mp_lookup_requested_tokens_total"], "2048");
+  EXPECT_EQ(m["lmcache_mp_lookup_hit_tokens_total"], "512");
+  EXPECT_EQ(m["lmcache_mp_num_submitted_stores_total"], "10");
+  EXPECT_EQ(m["lmcache_mp_num_finished_stores_total"], "9");
+  EXPECT_EQ(m["lmcache_mp_num_finished_retrieves_total"], "5");
+  EXPECT_EQ(m["lmcache_mp_l1_write_chunks_total"], "12");
+  EXPECT_EQ(m["lmcache_mp_l1_read_chunks_total"], "2");
+  EXPECT_EQ(m["lmcache_mp_l1_evicted_chunks_total"], "3");
+  EXPECT_EQ(m["lmcache_mp_l1_memory_usage_bytes"], "250");
+  EXPECT_EQ(std::stod(m["lmcache_mp_l1_usage_ratio"]), 0.25);
+  EXPECT_EQ(m["kvd_stored_bytes_total"], std::to_string(12 << 20));
+  EXPECT_EQ(m["kvd_retrieved_bytes_total"], std::to_string(2 << 20));
+  EXPECT_EQ(m["kvd_registered_instances"], "1");
+  EXPECT_EQ(m["kvd_build_info{version=\"1.2.3\",lmcache_protocol=\"0.5.6\"}"], "1");
+}
+
+TEST(Prometheus, PerOpHistogramIsCumulativeAndConsistent) {
+  auto m = Parse(RenderPrometheus(SampleSnapshot(), "v"));
+  EXPECT_EQ(m["kvd_requests_total{op=\"store\"}"], "10");
+  EXPECT_EQ(m["kvd_requests_in_flight{op=\"store\"}"], "1");
+  EXPECT_EQ(m["kvd_request_duration_seconds_bucket{op=\"store\",le=\"0.001\"}"], "6");
+  EXPECT_EQ(m["kvd_request_duration_seconds_bucket{op=\"store\",le=\"0.01\"}"], "9");
+  EXPECT_EQ(m["kvd_request_duration_seconds_bucket{op=\"store\",le=\"0.1\"}"], "10");
+  EXPECT_EQ(m["kvd_request_duration_seconds_bucket{op=\"store\",le=\"+Inf\"}"], "10");
+  EXPECT_EQ(m["kvd_request_duration_seconds_count{op=\"store\"}"], "10");
+  EXPECT_EQ(std::stod(m["kvd_request_duration_seconds_sum{op=\"store\"}"]), 0.02);
+  EXPECT_EQ(m["kvd_request_duration_seconds_bucket{op=\"lookup\",le=\"+Inf\"}"], "4");
+}
+
+TEST(Prometheus, EveryFamilyHasHelpAndTypeOnce) {
+  std::string text = RenderPrometheus(SampleSnapshot(), "v");
+  std::istringstream in(text);
+  std::map<std::string, int> types;
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("# TYPE ", 0) == 0) types[line.substr(7, line.find(' ', 7) - 7)]++;
+  }
+  for (const auto& [name, n] : types) EXPECT_EQ(n, 1) << name;
+  EXPECT_TRUE(types.count("kvd_request_duration_seconds"));
+  EXPECT_TRUE(types.count("lmcache_mp_l1_usage_ratio"));
+  // Every sample line belongs to a declared family.
+  std::istringstream in2(text);
+  for (std::string line; std::getline(in2, line);) {
+    if (line.empty() || line[0] == '#') continue;
+    std::string name = line.substr(0, line.find_first_of("{ "));
+    for (const char* suffix : {"_bucket", "_sum", "_count"}) {
+      if (!types.count(name) && name.size() > strlen(suffix) &&
+          name.compare(name.size() - strlen(suffix), strlen(suffix), suffix) == 0) {
+        name = name.substr(0, name.size() - strlen(suffix));
+      }
+    }
+    EXPECT_TRUE(types.count(name)) << line;
+  }
+}
+
+TEST(Prometheus, LabelValuesAreEscaped) {
+  std::string text = RenderPrometheus(SampleSnapshot(), "a\"b\\c\nd");
+  EXPECT_NE(text.find("version=\"a\\\"b\\\\c\\nd\""), std::string::npos);
+}
+
+TEST(Prometheus, EmptySnapshotRendersZerosWithoutDividingByZero) {
+  std::string text = RenderPrometheus(Snapshot{}, "v");
+  auto m = Parse(text);
+  EXPECT_EQ(m["lmcache_mp_l1_usage_ratio"], "0");
+  EXPECT_EQ(text.find("nan"), std::string::npos);
+  EXPECT_EQ(text.find("NaN"), std::string::npos);
+}
+
+TEST(HistogramQuantile, InterpolatesInsideTheBucket) {
+  std::vector<double> bounds = {1, 2, 4};
+  EXPECT_EQ(HistogramQuantile(bounds, {0, 0, 0, 0}, 0.5), 0);
+  EXPECT_DOUBLE_EQ(HistogramQuantile(bounds, {10, 0, 0, 0}, 0.5), 0.5);
+  EXPECT_DOUBLE_EQ(HistogramQuantile(bounds, {0, 10, 0, 0}, 0.5), 1.5);
+  EXPECT_DOUBLE_EQ(HistogramQuantile(bounds, {5, 0, 5, 0}, 0.99), 2 + 2 * 0.98);
+  // Beyond the last finite bound: report that bound.
+  EXPECT_DOUBLE_EQ(HistogramQuantile(bounds, {0, 0, 0, 3}, 0.5), 4);
+}
+
+}  // namespace
+}  // namespace kvd::http
