@@ -1,0 +1,126 @@
+#!/usr/bin/env bash
+# gpu-check.sh: kvd's GPU data path on a machine with an NVIDIA GPU, end to end.
+#
+#   scripts/gpu-check.sh --prepare
+#       On a build machine (network, nvcc, kvd's build dependencies): builds kvd with CUDA in
+#       build-gpu/ and fills .gpucheck/ (git-ignored through .git/info/exclude) with the kvd
+#       binary, the shared libraries it needs beyond glibc, and the pyzmq wheel for
+#       Python 3.12. Carry .gpucheck/ to a GPU machine that has no network.
+#
+#   scripts/gpu-check.sh
+#       On the GPU machine: takes kvd from .gpucheck/bin (or builds it with CUDA here when
+#       .gpucheck/ is absent and the build dependencies are present), starts it, and runs
+#       tools/gpu_harness.py in a separate process: vLLM-shaped KV caches allocated with
+#       PyTorch (Llama-style NHD and HND, MiniMax-M3 TP=8 per-rank shapes), registered through
+#       the real lmcache 0.5.6 client if importable, else through the harness's own frames,
+#       stored, retrieved into zeroed pages, every byte checked, store / retrieve GB/s printed
+#       beside pinned cudaMemcpy D2H / H2D, then one line: VERDICT: PASS or VERDICT: FAIL.
+#       Takes about 1-3 minutes on an H200 (hard limit 8); prints progress as it goes.
+#
+# Environment: KVD_GPU_CHECK_OUT (logs and results; default $OUT, else /tmp/kvd-gpu-check),
+# KVD_L1_GB (L1 size, default 12; all of it is pinned), KVD_GPU_CHECK_PORT (default 5590),
+# KVD_GPU_CHECK_ARGS (extra tools/gpu_harness.py arguments, e.g. "--chunks 64").
+set -uo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+CARRY="$ROOT/.gpucheck"
+START=$(date +%s)
+say() { printf '[gpu-check %4ss] %s\n' "$(( $(date +%s) - START ))" "$*"; }
+
+prepare() {
+  set -e
+  say "configuring build-gpu/ with CUDA"
+  cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DKVD_BUILD_TESTS=OFF -DKVD_CUDA=ON >/dev/null
+  grep -q '^CMAKE_CUDA_COMPILER:' build-gpu/CMakeCache.txt || { say "nvcc not found: cannot build the CUDA engine"; exit 1; }
+  say "building kvd (nvcc is slow on few cores)"
+  cmake --build build-gpu -j"$(nproc)" --target kvd
+  rm -rf "$CARRY" && mkdir -p "$CARRY/bin" "$CARRY/lib" "$CARRY/wheels"
+  cp build-gpu/kvd "$CARRY/bin/"
+  # Everything kvd links except glibc itself (the GPU image's glibc is at least as new).
+  ldd build-gpu/kvd | awk '/=> \// {print $3}' |
+    grep -Ev '/(libc|libm|libpthread|libdl|librt|libresolv|libutil)\.so|/ld-linux' |
+    while read -r lib; do cp -L "$lib" "$CARRY/lib/"; done
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+    -d "$CARRY/wheels" pyzmq==27.3.0
+  exclude=$(git rev-parse --git-path info/exclude)
+  mkdir -p "$(dirname "$exclude")"
+  grep -qx '/.gpucheck/' "$exclude" 2>/dev/null || echo '/.gpucheck/' >> "$exclude"
+  say "ready: $(du -sh "$CARRY" | cut -f1) in .gpucheck/ (carry it: run(..., carry=[\".gpucheck\"]))"
+}
+
+if [ "${1:-}" = "--prepare" ]; then prepare; exit $?; fi
+
+OUTDIR=${KVD_GPU_CHECK_OUT:-${OUT:-/tmp/kvd-gpu-check}}
+mkdir -p "$OUTDIR"
+PORT=${KVD_GPU_CHECK_PORT:-5590}
+L1_GB=${KVD_L1_GB:-12}
+KVD_PID=""
+cleanup() { [ -n "$KVD_PID" ] && kill "$KVD_PID" 2>/dev/null && wait "$KVD_PID" 2>/dev/null; }
+trap cleanup EXIT
+
+say "machine: $(uname -m), $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo)"
+nvidia-smi --query-gpu=name,driver_version,memory.total,pcie.link.gen.current,pcie.link.width.current \
+  --format=csv,noheader 2>&1 | sed 's/^/[gpu-check] GPU: /' || say "nvidia-smi failed"
+
+# 1. kvd with CUDA: carried, else built here.
+if [ -x "$CARRY/bin/kvd" ]; then
+  KVD="$CARRY/bin/kvd"
+  export KVD_LD_PATH="$CARRY/lib"
+  say "using the carried kvd ($CARRY/bin/kvd)"
+else
+  say "no .gpucheck/: building kvd with CUDA here (needs libzmq, spdlog, msgpack-cxx, CLI11, cpp-httplib)"
+  if ! { cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DKVD_BUILD_TESTS=OFF -DKVD_CUDA=ON >"$OUTDIR/build.log" 2>&1 &&
+         cmake --build build-gpu -j"$(nproc)" --target kvd >>"$OUTDIR/build.log" 2>&1; }; then
+    tail -20 "$OUTDIR/build.log"
+    echo "VERDICT: FAIL (kvd could not be built here; run scripts/gpu-check.sh --prepare on a build machine and carry .gpucheck/)"
+    exit 1
+  fi
+  KVD="$ROOT/build-gpu/kvd"
+  export KVD_LD_PATH=""
+fi
+if ! LD_LIBRARY_PATH="$KVD_LD_PATH" "$KVD" --help >/dev/null 2>"$OUTDIR/kvd-load.log"; then
+  cat "$OUTDIR/kvd-load.log"
+  echo "VERDICT: FAIL (kvd does not start on this machine: missing libraries? see above)"
+  exit 1
+fi
+
+# 2. Python: torch from the image; pyzmq from the carried wheel when the image lacks it.
+PY=${PYTHON:-python3}
+if ! "$PY" -c 'import zmq' 2>/dev/null; then
+  if ls "$CARRY"/wheels/*.whl >/dev/null 2>&1; then
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/kvd-gpu-site \
+      "$CARRY"/wheels/*.whl && export PYTHONPATH="/tmp/kvd-gpu-site${PYTHONPATH:+:$PYTHONPATH}"
+  fi
+fi
+if ! "$PY" -c 'import torch, zmq; import msgpack' 2>"$OUTDIR/py.log" &&
+   ! "$PY" -c 'import torch, zmq; import msgspec' 2>>"$OUTDIR/py.log"; then
+  cat "$OUTDIR/py.log"
+  echo "VERDICT: FAIL (python needs torch, pyzmq and msgpack or msgspec)"
+  exit 1
+fi
+say "python: $("$PY" -c 'import sys, torch; print(sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda)')"
+
+# 3. kvd, in its own process.
+say "starting kvd: L1 ${L1_GB} GiB (pinned at the first GPU registration), port $PORT"
+LD_LIBRARY_PATH="$KVD_LD_PATH" "$KVD" server --host 127.0.0.1 --port "$PORT" --chunk-size 256 \
+  --l1-size-gb "$L1_GB" --eviction-policy LRU --max-workers 16 --shm-name "kvd_gpu_check_$$" \
+  --http-port 0 --log-level info >"$OUTDIR/kvd.log" 2>&1 &
+KVD_PID=$!
+
+# 4. The harness (bounded: the whole check must end within ~8 minutes).
+say "running tools/gpu_harness.py"
+# shellcheck disable=SC2086
+PYTHONUNBUFFERED=1 timeout 420 "$PY" tools/gpu_harness.py --url "tcp://127.0.0.1:$PORT" --device cuda \
+  --out "$OUTDIR/gpu_check.json" ${KVD_GPU_CHECK_ARGS:-} 2>&1 | tee "$OUTDIR/harness.log"
+rc=${PIPESTATUS[0]}
+if ! kill -0 "$KVD_PID" 2>/dev/null; then say "kvd exited during the check"; fi
+say "kvd log (warnings, errors and engine lines):"
+grep -E 'warn|error|cuda engine|CUDA|pinned' "$OUTDIR/kvd.log" | tail -25
+if [ "$rc" = 124 ]; then echo "VERDICT: FAIL (harness timed out)"; fi
+if ! grep -q '^VERDICT:' "$OUTDIR/harness.log"; then
+  echo "VERDICT: FAIL (harness exited with $rc before its verdict)"
+  rc=1
+fi
+say "done; logs in $OUTDIR"
+exit "$rc"

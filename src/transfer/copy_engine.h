@@ -1,0 +1,135 @@
+// CopyEngine: executes one registered worker's copy plan (layout::KvLayout) between its
+// paged KV blocks and kvd's canonical chunk objects in L1. One engine per registered
+// instance; per-backend state (shared-memory mappings, CUDA streams, staging buffers,
+// imported IPC memory) lives inside the engine, never in the caller.
+//
+// Implementations:
+//   CpuCopyEngine   tensors in host (POSIX shared) memory; Submit copies on the caller's
+//                   thread (with a few helper threads) and returns a completed ticket.
+//   CUDA engine     tensors in another process's GPU memory (CUDA IPC); Submit enqueues
+//                   the copy on the instance's stream and returns at once, with an
+//                   interprocess event handle the client waits on. Built only when kvd is
+//                   compiled with CUDA (see OpenDeviceEngine).
+//
+// Ordering and threads. Submit may be called from any thread; calls on one engine are
+// serialised internally and their copies execute in submission order (one stream per
+// instance). Different engines copy concurrently. Poll/Wait may be called from any thread.
+//
+// Completion. A plan's `on_complete(status)` runs exactly once, after every byte of the
+// copy landed (status OK) or after the copy failed or was abandoned (status not OK). It runs
+// on an engine-owned thread (or, for a synchronous engine, inside Submit), must not call
+// back into the engine, and is where the caller commits L1 write reservations or drops
+// read pins: objects are committed only after their bytes are complete.
+//
+// Lifetime. Destroying an engine waits (bounded) for its in-flight copies and their
+// on_complete callbacks; the memory named by a plan's tasks must stay valid until then.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "layout/layout.h"
+#include "transfer/cpu_copy.h"
+#include "wire/messages.h"
+
+namespace kvd::transfer {
+
+enum class CopyDirection : uint8_t {
+  kGather,   // STORE: paged blocks → objects
+  kScatter,  // RETRIEVE: objects → paged blocks (honouring ChunkTask::skip_tokens)
+};
+
+// What an engine can do; callers branch on these, never on the engine's type.
+struct EngineCaps {
+  const char* name = "";
+  bool asynchronous = false;    // Submit returns before the copy completes
+  bool device_memory = false;   // the registered tensors live in GPU memory
+  bool exports_events = false;  // Submitted::event_handle carries an interprocess event
+  uint32_t max_block_ids_per_chunk = 0;  // 0: no limit
+};
+
+// One STORE or RETRIEVE worth of copying, over the engine's registered layout.
+// block_ids must have passed ValidateBlockIds for the chunks the tasks name.
+struct CopyPlan {
+  CopyDirection direction = CopyDirection::kGather;
+  std::vector<std::vector<int64_t>> block_ids;
+  std::vector<ChunkTask> tasks;            // objects of layout.object_bytes bytes in L1
+  std::string wait_event;                  // client's event handle; empty: nothing to wait for
+  std::function<void(const Status&)> on_complete;  // may be empty
+};
+
+using Ticket = uint64_t;
+
+struct Submitted {
+  Ticket ticket = 0;
+  // Handle of the event that fires when the copy is complete, for the client to wait on.
+  // Empty when the engine is synchronous (the copy is done when Submit returns).
+  std::string event_handle;
+  // Not OK when the copy was cut short after part of it was enqueued (a CUDA error): the
+  // event handle is still valid and must be waited on, and on_complete will report the
+  // failure. OK otherwise.
+  Status status;
+};
+
+class CopyEngine {
+ public:
+  virtual ~CopyEngine() = default;
+  virtual const EngineCaps& caps() const = 0;
+
+  // Starts the copy. On error nothing was enqueued and on_complete has not run (the
+  // caller still owns the decision); with Status OK, on_complete runs exactly once later
+  // (or already ran, for a synchronous engine).
+  virtual Result<Submitted> Submit(CopyPlan plan) = 0;
+
+  // true: the ticket's copy finished successfully; false: still running; an error: it
+  // failed. Tickets complete in submission order. Unknown (future) tickets: InvalidArgument.
+  virtual Result<bool> Poll(Ticket ticket) = 0;
+
+  // Blocks until the ticket completed (its status) or `timeout` passed (Unavailable).
+  virtual Status Wait(Ticket ticket, std::chrono::milliseconds timeout) = 0;
+
+  // One line for logs and /status.
+  virtual std::string Describe() const = 0;
+};
+
+// CPU engine over host memory the caller keeps mapped (e.g. the instance's ShmMappings)
+// for the engine's lifetime. `tensor_bases[i]` is the first byte of tensor i's mapping.
+std::unique_ptr<CopyEngine> MakeCpuCopyEngine(const layout::KvLayout& layout,
+                                              std::vector<uint8_t*> tensor_bases, int threads);
+
+// Host memory that device engines copy to and from (kvd's L1 pool). Device engines may pin
+// it (page-lock it for DMA) for as long as any of them is alive.
+struct HostPool {
+  uint8_t* base = nullptr;
+  uint64_t bytes = 0;
+};
+
+// Opens the GPU tensors of one registration (CUDA IPC descriptors, all on one device) and
+// builds a CUDA engine for `layout` (which BuildLayout made from the same descriptors).
+// Errors: FailedPrecondition when this kvd was built without CUDA or no usable CUDA
+// driver/device is present (kvd keeps serving CPU workers); InvalidArgument for bad
+// handles, unknown device UUIDs, or tensors outside their allocation; Internal for CUDA
+// failures. Defined by the CUDA engine when kvd is built with CUDA, else by a stub.
+Result<std::unique_ptr<CopyEngine>> OpenDeviceEngine(
+    const std::vector<wire::TensorDescriptor>& tensors, const layout::KvLayout& layout,
+    const HostPool& pool, int64_t instance_id);
+
+// What KvService calls for GPU registrations: OpenDeviceEngine, unless a test installed a
+// factory (an asynchronous host engine standing in for the GPU, so the server's device path
+// — deferred commits, event handles — is tested on machines without one).
+using DeviceEngineFactory = std::function<Result<std::unique_ptr<CopyEngine>>(
+    const std::vector<wire::TensorDescriptor>&, const layout::KvLayout&, const HostPool&, int64_t)>;
+Result<std::unique_ptr<CopyEngine>> MakeDeviceEngine(
+    const std::vector<wire::TensorDescriptor>& tensors, const layout::KvLayout& layout,
+    const HostPool& pool, int64_t instance_id);
+// Installs (or, with an empty function, removes) the test factory. Call it while no
+// registration is running.
+void SetDeviceEngineFactoryForTesting(DeviceEngineFactory factory);
+
+}  // namespace kvd::transfer

@@ -1,0 +1,419 @@
+// CudaCopyEngine: the CopyEngine for one registered vLLM worker whose KV cache lives in GPU
+// memory of another process (CUDA IPC). Built only when kvd is compiled with CUDA.
+//
+// Per instance it owns two non-blocking streams on the worker's device — `main` (ordered
+// with the client: waits on the client's event, runs the kernels, records the exported
+// event) and `copy` (PCIe transfers) — a device copy of the DevicePlan, and a ring of
+// kSlots staging objects, so chunk i+1 is gathered while chunk i is copied to L1:
+//
+//   STORE  main: wait client event │ for each chunk, slot s:
+//            main: wait free[s] → gather kernel → staging[s] → record filled[s]
+//            copy: wait filled[s] → D2H staging[s] → L1 object → record free[s]
+//          main: wait copy (join) → record exported event → marker → host wakeup
+//   RETRIEVE (same ring, roles swapped)
+//            copy: wait free[s] → H2D L1 object → staging[s] → record filled[s]
+//            main: wait filled[s] → scatter kernel (skip_tokens) → record free[s]
+//
+// Everything a Submit enqueues is serialised by the engine mutex, so the streams see each
+// instance's requests in order; engines of different instances run concurrently. The copy's
+// completion (on_complete: L1 commit or unpin) runs on the runtime's completion thread once
+// the marker has fired, never earlier.
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include "transfer/copy_engine.h"
+#include "transfer/cuda/copy_kernels.h"
+#include "transfer/cuda/cuda_runtime.h"
+#include "transfer/cuda/device_plan.h"
+#include "transfer/cuda/ipc_handles.h"
+
+namespace kvd::transfer {
+namespace cuda {
+namespace {
+
+constexpr int kSlots = 2;
+constexpr uint64_t kStagingAlign = 256;
+constexpr auto kDrainTimeout = std::chrono::seconds(30);
+
+#define KVD_CUDA_TRY(call)                                              \
+  do {                                                                  \
+    cudaError_t _e = (call);                                            \
+    if (_e != cudaSuccess) return Status::Internal(CudaErrorText(#call, _e)); \
+  } while (0)
+
+class CudaCopyEngine final : public CopyEngine {
+ public:
+  CudaCopyEngine(CudaRuntime* rt, const layout::KvLayout& layout, int64_t instance_id)
+      : rt_(rt), layout_(layout), instance_id_(instance_id), book_(std::make_shared<TicketBook>()) {
+    caps_.name = "cuda";
+    caps_.asynchronous = true;
+    caps_.device_memory = true;
+    caps_.exports_events = true;
+    caps_.max_block_ids_per_chunk = kMaxIdsPerChunk;
+  }
+
+  ~CudaCopyEngine() override;
+
+  Status Open(const std::vector<wire::TensorDescriptor>& tensors, const HostPool& pool);
+
+  const EngineCaps& caps() const override { return caps_; }
+  Result<Submitted> Submit(CopyPlan plan) override;
+  Result<bool> Poll(Ticket t) override { return book_->Poll(t); }
+  Status Wait(Ticket t, std::chrono::milliseconds timeout) override { return book_->Wait(t, timeout); }
+  std::string Describe() const override { return describe_; }
+
+ private:
+  // Enqueues the per-chunk work; returns the first CUDA error (later chunks not enqueued).
+  Status EnqueueChunks(const CopyPlan& plan);
+
+  CudaRuntime* const rt_;
+  const layout::KvLayout layout_;
+  const int64_t instance_id_;
+  std::shared_ptr<TicketBook> book_;
+  EngineCaps caps_;
+  std::string describe_;
+  int device_ = -1;
+  EventKind default_event_ = EventKind::kCudaIpc;
+
+  DevicePlan plan_;
+  std::vector<std::shared_ptr<IpcAllocation>> allocations_;
+  std::shared_ptr<HostRegistration> host_;
+  void* plan_dev_ = nullptr;
+  const DevGroup* d_groups_ = nullptr;
+  const DevLayer* d_layers_ = nullptr;
+  const DevRun* d_runs_ = nullptr;
+  cudaStream_t main_ = nullptr, copy_ = nullptr;
+  uint8_t* staging_ = nullptr;
+  uint64_t slot_bytes_ = 0;
+  cudaEvent_t filled_[kSlots] = {}, free_[kSlots] = {}, join_ = nullptr;
+  uint64_t timeline_slot_ = UINT64_MAX;
+
+  std::mutex mu_;              // serialises Submit (stream order = request order)
+  unsigned next_slot_ = 0;     // guarded by mu_
+  ChunkKernelArgs args_;       // guarded by mu_ (scratch; too large for the stack habitually)
+  std::map<IpcHandle, std::shared_ptr<IpcAllocation>> client_semaphores_;  // guarded by mu_
+};
+
+Status CudaCopyEngine::Open(const std::vector<wire::TensorDescriptor>& tensors,
+                            const HostPool& pool) {
+  // 1. Which tensors the plan touches, and where their memory is.
+  std::vector<bool> used(tensors.size(), false);
+  for (const auto& g : layout_.groups) {
+    for (const auto& acc : g.layers) used.at(acc.tensor_index) = true;
+  }
+  std::vector<TensorMemory> mem;
+  std::vector<size_t> index;  // mem[k] describes tensors[index[k]]
+  bool any_raw = false;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (!used[i]) continue;
+    auto m = DescribeTensorMemory(tensors[i], i);
+    if (!m.ok()) return m.status();
+    if (!mem.empty() && m->device != mem.front().device) {
+      return Status::InvalidArgument("kv_cache[" + std::to_string(i) + "] is on " +
+                                     FormatDeviceUuid(m->device) + " but kv_cache[" +
+                                     std::to_string(index.front()) + "] on " +
+                                     FormatDeviceUuid(mem.front().device) +
+                                     "; one worker's KV cache must live on one GPU");
+    }
+    any_raw = any_raw || tensors[i].memory == wire::TensorMemory::kCudaRaw;
+    mem.push_back(*m);
+    index.push_back(i);
+  }
+  if (mem.empty()) return Status::InvalidArgument("no GPU tensor to copy");
+  auto ordinal = FindDeviceOrdinal(mem.front().device, rt_->device_uuids());
+  if (!ordinal) {
+    std::string seen;
+    for (int d = 0; d < rt_->device_count(); ++d) {
+      seen += (d ? ", " : "") + FormatDeviceUuid(rt_->device_uuids()[d]);
+    }
+    return Status::FailedPrecondition("the worker's GPU " + FormatDeviceUuid(mem.front().device) +
+                                      " is not visible to kvd (it sees " + seen +
+                                      "); start kvd with every worker GPU visible "
+                                      "(CUDA_VISIBLE_DEVICES)");
+  }
+  device_ = *ordinal;
+  default_event_ = any_raw ? EventKind::kTimeline : EventKind::kCudaIpc;
+  KVD_CUDA_TRY(cudaSetDevice(device_));
+
+  // 2. Open each allocation once; check every tensor against its allocation's size.
+  std::vector<uint64_t> base(tensors.size(), 0), bytes(tensors.size(), 0);
+  for (const auto& use : GroupByAllocation(mem)) {
+    auto a = rt_->OpenAllocation(device_, use.handle);
+    if (!a.ok()) {
+      return Status(a.status().code() == StatusCode::kInvalidArgument
+                        ? Status::InvalidArgument("kv_cache[" + std::to_string(index[use.tensors[0]]) +
+                                                  "]: " + a.status().message())
+                        : a.status());
+    }
+    for (size_t k : use.tensors) {
+      KVD_RETURN_IF_ERROR(CheckInAllocation(mem[k], (*a)->bytes, index[k]));
+      base[index[k]] = reinterpret_cast<uint64_t>((*a)->base) + mem[k].offset;
+      bytes[index[k]] = mem[k].bytes;
+    }
+    allocations_.push_back(*a);
+  }
+
+  // 3. The plan, on the device.
+  auto plan = BuildDevicePlan(layout_, base, bytes);
+  if (!plan.ok()) return plan.status();
+  plan_ = std::move(plan).value();
+  const size_t gbytes = plan_.groups.size() * sizeof(DevGroup);
+  const size_t lbytes = plan_.layers.size() * sizeof(DevLayer);
+  const size_t rbytes = plan_.runs.size() * sizeof(DevRun);
+  KVD_CUDA_TRY(cudaMalloc(&plan_dev_, gbytes + lbytes + rbytes));
+  auto* p = static_cast<uint8_t*>(plan_dev_);
+  KVD_CUDA_TRY(cudaMemcpy(p, plan_.groups.data(), gbytes, cudaMemcpyHostToDevice));
+  KVD_CUDA_TRY(cudaMemcpy(p + gbytes, plan_.layers.data(), lbytes, cudaMemcpyHostToDevice));
+  KVD_CUDA_TRY(cudaMemcpy(p + gbytes + lbytes, plan_.runs.data(), rbytes, cudaMemcpyHostToDevice));
+  d_groups_ = reinterpret_cast<const DevGroup*>(p);
+  d_layers_ = reinterpret_cast<const DevLayer*>(p + gbytes);
+  d_runs_ = reinterpret_cast<const DevRun*>(p + gbytes + lbytes);
+
+  // 4. Streams, staging ring, events.
+  KVD_CUDA_TRY(cudaStreamCreateWithFlags(&main_, cudaStreamNonBlocking));
+  KVD_CUDA_TRY(cudaStreamCreateWithFlags(&copy_, cudaStreamNonBlocking));
+  slot_bytes_ = (plan_.object_bytes + kStagingAlign - 1) / kStagingAlign * kStagingAlign;
+  void* staging = nullptr;
+  KVD_CUDA_TRY(cudaMalloc(&staging, slot_bytes_ * kSlots));
+  staging_ = static_cast<uint8_t*>(staging);
+  for (int s = 0; s < kSlots; ++s) {
+    KVD_CUDA_TRY(cudaEventCreateWithFlags(&filled_[s], cudaEventDisableTiming));
+    KVD_CUDA_TRY(cudaEventCreateWithFlags(&free_[s], cudaEventDisableTiming));
+  }
+  KVD_CUDA_TRY(cudaEventCreateWithFlags(&join_, cudaEventDisableTiming));
+
+  // 5. Events PyTorch asks the receiver to wait on once before first use.
+  std::set<IpcHandle> synced;
+  for (const auto& m : mem) {
+    if (!m.sync_event || !synced.insert(m.event).second) continue;
+    cudaIpcEventHandle_t h;
+    std::memcpy(&h, m.event.data(), sizeof(h));
+    cudaEvent_t ev = nullptr;
+    cudaError_t err = cudaIpcOpenEventHandle(&ev, h);
+    if (err != cudaSuccess) {
+      (void)cudaGetLastError();
+      spdlog::warn("instance {}: {} (storage event, ignored)", instance_id_,
+                   CudaErrorText("cudaIpcOpenEventHandle", err));
+      continue;
+    }
+    cudaStreamWaitEvent(main_, ev, 0);
+    cudaEventDestroy(ev);  // the wait already captured it
+  }
+
+  // 6. L1 pinned for DMA (shared by every engine on this pool).
+  if (pool.base != nullptr && pool.bytes > 0) host_ = rt_->RegisterHost(pool.base, pool.bytes);
+
+  std::ostringstream os;
+  os << "cuda engine on GPU " << device_ << " (" << rt_->device_name(device_) << ", "
+     << FormatDeviceUuid(mem.front().device) << "): " << allocations_.size()
+     << " IPC allocation(s) for " << mem.size() << " tensor(s); " << DescribePlan(plan_) << "; "
+     << kSlots << " x " << slot_bytes_ << " B staging; L1 "
+     << (host_ && host_->pinned ? "pinned" : "pageable") << "; events "
+     << (default_event_ == EventKind::kTimeline ? "timeline-semaphore" : "cuda-ipc");
+  describe_ = os.str();
+  return Status::Ok();
+}
+
+CudaCopyEngine::~CudaCopyEngine() {
+  if (device_ < 0) return;  // Open failed before touching the device
+  cudaSetDevice(device_);
+  // In-flight copies read and write memory this engine (and L1) owns: let them finish.
+  const auto deadline = std::chrono::steady_clock::now() + kDrainTimeout;
+  bool idle = false;
+  while (!idle) {
+    const cudaError_t a = main_ ? cudaStreamQuery(main_) : cudaSuccess;
+    const cudaError_t b = copy_ ? cudaStreamQuery(copy_) : cudaSuccess;
+    idle = a != cudaErrorNotReady && b != cudaErrorNotReady;
+    if (!idle && std::chrono::steady_clock::now() > deadline) break;
+    if (!idle) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  if (!idle || !book_->Drain(kDrainTimeout)) {
+    spdlog::error("instance {}: GPU copies still running {} s after unregistration; leaking the "
+                  "engine's CUDA resources rather than freeing memory in use",
+                  instance_id_, kDrainTimeout.count());
+    for (auto& a : allocations_) new std::shared_ptr<IpcAllocation>(std::move(a));  // leak
+    if (host_) new std::shared_ptr<HostRegistration>(std::move(host_));
+    return;
+  }
+  (void)cudaGetLastError();
+  for (int s = 0; s < kSlots; ++s) {
+    if (filled_[s]) cudaEventDestroy(filled_[s]);
+    if (free_[s]) cudaEventDestroy(free_[s]);
+  }
+  if (join_) cudaEventDestroy(join_);
+  if (staging_) cudaFree(staging_);
+  if (plan_dev_) cudaFree(plan_dev_);
+  if (main_) cudaStreamDestroy(main_);
+  if (copy_) cudaStreamDestroy(copy_);
+  if (timeline_slot_ != UINT64_MAX) rt_->ReleaseTimelineSlot(device_, timeline_slot_);
+}
+
+Status CudaCopyEngine::EnqueueChunks(const CopyPlan& plan) {
+  const bool gather = plan.direction == CopyDirection::kGather;
+  args_.groups = d_groups_;
+  args_.layers = d_layers_;
+  args_.runs = d_runs_;
+  args_.num_groups = static_cast<uint32_t>(plan_.groups.size());
+  args_.tiles = plan_.tiles_per_chunk;
+  args_.chunk_tokens = plan_.chunk_tokens;
+  for (const ChunkTask& task : plan.tasks) {
+    if (!gather && task.skip_tokens >= layout_.chunk_tokens) continue;
+    const unsigned s = next_slot_++ % kSlots;
+    uint8_t* slot = staging_ + s * slot_bytes_;
+    args_.object = slot;
+    args_.skip_tokens = gather ? 0 : task.skip_tokens;
+    PackChunkIds(plan_, plan.block_ids, task.chunk, args_.ids);
+    if (gather) {
+      KVD_CUDA_TRY(cudaStreamWaitEvent(main_, free_[s], 0));
+      KVD_CUDA_TRY(LaunchChunkCopy(args_, true, main_));
+      KVD_CUDA_TRY(cudaEventRecord(filled_[s], main_));
+      KVD_CUDA_TRY(cudaStreamWaitEvent(copy_, filled_[s], 0));
+      KVD_CUDA_TRY(cudaMemcpyAsync(task.object, slot, plan_.object_bytes, cudaMemcpyDeviceToHost, copy_));
+      KVD_CUDA_TRY(cudaEventRecord(free_[s], copy_));
+    } else {
+      KVD_CUDA_TRY(cudaStreamWaitEvent(copy_, free_[s], 0));
+      KVD_CUDA_TRY(cudaMemcpyAsync(slot, task.object, plan_.object_bytes, cudaMemcpyHostToDevice, copy_));
+      KVD_CUDA_TRY(cudaEventRecord(filled_[s], copy_));
+      KVD_CUDA_TRY(cudaStreamWaitEvent(main_, filled_[s], 0));
+      KVD_CUDA_TRY(LaunchChunkCopy(args_, false, main_));
+      KVD_CUDA_TRY(cudaEventRecord(free_[s], main_));
+    }
+  }
+  return Status::Ok();
+}
+
+Result<Submitted> CudaCopyEngine::Submit(CopyPlan plan) {
+  std::lock_guard<std::mutex> lock(mu_);
+  int64_t chunks = 0;
+  for (const auto& t : plan.tasks) {
+    if (t.object == nullptr || t.chunk < 0) return Status::InvalidArgument("copy plan has a task without an object");
+    chunks = std::max(chunks, t.chunk + 1);
+  }
+  KVD_RETURN_IF_ERROR(ValidateBlockIds(layout_, plan.block_ids, chunks));
+  auto wait = ParseEventHandle(plan.wait_event);
+  if (!wait.ok()) return wait.status();
+  const EventKind reply = wait->kind != EventKind::kNone ? wait->kind : default_event_;
+  KVD_CUDA_TRY(cudaSetDevice(device_));
+
+  // Everything that can fail without side effects comes first.
+  auto pending = std::make_unique<PendingCopy>();
+  pending->book = book_;
+  pending->device = device_;
+  auto marker = rt_->AcquireMarker(device_);
+  if (!marker.ok()) return marker.status();
+  pending->marker = *marker;
+  cudaEvent_t exported = nullptr;
+  if (reply == EventKind::kCudaIpc) {
+    auto ev = rt_->AcquireExportEvent(device_);
+    if (!ev.ok()) return ev.status();
+    exported = *ev;
+  } else if (timeline_slot_ == UINT64_MAX) {
+    auto slot = rt_->AllocateTimelineSlot(device_);
+    if (!slot.ok()) return slot.status();
+    timeline_slot_ = *slot;
+  }
+  auto give_back = [&] {
+    // Nothing was enqueued: return the events unrecorded.
+    cudaEventDestroy(pending->marker);
+    if (exported) cudaEventDestroy(exported);
+  };
+  if (wait->kind == EventKind::kCudaIpc) {
+    cudaIpcEventHandle_t h;
+    std::memcpy(&h, wait->handle.data(), sizeof(h));
+    cudaError_t err = cudaIpcOpenEventHandle(&pending->imported, h);
+    if (err != cudaSuccess) {
+      (void)cudaGetLastError();
+      give_back();
+      return Status::InvalidArgument(CudaErrorText("cudaIpcOpenEventHandle (client event)", err));
+    }
+    err = cudaStreamWaitEvent(main_, pending->imported, 0);
+    if (err != cudaSuccess) {
+      cudaEventDestroy(pending->imported);
+      give_back();
+      return Status::Internal(CudaErrorText("cudaStreamWaitEvent (client event)", err));
+    }
+  } else if (wait->kind == EventKind::kTimeline) {
+    if (wait->sequence != 0) {
+      auto it = client_semaphores_.find(wait->handle);
+      if (it == client_semaphores_.end()) {
+        auto a = rt_->OpenAllocation(device_, wait->handle);
+        if (!a.ok()) {
+          give_back();
+          return a.status();
+        }
+        it = client_semaphores_.emplace(wait->handle, *a).first;
+      }
+      pending->keep_alive.push_back(it->second);
+    }
+    Status st = rt_->WaitTimeline(device_, main_, *wait, &pending->keep_alive);
+    if (!st.ok()) {
+      give_back();
+      return st;
+    }
+  }
+
+  // From here on work is on the streams: whatever happens, the client gets an event that
+  // fires after it, and the completion waits for it.
+  Submitted out;
+  out.status = EnqueueChunks(plan);
+  if (plan.direction == CopyDirection::kGather) {
+    cudaError_t e1 = cudaEventRecord(join_, copy_);
+    cudaError_t e2 = e1 == cudaSuccess ? cudaStreamWaitEvent(main_, join_, 0) : e1;
+    if (e2 != cudaSuccess && out.status.ok()) out.status = Status::Internal(CudaErrorText("join copy stream", e2));
+  }
+  if (reply == EventKind::kCudaIpc) {
+    cudaError_t err = cudaEventRecord(exported, main_);
+    auto h = err == cudaSuccess ? rt_->ExportEvent(device_, exported)
+                                : Result<std::string>(Status::Internal(CudaErrorText("cudaEventRecord", err)));
+    if (h.ok()) {
+      out.event_handle = *h;
+    } else if (out.status.ok()) {
+      out.status = h.status();
+    }
+  } else {
+    auto h = rt_->RecordTimeline(device_, main_, timeline_slot_);
+    if (h.ok()) {
+      out.event_handle = *h;
+    } else if (out.status.ok()) {
+      out.status = h.status();
+    }
+  }
+  cudaError_t err = cudaEventRecord(pending->marker, main_);
+  if (err == cudaSuccess) err = rt_->LaunchWakeup(main_);
+  if (err != cudaSuccess) {
+    // The marker may never fire: make sure nothing still runs before the completion
+    // releases the memory the copy uses.
+    if (out.status.ok()) out.status = Status::Internal(CudaErrorText("completion marker", err));
+    cudaStreamSynchronize(main_);
+    cudaStreamSynchronize(copy_);
+  }
+  pending->forced = out.status;
+  pending->on_complete = std::move(plan.on_complete);
+  pending->ticket = book_->Issue();
+  out.ticket = pending->ticket;
+  rt_->Track(std::move(pending));
+  return out;
+}
+
+}  // namespace
+}  // namespace cuda
+
+Result<std::unique_ptr<CopyEngine>> OpenDeviceEngine(
+    const std::vector<wire::TensorDescriptor>& tensors, const layout::KvLayout& layout,
+    const HostPool& pool, int64_t instance_id) {
+  auto rt = cuda::CudaRuntime::Get();
+  if (!rt.ok()) return rt.status();
+  auto engine = std::make_unique<cuda::CudaCopyEngine>(*rt, layout, instance_id);
+  Status st = engine->Open(tensors, pool);
+  if (!st.ok()) return st;
+  spdlog::info("instance {}: {}", instance_id, engine->Describe());
+  return std::unique_ptr<CopyEngine>(std::move(engine));
+}
+
+}  // namespace kvd::transfer
