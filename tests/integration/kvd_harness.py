@@ -31,6 +31,7 @@ DEFAULT_KVD_BIN = REPO_ROOT / "build" / "kvd"
 # Quiet, offline lmcache (banner, usage telemetry, python warnings).
 QUIET_ENV = {
     "LMCACHE_DISABLE_BANNER": "1",
+    "LMCACHE_LOG_LEVEL": os.environ.get("LMCACHE_LOG_LEVEL", "WARNING"),
     "LMCACHE_TRACK_USAGE": "false",
     "DO_NOT_TRACK": "1",
     "PYTHONWARNINGS": "ignore",
@@ -42,11 +43,14 @@ CHUNK_SIZE = 256
 BLOCK_SIZE = 16
 
 
-def free_port() -> int:
-    """A currently free TCP port on 127.0.0.1."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def free_port(exclude: set[int] | frozenset[int] = frozenset()) -> int:
+    """A currently free TCP port on 127.0.0.1, not in `exclude`."""
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in exclude:
+            return port
 
 
 def shm_lmcache_entries() -> set[str]:
@@ -96,6 +100,10 @@ class ServerProc:
         return f"tcp://127.0.0.1:{self.port}"
 
     def command(self) -> list[str]:
+        # Flags both servers take (kvd is a drop-in for `lmcache server`).
+        # The HTTP frontend (default 8080 for both) moves to a free port so
+        # parallel servers on one machine do not collide.
+        http_port = free_port(exclude={self.port})
         base = [
             "server",
             "--host", "127.0.0.1",
@@ -103,6 +111,7 @@ class ServerProc:
             "--l1-size-gb", repr(self.l1_size_gb),
             "--eviction-policy", "LRU",
             "--chunk-size", str(self.chunk_size),
+            "--http-port", str(http_port),
         ]
         if self.kind == "kvd":
             binary = os.environ.get("KVD_TEST_KVD_BIN", str(DEFAULT_KVD_BIN))
@@ -110,16 +119,16 @@ class ServerProc:
         else:
             # The reference only advertises an SHM pool to engine-driven
             # workers when the engine-driven path is loaded (auto), L1 is not
-            # lazy and --shm-name is set; its HTTP (8080) and Prometheus
-            # (9090) ports are moved to free ports so parallel runs coexist.
-            self.shm_name = f"kvdtest_{self.port}"
+            # lazy and --shm-name is set. Its Prometheus port (9090) moves
+            # to a free port too.
+            if not self.shm_name:
+                self.shm_name = f"kvdtest_{self.port}"
             cmd = [
                 lmcache_server_bin(), *base,
                 "--supported-transfer-mode", "auto",
                 "--no-l1-use-lazy",
                 "--shm-name", self.shm_name,
-                "--http-port", str(free_port()),
-                "--prometheus-port", str(free_port()),
+                "--prometheus-port", str(free_port(exclude={self.port, http_port})),
             ]
         env_extra = os.environ.get("KVD_TEST_SERVER_ARGS", "")
         return cmd + shlex.split(env_extra) + list(self.extra_args)
@@ -241,6 +250,7 @@ def make_request_client(url: str, ctx=None):
 # ---------------------------------------------------------------------------
 
 _token_counter = itertools.count(1)
+_probe_ids = itertools.count(1)
 
 
 def unique_tokens(n: int, salt: int = 0) -> list[int]:
@@ -263,6 +273,29 @@ class ModelShape:
     def layer_shape(self) -> tuple[int, ...]:
         # vLLM FlashAttention (NHD) layout: [2, num_blocks, block_size, H, D]
         return (2, self.num_blocks, self.block_size, self.num_kv_heads, self.head_size)
+
+
+class FullAttentionSpec:
+    """Stand-in for vLLM's FullAttentionSpec (only what lmcache reads)."""
+
+    def __init__(self, block_size: int) -> None:
+        self.block_size = block_size
+
+
+class KVCacheGroupSpec:
+    """Stand-in for vLLM's KVCacheGroupSpec."""
+
+    def __init__(self, layer_names: list[str], kv_cache_spec) -> None:
+        self.layer_names = layer_names
+        self.kv_cache_spec = kv_cache_spec
+
+
+class KVCacheConfig:
+    """Stand-in for vLLM's KVCacheConfig: one full-attention group, as vLLM
+    builds for a plain Llama-like model."""
+
+    def __init__(self, layer_names: list[str], block_size: int) -> None:
+        self.kv_cache_groups = [KVCacheGroupSpec(list(layer_names), FullAttentionSpec(block_size))]
 
 
 class TPCluster:
@@ -358,7 +391,12 @@ class TPCluster:
                     ).to(dtype)
                     for layer in range(self.shape.num_layers)
                 }
-                groups = create_engine_group_infos_from_vllm(None, kv, layout_hints=layout_hints)
+                # What LMCacheMPConnector.register_kv_caches does: group infos
+                # from vLLM's KV cache config, layout hints {"kv_layout": "NHD"}.
+                kv_cache_config = KVCacheConfig(list(kv), self.shape.block_size)
+                groups = create_engine_group_infos_from_vllm(
+                    kv_cache_config, kv, layout_hints=layout_hints
+                )
                 w.register_kv_caches(kv, engine_group_infos=groups, layout_hints=layout_hints)
                 # register_kv_caches may re-point the tensors onto POSIX SHM
                 # (lmcache_driven); keep the dict the adapter holds.
@@ -392,16 +430,19 @@ class TPCluster:
         idx = torch.tensor(block_ids, dtype=torch.long)
         return [t[:, idx].clone() for t in self.kv[rank].values()]
 
-    def blocks_bytes(self, rank: int, block_ids: list[int]) -> bytes:
-        return b"".join(
-            s.contiguous().view(-1).view(dtype=__import__("torch").uint8).numpy().tobytes()
-            for s in self.snapshot_blocks(rank, block_ids)
-        )
-
     def full_snapshot(self, rank: int) -> list:
         return [t.clone() for t in self.kv[rank].values()]
 
     # -- flows --------------------------------------------------------------
+
+    def _check_healthy(self, what: str) -> None:
+        # A failed heartbeat PING puts an adapter in degraded mode: lookups
+        # answer 0 and stores/retrieves are silently dropped. Say so.
+        if not self.scheduler.is_healthy:
+            raise AssertionError(f"{what}: scheduler adapter is unhealthy (a PING failed or timed out)")
+        for r, w in enumerate(self.workers):
+            if not w.is_healthy:
+                raise AssertionError(f"{what}: worker {r} adapter is unhealthy (a PING failed or timed out)")
 
     def _op(self, token_ids, block_ids, start, end, skip=0):
         from lmcache.integration.vllm.vllm_multi_process_adapter import LoadStoreOp  # noqa: PLC0415
@@ -434,6 +475,7 @@ class TPCluster:
         ranks = tuple(range(self.tp)) if ranks is None else ranks
         timeout = self.mq_timeout if timeout is None else timeout
         op = self._op(token_ids, block_ids, start, end)
+        self._check_healthy(f"store {request_id}")
         for r in ranks:
             w = self.workers[r]
             # vLLM's wait_for_save: one recorded event, batched submit.
@@ -455,15 +497,61 @@ class TPCluster:
         """
         timeout = self.mq_timeout if timeout is None else timeout
         s = self.scheduler
+        self._check_healthy(f"lookup {request_id}")
         s.maybe_submit_lookup_request(request_id, list(token_ids))
         deadline = time.monotonic() + timeout
         while True:
             res = s.check_lookup_result(request_id)
             if res is not None:
+                self._check_healthy(f"lookup {request_id} result")
                 return int(res)
             if time.monotonic() > deadline:
                 raise TimeoutError(f"lookup {request_id} did not finish in {timeout}s")
             time.sleep(0.005)
+
+    def probe(self, token_ids: list[int]) -> int:
+        """One lookup under a fresh request id that leaves nothing behind
+        (frees the read locks the lookup took, ends the session)."""
+        req = f"probe-{next(_probe_ids)}"
+        hit = self.lookup(req, token_ids)
+        if hit:
+            self.scheduler.free_lookup_locks(list(token_ids), 0, hit, req)
+        self.end_session(req)
+        return hit
+
+    def wait_for_hit(self, token_ids: list[int], expected: int, timeout: float = 10.0) -> int:
+        """Poll lookups until `expected` tokens hit (or more, or timeout).
+
+        The reference server answers STORE before the stored objects become
+        visible (lmcache_driven: finish_write runs from a completion-drain
+        thread a few ms later), so a lookup right after a store may miss.
+        Returns the last hit count seen.
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            hit = self.probe(token_ids)
+            if hit >= expected or time.monotonic() > deadline:
+                return hit
+            time.sleep(0.01)
+
+    def settle(self, timeout: float = 10.0) -> None:
+        """Barrier: every store submitted so far by every rank is visible.
+
+        Stores one control chunk from all ranks and waits until it hits.
+        Each rank's requests are served in order (the reference runs them
+        on one affinity thread per client and commits in completion order),
+        so the earlier stores are committed too.
+        """
+        toks = unique_tokens(self.chunk_size)
+        blk = list(range(1, 1 + self.blocks_per_chunk))
+        req = f"settle-{next(_probe_ids)}"
+        res = self.store(req, toks, blk)
+        self.end_session(req)
+        if res != [True] * self.tp:
+            raise AssertionError(f"settle: control store failed: {res}")
+        hit = self.wait_for_hit(toks, self.chunk_size, timeout)
+        if hit != self.chunk_size:
+            raise AssertionError(f"settle: control chunk not visible after {timeout}s (hit {hit})")
 
     def retrieve(
         self,
@@ -480,6 +568,7 @@ class TPCluster:
         ranks = tuple(range(self.tp)) if ranks is None else ranks
         timeout = self.mq_timeout if timeout is None else timeout
         op = self._op(token_ids, block_ids, start, end, skip)
+        self._check_healthy(f"retrieve {request_id}")
         for r in ranks:
             w = self.workers[r]
             ev = w.create_recorded_event()
