@@ -27,10 +27,69 @@ venv:
 interop-test: build venv
 	@KVD_BIN=$(CURDIR)/$(BUILD_DIR)/kvd $(VENV)/bin/python -m pytest tests/integration -q
 
-test: unit-test interop-test
+test: unit-test interop-test reliability-ci
 
 run: build
 	@scripts/run.sh $(BUILD_DIR)/kvd --port $(PORT)
 
 clean:
 	rm -rf $(BUILD_DIR)
+
+# ---- Reliability (docs/reliability.md): fuzzing, sanitizers, soak --------------------------
+#   make fuzz [FUZZ_SECONDS=N]    build the libFuzzer targets (clang, build-fuzz/) and run each
+#                                 for N seconds on its seeds + saved corpus
+#   make test-asan                unit + interop tests with kvd built with ASan + UBSan
+#   make test-tsan                concurrent unit tests + a short TP=8 soak under TSan
+#   make soak [SOAK_SECONDS=N]    scheduler + 8 workers against a small-L1 kvd, N seconds
+# `make test` runs the short CI versions (reliability-ci) after the plain tests.
+FUZZ_DIR ?= build-fuzz
+ASAN_DIR ?= build-asan
+TSAN_DIR ?= build-tsan
+FUZZ_SECONDS ?= 60
+SOAK_SECONDS ?= 300
+CI_FUZZ_SECONDS ?= 20
+CI_SOAK_SECONDS ?= 45
+# Sanitizer and fuzz builds: -O1 and line tables only (fast to build, usable stack traces);
+# assertions stay on.
+SAN_FLAGS = -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1"
+
+.PHONY: fuzz fuzz-build test-asan test-tsan soak reliability-ci
+
+fuzz-build: deps
+	@CC=clang CXX=clang++ cmake -S . -B $(FUZZ_DIR) $(SAN_FLAGS) -DKVD_FUZZ=ON \
+	  -DKVD_BUILD_TESTS=OFF >/dev/null
+	@cmake --build $(FUZZ_DIR) -j$(JOBS) --target kvd_fuzzers
+
+fuzz: fuzz-build
+	@python3 tests/fuzz/make_seeds.py $(FUZZ_DIR)/seeds
+	@tests/fuzz/run_fuzzers.sh $(FUZZ_DIR) $(FUZZ_SECONDS)
+
+test-asan: deps venv
+	@cmake -S . -B $(ASAN_DIR) $(SAN_FLAGS) -DKVD_SANITIZE=ON >/dev/null
+	@cmake --build $(ASAN_DIR) -j$(JOBS)
+	@tests/sanitizers/run.sh asan $(ASAN_DIR) $(VENV)
+
+test-tsan: deps venv
+	@cmake -S . -B $(TSAN_DIR) $(SAN_FLAGS) -DKVD_TSAN=ON >/dev/null
+	@cmake --build $(TSAN_DIR) -j$(JOBS) --target kvd l1_tests server_tests \
+	  fuzz_replay_request fuzz_replay_payload fuzz_replay_descriptor
+	@tests/sanitizers/run.sh tsan $(TSAN_DIR) $(VENV)
+
+soak: build venv
+	@KVD_SOAK_LOGDIR=$(CURDIR)/$(BUILD_DIR)/soak $(VENV)/bin/python tests/soak/soak.py \
+	  --kvd $(BUILD_DIR)/kvd --seconds $(SOAK_SECONDS) --report $(BUILD_DIR)/soak/report.json
+
+reliability-ci:
+	@$(MAKE) --no-print-directory fuzz FUZZ_SECONDS=$(CI_FUZZ_SECONDS)
+	@$(MAKE) --no-print-directory soak SOAK_SECONDS=$(CI_SOAK_SECONDS)
+	@$(MAKE) --no-print-directory test-asan
+	@$(MAKE) --no-print-directory test-tsan
+
+# ---- Benchmarks (docs/benchmarks.md) ------------------------------------------------------
+#   make bench    kvd and `lmcache server` side by side on the same workloads (build/kvd-bench
+#                 via bench/run_side_by_side.py); about 9-10 minutes including the build on
+#                 2 cores / 24 GB. Results and kvd/lmcache ratios in
+#                 $(BUILD_DIR)/bench-results/ (summary.md; figures: bench/plot_results.py).
+.PHONY: bench
+bench: build
+	@python3 bench/run_side_by_side.py --build-dir $(BUILD_DIR) --venv $(VENV)

@@ -8,6 +8,9 @@ PKGS=(
   libzmq3-dev cppzmq-dev libmsgpack-cxx-dev libcli11-dev libspdlog-dev libfmt-dev
   libgtest-dev libgmock-dev
   b3sum python3-venv
+  clang libclang-rt-14-dev
+  libcpp-httplib-dev nlohmann-json3-dev
+  chromium
 )
 
 missing=()

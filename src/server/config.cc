@@ -20,7 +20,9 @@ std::string ServerConfig::Describe() const {
      << " eviction_ratio=" << eviction_ratio << " l1_read_ttl_seconds=" << l1_read_ttl_seconds
      << " l1_write_ttl_seconds=" << l1_write_ttl_seconds << " max_workers=" << max_workers
      << " hash_algorithm=" << hash_algorithm << " shm_name=" << shm_name
+     << " null_block_id=" << null_block_id
      << " worker_reap_timeout_seconds=" << worker_reap_timeout_seconds
+     << " worker_registration_grace_seconds=" << worker_registration_grace_seconds
      << " log_level=" << log_level;
   return os.str();
 }

@@ -18,9 +18,14 @@ struct ServerConfig {
   double l1_read_ttl_seconds = 300;
   double l1_write_ttl_seconds = 600;
   int max_workers = 0;                   // 0: chosen from the core count
+  int64_t null_block_id = 0;             // vLLM's null block: all-null chunks are not stored
+  int copy_threads = 0;                  // threads for one large copy; 0: from the core count
   std::string hash_algorithm = "blake3";
   std::string shm_name;                  // L1 pool segment; "" → kvd_l1_pool_<pid>
   double worker_reap_timeout_seconds = 120;
+  // Silence allowed to a worker that registered but never sent a PING (lmcache 0.5.6
+  // workers start pinging at their first transfer). Must be >= the reap timeout.
+  double worker_registration_grace_seconds = 3600;
   double session_ttl_seconds = 600;
   std::string log_level = "info";
 

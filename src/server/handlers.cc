@@ -54,18 +54,21 @@ std::string HandleRequest(KvService& svc, const wire::OpInfo& op, wire::Frames p
     case Op::kStore: {
       auto req = wire::DecodeStore(p);
       if (!req.ok()) return Fail(op, client, req.status(), wire::EncodeHandleAndOk("", false));
-      Status st = svc.Store(*req);
       // CPU transfers are complete when the reply is sent: an empty event handle tells
-      // the client there is no device work to wait for.
-      if (!st.ok()) return Fail(op, client, st, wire::EncodeHandleAndOk("", false));
-      return wire::EncodeHandleAndOk("", true);
+      // the client there is no device work to wait for. GPU transfers return the event
+      // that fires when the copy is done (also on a failure after work was enqueued).
+      std::string event;
+      Status st = svc.Store(*req, &event);
+      if (!st.ok()) return Fail(op, client, st, wire::EncodeHandleAndOk(event, false));
+      return wire::EncodeHandleAndOk(event, true);
     }
     case Op::kRetrieve: {
       auto req = wire::DecodeRetrieve(p);
       if (!req.ok()) return Fail(op, client, req.status(), wire::EncodeHandleAndOk("", false));
-      Status st = svc.Retrieve(*req);
-      if (!st.ok()) return Fail(op, client, st, wire::EncodeHandleAndOk("", false));
-      return wire::EncodeHandleAndOk("", true);
+      std::string event;
+      Status st = svc.Retrieve(*req, &event);
+      if (!st.ok()) return Fail(op, client, st, wire::EncodeHandleAndOk(event, false));
+      return wire::EncodeHandleAndOk(event, true);
     }
     case Op::kLookup: {
       auto req = wire::DecodeLookup(p);

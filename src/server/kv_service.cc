@@ -3,6 +3,8 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <functional>
+#include <thread>
 #include <unistd.h>
 
 #include "transfer/cpu_copy.h"
@@ -29,6 +31,29 @@ std::string PendingId(const wire::CacheKey& key) {
   return key.request_id + "#" + std::to_string(key.start) + ":" + std::to_string(key.end);
 }
 
+// GPU instances: hands the chunk tasks to the instance's copy engine. `on_complete` runs once
+// the device copy finished (it commits reservations / drops pins it captured); if the engine
+// refuses the plan, nothing was enqueued and dropping the plan releases what it captured.
+Status SubmitToEngine(transfer::CopyEngine& engine, transfer::CopyDirection direction,
+                      const wire::TransferRequest& req, std::vector<transfer::ChunkTask> tasks,
+                      std::function<void(const Status&)> on_complete, std::string* event_handle) {
+  if (event_handle) event_handle->clear();
+  if (tasks.empty()) {  // nothing for the device to do: an empty handle says so
+    on_complete(Status::Ok());
+    return Status::Ok();
+  }
+  transfer::CopyPlan plan;
+  plan.direction = direction;
+  plan.block_ids = req.block_ids;
+  plan.tasks = std::move(tasks);
+  plan.wait_event = req.event_handle;
+  plan.on_complete = std::move(on_complete);
+  auto sub = engine.Submit(std::move(plan));
+  if (!sub.ok()) return sub.status();
+  if (event_handle) *event_handle = sub->event_handle;
+  return sub->status;
+}
+
 }  // namespace
 
 Result<std::unique_ptr<KvService>> KvService::Create(const ServerConfig& config,
@@ -51,7 +76,10 @@ KvService::KvService(const ServerConfig& config, const Clock* clock,
     : config_(config),
       clock_(clock),
       l1_(std::move(l1)),
-      sessions_(clock, static_cast<uint32_t>(config.chunk_size), config.session_ttl_seconds) {}
+      sessions_(clock, static_cast<uint32_t>(config.chunk_size), config.session_ttl_seconds),
+      copy_threads_(config.copy_threads > 0
+                        ? config.copy_threads
+                        : std::clamp(static_cast<int>(std::thread::hardware_concurrency()), 1, 8)) {}
 
 KvService::~KvService() {
   std::lock_guard<std::mutex> lock(pending_mu_);
@@ -86,6 +114,25 @@ uint32_t KvService::ReadLocksPerSlot(const wire::CacheKey& key, int64_t tp_size)
   int64_t n = key.num_kv_readers > 0 ? key.num_kv_readers
                                      : (key.world_size == 1 ? std::max<int64_t>(1, tp_size) : 1);
   return static_cast<uint32_t>(std::clamp<int64_t>(n, 1, l1::L1Cache::kMaxReadLocksPerSlot));
+}
+
+bool KvService::ChunkIsAllNull(const layout::KvLayout& layout,
+                               const std::vector<std::vector<int64_t>>& block_ids,
+                               int64_t chunk) const {
+  for (const auto& g : layout.groups) {
+    const int64_t bpc = layout.chunk_tokens / g.tokens_per_block;
+    const auto& ids = block_ids[g.engine_group];
+    for (int64_t b = chunk * bpc; b < (chunk + 1) * bpc; ++b) {
+      if (ids[b] != config_.null_block_id) return false;
+    }
+  }
+  return true;
+}
+
+int KvService::CopyThreads(uint64_t bytes) const {
+  // Threads pay off only for large copies: about one per 4 MiB, at most copy_threads.
+  constexpr uint64_t kBytesPerThread = 4ull << 20;
+  return static_cast<int>(std::clamp<uint64_t>(bytes / kBytesPerThread, 1, copy_threads_));
 }
 
 Result<std::vector<l1::ChunkKey>> KvService::ChunkKeys(const wire::CacheKey& key) {
@@ -125,14 +172,9 @@ Status KvService::RegisterKvCache(const wire::RegisterKvCacheRequest& req) {
       return Status::Ok();  // re-registration after a recovery: liveness only
     }
   }
-  for (size_t i = 0; i < req.tensors.size(); ++i) {
-    if (req.tensors[i].memory != wire::TensorMemory::kCpuShm) {
-      return Status::FailedPrecondition(
-          "kv_cache[" + std::to_string(i) +
-          "] is GPU memory (CUDA IPC); this kvd build has no CUDA support, so only CPU "
-          "shared-memory KV caches can be registered");
-    }
-  }
+  const bool on_gpu = std::any_of(req.tensors.begin(), req.tensors.end(), [](const auto& t) {
+    return t.memory != wire::TensorMemory::kCpuShm;
+  });
   auto layout = layout::BuildLayout(req.tensors, req.layout_hints, req.group_infos,
                                     config_.chunk_size);
   if (!layout.ok()) return layout.status();
@@ -141,17 +183,27 @@ Status KvService::RegisterKvCache(const wire::RegisterKvCacheRequest& req) {
   inst->model_name = req.model_name;
   inst->world_size = req.world_size;
   inst->object_bytes = layout->object_bytes;
-  // Map each distinct segment once, covering every tensor that lives in it.
-  std::map<std::string, uint64_t> need;
-  for (const auto& t : req.tensors) need[t.shm_name] = std::max(need[t.shm_name], t.nbytes);
-  std::map<std::string, uint8_t*> base_of;
-  for (const auto& [name, nbytes] : need) {
-    auto m = transfer::ShmMapping::Open(name, nbytes);
-    if (!m.ok()) return m.status();
-    base_of[name] = m->data();
-    inst->mappings.push_back(std::move(m).value());
+  if (on_gpu) {
+    // GPU KV caches (CUDA IPC): the device engine opens them; it refuses a registration
+    // that mixes in CPU tensors, and says so when this build or machine has no CUDA.
+    auto engine = transfer::MakeDeviceEngine(req.tensors, *layout,
+                                             {l1_->base(), l1_->capacity_bytes()}, req.instance_id);
+    if (!engine.ok()) return engine.status();
+    inst->engine = std::move(engine).value();
+    inst->tensor_bases.assign(req.tensors.size(), nullptr);
+  } else {
+    // Map each distinct segment once, covering every tensor that lives in it.
+    std::map<std::string, uint64_t> need;
+    for (const auto& t : req.tensors) need[t.shm_name] = std::max(need[t.shm_name], t.nbytes);
+    std::map<std::string, uint8_t*> base_of;
+    for (const auto& [name, nbytes] : need) {
+      auto m = transfer::ShmMapping::Open(name, nbytes);
+      if (!m.ok()) return m.status();
+      base_of[name] = m->data();
+      inst->mappings.push_back(std::move(m).value());
+    }
+    for (const auto& t : req.tensors) inst->tensor_bases.push_back(base_of[t.shm_name]);
   }
-  for (const auto& t : req.tensors) inst->tensor_bases.push_back(base_of[t.shm_name]);
   inst->layout = std::move(layout).value();
   spdlog::info("registered instance {} model '{}' world_size {}: {} tensors, {}", req.instance_id,
                req.model_name, req.world_size, req.tensors.size(), inst->layout.Describe());
@@ -172,6 +224,7 @@ Status KvService::Unregister(int64_t instance_id) {
     gone = std::move(it->second);
     instances_.erase(it);
     last_seen_ns_.erase(instance_id);
+    pinged_.erase(instance_id);
   }
   {
     // Drop the instance's half-done engine-driven operations.
@@ -183,7 +236,7 @@ Status KvService::Unregister(int64_t instance_id) {
   return Status::Ok();  // mappings are released when the last in-flight copy lets go
 }
 
-Status KvService::Store(const wire::TransferRequest& req) {
+Status KvService::Store(const wire::TransferRequest& req, std::string* event_handle) {
   counters_.stores++;
   auto inst = FindInstance(req.instance_id);
   if (!inst || inst->engine_driven) {
@@ -212,6 +265,9 @@ Status KvService::Store(const wire::TransferRequest& req) {
   const uint32_t num_slots = static_cast<uint32_t>(inst->world_size);
   std::vector<std::pair<int64_t, l1::WriteReservation>> todo;
   for (int64_t i = 0; i < n; ++i) {
+    // A chunk whose blocks are all the engine's null block holds no KV (e.g. align-mode
+    // Mamba chunks before the last state): storing it would serve garbage to a later hit.
+    if (ChunkIsAllNull(inst->layout, req.block_ids, i)) continue;
     auto r = l1_->ReserveWrite((*keys)[i], num_slots, slot, inst->object_bytes);
     if (r.ok()) {
       todo.emplace_back(i, std::move(r).value());
@@ -220,9 +276,37 @@ Status KvService::Store(const wire::TransferRequest& req) {
       return r.status();  // reservations made so far are aborted by their destructors
     }
   }
-  for (auto& [i, res] : todo) {
-    transfer::GatherChunk(inst->layout, inst->tensor_bases, req.block_ids, i, res.data());
+  std::vector<transfer::ChunkTask> tasks;
+  tasks.reserve(todo.size());
+  for (auto& [i, res] : todo) tasks.push_back({i, res.data(), 0});
+  if (inst->engine) {  // GPU: committed by the engine's completion, after the D2H copy
+    auto held = std::make_shared<std::vector<l1::WriteReservation>>();
+    uint64_t bytes = 0;
+    for (auto& [i, res] : todo) {
+      bytes += res.size();
+      held->push_back(std::move(res));
+    }
+    Status st = SubmitToEngine(
+        *inst->engine, transfer::CopyDirection::kGather, req, std::move(tasks),
+        [held](const Status& done) {
+          if (done.ok()) {
+            for (auto& r : *held) {
+              if (!r.Commit()) spdlog::debug("store: a reservation expired before the GPU copy ended");
+            }
+          }
+          held->clear();  // aborts what was not committed
+        },
+        event_handle);
+    if (!st.ok()) {
+      counters_.store_failures++;
+      return st;
+    }
+    counters_.stored_chunks += todo.size();
+    counters_.stored_bytes += bytes;
+    return Status::Ok();
   }
+  transfer::GatherChunks(inst->layout, inst->tensor_bases, req.block_ids, tasks,
+                         CopyThreads(tasks.size() * inst->object_bytes));
   uint64_t bytes = 0;
   for (auto& [i, res] : todo) {
     bytes += res.size();
@@ -233,7 +317,7 @@ Status KvService::Store(const wire::TransferRequest& req) {
   return Status::Ok();
 }
 
-Status KvService::Retrieve(const wire::TransferRequest& req) {
+Status KvService::Retrieve(const wire::TransferRequest& req, std::string* event_handle) {
   counters_.retrieves++;
   auto fail = [&](Status st) {
     counters_.retrieve_failures++;
@@ -279,12 +363,25 @@ Status KvService::Retrieve(const wire::TransferRequest& req) {
     }
     pins.push_back(std::move(pin).value());
   }
+  std::vector<transfer::ChunkTask> tasks;
+  tasks.reserve(n);
   for (int64_t i = 0; i < n; ++i) {
     int64_t skip = req.skip_first_n_tokens - i * config_.chunk_size;
-    if (skip >= config_.chunk_size) continue;
-    transfer::ScatterChunk(inst->layout, inst->tensor_bases, req.block_ids, i, pins[i].data(),
-                           std::max<int64_t>(skip, 0));
+    if (skip >= config_.chunk_size) continue;  // the whole chunk is the engine's already
+    tasks.push_back({i, const_cast<uint8_t*>(pins[i].data()), std::max<int64_t>(skip, 0)});
   }
+  if (inst->engine) {  // GPU: the pins live until the engine's H2D copies are done
+    auto held = std::make_shared<std::vector<l1::ReadPin>>(std::move(pins));
+    Status st = SubmitToEngine(
+        *inst->engine, transfer::CopyDirection::kScatter, req, std::move(tasks),
+        [held](const Status&) { held->clear(); }, event_handle);
+    if (!st.ok()) return fail(st);
+    counters_.retrieved_chunks += n;
+    counters_.retrieved_bytes += n * inst->object_bytes;
+    return Status::Ok();
+  }
+  transfer::ScatterChunks(inst->layout, inst->tensor_bases, req.block_ids, tasks,
+                          CopyThreads(tasks.size() * inst->object_bytes));
   counters_.retrieved_chunks += n;
   counters_.retrieved_bytes += n * inst->object_bytes;
   return Status::Ok();
@@ -499,7 +596,10 @@ Status KvService::CommitRetrieve(const wire::EngineDrivenRequest& req) {
 void KvService::Ping(std::optional<int64_t> instance_id) {
   if (!instance_id) return;
   std::lock_guard<std::mutex> lock(mu_);
-  if (instances_.count(*instance_id)) last_seen_ns_[*instance_id] = clock_->NowNanos();
+  if (instances_.count(*instance_id)) {
+    last_seen_ns_[*instance_id] = clock_->NowNanos();
+    pinged_.insert(*instance_id);
+  }
 }
 
 void KvService::Clear() {
@@ -521,16 +621,28 @@ void KvService::Maintain() {
   }
   if (config_.worker_reap_timeout_seconds > 0) {
     const auto limit = static_cast<int64_t>(config_.worker_reap_timeout_seconds * 1e9);
-    std::vector<int64_t> silent;
+    const auto grace = static_cast<int64_t>(
+        std::max(config_.worker_registration_grace_seconds, config_.worker_reap_timeout_seconds) * 1e9);
+    struct Silent {
+      int64_t id;
+      int64_t ns;
+      bool pinged;
+    };
+    std::vector<Silent> silent;
     {
       std::lock_guard<std::mutex> lock(mu_);
       for (const auto& [id, seen] : last_seen_ns_) {
-        if (now - seen > limit) silent.push_back(id);
+        const bool pinged = pinged_.count(id) > 0;
+        if (now - seen > (pinged ? limit : grace)) silent.push_back({id, now - seen, pinged});
       }
     }
-    for (int64_t id : silent) {
-      spdlog::info("reaping instance {}: silent for more than {} s", id,
-                   config_.worker_reap_timeout_seconds);
+    for (const auto& [id, ns, pinged] : silent) {
+      spdlog::warn("reaping instance {}: silent for {:.0f} s (limit {} s, {})", id,
+                   static_cast<double>(ns) * 1e-9,
+                   pinged ? config_.worker_reap_timeout_seconds
+                          : std::max(config_.worker_registration_grace_seconds,
+                                     config_.worker_reap_timeout_seconds),
+                   pinged ? "it had been pinging" : "it never pinged");
       (void)Unregister(id);
     }
   }

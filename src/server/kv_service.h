@@ -15,6 +15,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -24,6 +25,8 @@
 #include "layout/layout.h"
 #include "server/config.h"
 #include "server/sessions.h"
+#include "server/status.h"
+#include "transfer/copy_engine.h"
 #include "transfer/shm_mapping.h"
 #include "wire/messages.h"
 
@@ -38,7 +41,10 @@ struct Instance {
   int64_t world_size = 0;
   layout::KvLayout layout;                    // lmcache-driven
   std::vector<transfer::ShmMapping> mappings; // one per distinct shm segment
-  std::vector<uint8_t*> tensor_bases;         // per registered tensor
+  std::vector<uint8_t*> tensor_bases;         // per registered tensor (null for GPU tensors)
+  // GPU (CUDA IPC) instances: the engine that executes `layout` on the worker's device
+  // memory; null for CPU shared-memory instances, which copy with transfer::cpu_copy.
+  std::shared_ptr<transfer::CopyEngine> engine;
   uint64_t object_bytes = 0;                  // bytes of one chunk object
   std::vector<int64_t> object_shape;          // engine-driven slot shape
   std::string dtype;
@@ -64,9 +70,13 @@ class KvService {
   Status RegisterKvCache(const wire::RegisterKvCacheRequest& req);
   Status Unregister(int64_t instance_id);
 
-  // STORE / RETRIEVE: all-or-nothing; the returned Status says why not.
-  Status Store(const wire::TransferRequest& req);
-  Status Retrieve(const wire::TransferRequest& req);
+  // STORE / RETRIEVE: all-or-nothing; the returned Status says why not. For GPU instances
+  // the copy is only enqueued: `event_handle` (if given) receives the interprocess event
+  // the client must wait on (empty: no device work), also when the Status is an error
+  // raised after part of the copy was enqueued. Stored objects are committed, and read
+  // pins dropped, when the device copy has completed.
+  Status Store(const wire::TransferRequest& req, std::string* event_handle = nullptr);
+  Status Retrieve(const wire::TransferRequest& req, std::string* event_handle = nullptr);
 
   // LOOKUP: computes the hit prefix (in chunks), read-locks it, and records the result
   // for QUERY_PREFETCH_STATUS. FREE_LOOKUP_LOCKS releases locks of a range.
@@ -93,8 +103,15 @@ class KvService {
   void Maintain();
 
   const ServiceCounters& counters() const { return counters_; }
-  l1::L1Stats l1_stats() const { return l1_->stats(); }
+  // count_locked walks the L1 table (see L1Cache::stats): on demand only.
+  l1::L1Stats l1_stats(bool count_locked = false) const { return l1_->stats(count_locked); }
   size_t num_instances() const;
+
+  // --- status and metrics (read-only) ---
+  // Instances, sessions and half-done engine-driven operations, copied out under the
+  // locks (briefly; never during a copy). Safe from any thread.
+  ServiceStatus StatusSnapshot();
+  const ServerConfig& config() const { return config_; }
 
  private:
   KvService(const ServerConfig& config, const Clock* clock, std::unique_ptr<l1::L1Cache> l1);
@@ -104,16 +121,26 @@ class KvService {
   Result<std::vector<l1::ChunkKey>> ChunkKeys(const wire::CacheKey& key);
   bool ModelRegistered(const std::string& model, int64_t world_size);
   uint32_t ReadLocksPerSlot(const wire::CacheKey& key, int64_t tp_size) const;
+  // True when every block id of chunk `chunk` (all groups) is the null block.
+  bool ChunkIsAllNull(const layout::KvLayout& layout,
+                      const std::vector<std::vector<int64_t>>& block_ids, int64_t chunk) const;
+  // Threads for one request's copy of `bytes`.
+  int CopyThreads(uint64_t bytes) const;
 
   const ServerConfig config_;
   const Clock* const clock_;
   std::unique_ptr<l1::L1Cache> l1_;
   SessionTable sessions_;
+  const int copy_threads_;
   ServiceCounters counters_;
 
   mutable std::mutex mu_;
   std::map<int64_t, std::shared_ptr<const Instance>> instances_;     // guarded by mu_
   std::map<int64_t, int64_t> last_seen_ns_;                          // guarded by mu_
+  // Instances that have sent a PING: reaped after worker_reap_timeout_seconds of silence;
+  // the others (the 0.5.6 client pings only after its first transfer) after
+  // worker_registration_grace_seconds.
+  std::set<int64_t> pinged_;                                         // guarded by mu_
 
   // Engine-driven operations between PREPARE and COMMIT, keyed by (instance, request).
   struct PendingStore {

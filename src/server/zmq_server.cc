@@ -4,10 +4,13 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <algorithm>
+
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
 
 #include "server/handlers.h"
+#include "server/metrics.h"
 #include "wire/codec.h"
 
 namespace kvd::server {
@@ -35,13 +38,16 @@ void TaskPool::Post(std::function<void()> task) {
   cv_.notify_one();
 }
 
-void TaskPool::PostToLane(const std::string& lane, std::function<void()> task) {
+void TaskPool::PostToLane(const std::string& lane, std::function<void()> task,
+                          size_t max_parallel) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     Lane& l = lanes_[lane];
+    l.max_parallel = std::max<size_t>(1, max_parallel);
     l.tasks.push_back(std::move(task));
-    if (l.running) return;  // the lane's runner will pick it up
-    l.running = true;
+    if (l.runners >= l.max_parallel) return;  // a runner of the lane will pick it up
+    ++l.runners;
+    ++l.queued;
     queue_.push_back([this, lane] { RunLane(lane); });
   }
   cv_.notify_one();
@@ -52,6 +58,7 @@ void TaskPool::RunLane(const std::string& lane) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     Lane& l = lanes_[lane];
+    --l.queued;
     task = std::move(l.tasks.front());
     l.tasks.pop_front();
   }
@@ -60,11 +67,14 @@ void TaskPool::RunLane(const std::string& lane) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = lanes_.find(lane);
-    if (it->second.tasks.empty()) {
-      lanes_.erase(it);  // idle lanes cost nothing
-    } else {
+    Lane& l = it->second;
+    if (l.tasks.size() > l.queued) {
+      // Back to the end of the queue: other lanes' tasks go first.
       again = true;
+      ++l.queued;
       queue_.push_back([this, lane] { RunLane(lane); });
+    } else if (--l.runners == 0 && l.tasks.empty()) {
+      lanes_.erase(it);  // idle lanes cost nothing
     }
   }
   if (again) cv_.notify_one();
@@ -168,6 +178,7 @@ struct ZmqServer::Impl {
     std::string opf = msg[2].to_string();
     auto op = wire::DecodeOp(opf);
     if (!op.ok()) {
+      RequestMetrics::Default().CountUnknownOp();
       spdlog::warn("request from {}: {}; replying nil", ClientTag(identity), op.status().ToString());
       Send({identity, uid, opf, wire::EncodeNil()});
       return;
@@ -176,7 +187,8 @@ struct ZmqServer::Impl {
     auto payloads = std::make_shared<std::vector<std::string>>();
     payloads->reserve(msg.size() - 3);
     for (size_t i = 3; i < msg.size(); ++i) payloads->push_back(msg[i].to_string());
-    auto run = [this, info, identity, uid, opf, payloads]() {
+    const int64_t began = RequestMetrics::Default().Begin(info->op);
+    auto run = [this, info, identity, uid, opf, payloads, began]() {
       std::vector<std::string_view> views(payloads->begin(), payloads->end());
       std::string reply;
       try {
@@ -185,6 +197,7 @@ struct ZmqServer::Impl {
         spdlog::error("{} from {}: internal error: {}", info->name, ClientTag(identity), e.what());
         reply = wire::EncodeNil();
       }
+      RequestMetrics::Default().End(info->op, began);
       return std::vector<std::string>{identity, uid, opf, std::move(reply)};
     };
     switch (info->dispatch) {
@@ -195,7 +208,9 @@ struct ZmqServer::Impl {
         pool->PostToLane(identity, [this, run] { Reply(run()); });
         break;
       case wire::Dispatch::kPool:
-        pool->Post([this, run] { Reply(run()); });
+        // Per-connection lane, as wide as the pool: a client's requests still run in
+        // parallel, but a flooding client cannot push everyone else's behind its backlog.
+        pool->PostToLane(identity + "/pool", [this, run] { Reply(run()); }, pool->threads());
         break;
     }
   }
@@ -244,6 +259,8 @@ void ZmqServer::Run(const std::atomic<bool>& stop) {
   // Stop accepting; let queued transfers finish and deliver their replies.
   s.pool.reset();
   s.FlushOutbox();
+  // Let those replies leave before the socket closes (linger is 0 while serving).
+  s.socket.set(zmq::sockopt::linger, 2000);
 }
 
 }  // namespace kvd::server

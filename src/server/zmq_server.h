@@ -24,19 +24,25 @@
 
 namespace kvd::server {
 
-// A fixed set of threads running queued tasks, with optional ordered lanes: tasks posted
-// to the same lane run one at a time in posting order; lanes run concurrently.
+// A fixed set of threads running queued tasks, with optional lanes. Tasks posted to one
+// lane start in posting order, at most `max_parallel` of them at a time (1: one after the
+// other, in order); lanes run concurrently. A lane never has more than max_parallel entries
+// in the shared queue, so lanes are served round-robin: a client flooding its own lane
+// delays another lane's next task by at most a few tasks, not by its whole backlog.
 class TaskPool {
  public:
   explicit TaskPool(int threads);
   ~TaskPool();  // runs every queued task, then joins
   void Post(std::function<void()> task);
-  void PostToLane(const std::string& lane, std::function<void()> task);
+  void PostToLane(const std::string& lane, std::function<void()> task, size_t max_parallel = 1);
+  size_t threads() const { return threads_.size(); }
 
  private:
   struct Lane {
     std::deque<std::function<void()>> tasks;
-    bool running = false;
+    size_t runners = 0;  // lane runners queued or running (<= max_parallel)
+    size_t queued = 0;   // of which still in queue_ (invariant: queued <= tasks.size())
+    size_t max_parallel = 1;
   };
   void RunLane(const std::string& lane);
   void WorkerLoop();

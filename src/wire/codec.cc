@@ -5,6 +5,7 @@
 
 #include <msgpack.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -18,7 +19,12 @@ const DecodeLimits kLimits{};
 
 // Parses one complete msgpack document; rejects trailing bytes.
 Result<msgpack::object_handle> Parse(std::string_view bytes, const char* what) {
-  msgpack::unpack_limit limit(kLimits.max_array, kLimits.max_map, kLimits.max_str,
+  // Every element takes at least one byte, so no document of n bytes holds an array of more
+  // than n elements or a map of more than n/2 pairs. msgpack-cxx allocates an array's
+  // elements when it reads the header, before their bytes arrive: without this cap a
+  // 6-byte frame made it allocate 512 MiB (found by tests/fuzz, descriptor target).
+  msgpack::unpack_limit limit(std::min(kLimits.max_array, bytes.size()),
+                              std::min(kLimits.max_map, bytes.size() / 2), kLimits.max_str,
                               kLimits.max_bin, kLimits.max_ext, kLimits.max_depth);
   try {
     size_t off = 0;

@@ -315,7 +315,7 @@ RefNode RefChunk(const uint8_t* p, size_t len, uint64_t chunk_index) {
   }
   std::memset(n.block, 0, 64);
   n.block_len = static_cast<uint8_t>(len - 64 * (blocks - 1));
-  std::memcpy(n.block, p + 64 * (blocks - 1), n.block_len);
+  if (n.block_len > 0) std::memcpy(n.block, p + 64 * (blocks - 1), n.block_len);  // p may be null
   n.counter = chunk_index;
   n.flags = kChunkEnd | (blocks == 1 ? kChunkStart : 0);
   return n;

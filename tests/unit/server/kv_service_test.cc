@@ -355,5 +355,19 @@ TEST_F(KvServiceTest, ReadLocksKeepLookedUpChunksFromEviction) {
   EXPECT_TRUE(svc_->Store(st3).ok());
 }
 
+TEST_F(KvServiceTest, ChunksMadeOnlyOfTheNullBlockAreNotStored) {
+  FakeWorker w0("/kvd_test_w0");
+  w0.Fill(11);
+  ASSERT_TRUE(svc_->RegisterKvCache(w0.Registration(100, 1)).ok());
+  // Chunk 0 all null (block 0), chunk 1 real blocks, chunk 2 mixes null and real.
+  std::vector<int64_t> ids(16, 0);
+  for (int64_t b = 0; b < 16; ++b) ids.push_back(16 + b);
+  for (int64_t b = 0; b < 16; ++b) ids.push_back(b % 2 ? 0 : 32 + b);
+  wire::TransferRequest st{Key(0, 768, 0, 768, 1, "n"), 100, {ids}, "", 0};
+  ASSERT_TRUE(svc_->Store(st).ok());
+  EXPECT_EQ(svc_->l1_stats().resident_objects, 2u);
+  EXPECT_EQ(LookupHits(Key(std::nullopt, 768, 0, 768, 1, "q")), 0);  // chunk 0 missing
+}
+
 }  // namespace
 }  // namespace kvd::server

@@ -1,0 +1,452 @@
+#!/usr/bin/env python3
+"""Writes the seed corpora of kvd's fuzz targets (tests/fuzz/*_fuzzer.cc).
+
+    make_seeds.py OUT_DIR [--golden tests/wire_golden]
+
+creates OUT_DIR/request/, OUT_DIR/payload/ and OUT_DIR/descriptor/:
+
+* frames captured from the real lmcache 0.5.6 client (tests/wire_golden/*.json, each
+  {"op", "request_frames_hex", "response_frames_hex"}), one seed per captured request, plus
+  the ext-1 descriptors found in them for the descriptor target;
+* requests packed here the way the client packs them (maps keyed by field name, every field
+  present, ext type 1 descriptors), addressed to what the request fuzzer registers up front
+  (model "fz", instances 1, 2, 3 over /kvd_fuzz_kv, engine-driven instance 9), as whole
+  flows: store -> lookup -> query -> retrieve -> end_session, TP=2, engine-driven
+  prepare/commit, eviction pressure, lock TTL expiry, registration over the wire.
+
+Standard library only (a small msgpack writer and reader live below), so `make fuzz` needs
+no virtual environment. Input format: see tests/fuzz/fuzz_common.h.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import struct
+import sys
+from pathlib import Path
+
+FRAME_SEP = b"\xc1\xc1\xc1\xc1"
+MESSAGE_SEP = b"\xc1\xc1\xc1\xc2"
+
+# ---------------------------------------------------------------------------------------
+# msgpack (the subset the protocol uses)
+# ---------------------------------------------------------------------------------------
+
+
+class Ext:
+    def __init__(self, code: int, data: bytes) -> None:
+        self.code, self.data = code, data
+
+
+def pack(o) -> bytes:
+    if o is None:
+        return b"\xc0"
+    if o is True:
+        return b"\xc3"
+    if o is False:
+        return b"\xc2"
+    if isinstance(o, int):
+        if 0 <= o < 128:
+            return bytes([o])
+        if -32 <= o < 0:
+            return struct.pack("b", o)
+        if 0 <= o < 1 << 8:
+            return b"\xcc" + struct.pack(">B", o)
+        if 0 <= o < 1 << 16:
+            return b"\xcd" + struct.pack(">H", o)
+        if 0 <= o < 1 << 32:
+            return b"\xce" + struct.pack(">I", o)
+        if 0 <= o < 1 << 64:
+            return b"\xcf" + struct.pack(">Q", o)
+        if -(1 << 7) <= o:
+            return b"\xd0" + struct.pack(">b", o)
+        if -(1 << 15) <= o:
+            return b"\xd1" + struct.pack(">h", o)
+        if -(1 << 31) <= o:
+            return b"\xd2" + struct.pack(">i", o)
+        return b"\xd3" + struct.pack(">q", o)
+    if isinstance(o, float):
+        return b"\xcb" + struct.pack(">d", o)
+    if isinstance(o, str):
+        b = o.encode()
+        n = len(b)
+        if n < 32:
+            return bytes([0xA0 | n]) + b
+        if n < 1 << 8:
+            return b"\xd9" + struct.pack(">B", n) + b
+        if n < 1 << 16:
+            return b"\xda" + struct.pack(">H", n) + b
+        return b"\xdb" + struct.pack(">I", n) + b
+    if isinstance(o, (bytes, bytearray)):
+        n = len(o)
+        if n < 1 << 8:
+            return b"\xc4" + struct.pack(">B", n) + bytes(o)
+        if n < 1 << 16:
+            return b"\xc5" + struct.pack(">H", n) + bytes(o)
+        return b"\xc6" + struct.pack(">I", n) + bytes(o)
+    if isinstance(o, (list, tuple)):
+        n = len(o)
+        head = bytes([0x90 | n]) if n < 16 else (
+            b"\xdc" + struct.pack(">H", n) if n < 1 << 16 else b"\xdd" + struct.pack(">I", n))
+        return head + b"".join(pack(x) for x in o)
+    if isinstance(o, dict):
+        n = len(o)
+        head = bytes([0x80 | n]) if n < 16 else (
+            b"\xde" + struct.pack(">H", n) if n < 1 << 16 else b"\xdf" + struct.pack(">I", n))
+        return head + b"".join(pack(k) + pack(v) for k, v in o.items())
+    if isinstance(o, Ext):
+        n = len(o.data)
+        fixed = {1: 0xD4, 2: 0xD5, 4: 0xD6, 8: 0xD7, 16: 0xD8}
+        if n in fixed:
+            return bytes([fixed[n], o.code & 0xFF]) + o.data
+        if n < 1 << 8:
+            return b"\xc7" + struct.pack(">Bb", n, o.code) + o.data
+        if n < 1 << 16:
+            return b"\xc8" + struct.pack(">Hb", n, o.code) + o.data
+        return b"\xc9" + struct.pack(">Ib", n, o.code) + o.data
+    raise TypeError(type(o))
+
+
+def ext1_payloads(buf: bytes) -> list[bytes]:
+    """The data of every ext type 1 object in one msgpack document (best effort)."""
+    out: list[bytes] = []
+
+    def rd(p: int) -> int:
+        b = buf[p]
+        p += 1
+        if b <= 0x7F or b >= 0xE0 or b in (0xC0, 0xC2, 0xC3):
+            return p
+        if 0x80 <= b <= 0x8F:
+            for _ in range(2 * (b & 0x0F)):
+                p = rd(p)
+            return p
+        if 0x90 <= b <= 0x9F:
+            for _ in range(b & 0x0F):
+                p = rd(p)
+            return p
+        if 0xA0 <= b <= 0xBF:
+            return p + (b & 0x1F)
+        sizes = {0xCC: 1, 0xCD: 2, 0xCE: 4, 0xCF: 8, 0xD0: 1, 0xD1: 2, 0xD2: 4, 0xD3: 8,
+                 0xCA: 4, 0xCB: 8}
+        if b in sizes:
+            return p + sizes[b]
+        if b in (0xC4, 0xD9):
+            return p + 1 + buf[p]
+        if b in (0xC5, 0xDA):
+            return p + 2 + struct.unpack_from(">H", buf, p)[0]
+        if b in (0xC6, 0xDB):
+            return p + 4 + struct.unpack_from(">I", buf, p)[0]
+        if b in (0xDC, 0xDD, 0xDE, 0xDF):
+            n = struct.unpack_from(">H" if b in (0xDC, 0xDE) else ">I", buf, p)[0]
+            p += 2 if b in (0xDC, 0xDE) else 4
+            for _ in range(n * (2 if b in (0xDE, 0xDF) else 1)):
+                p = rd(p)
+            return p
+        fixext = {0xD4: 1, 0xD5: 2, 0xD6: 4, 0xD7: 8, 0xD8: 16}
+        if b in fixext:
+            n, code, p = fixext[b], struct.unpack_from(">b", buf, p)[0], p + 1
+        elif b in (0xC7, 0xC8, 0xC9):
+            w = {0xC7: ">B", 0xC8: ">H", 0xC9: ">I"}[b]
+            n = struct.unpack_from(w, buf, p)[0]
+            p += struct.calcsize(w)
+            code = struct.unpack_from(">b", buf, p)[0]
+            p += 1
+        else:
+            raise ValueError(f"bad msgpack byte {b:#x}")
+        if code == 1:
+            out.append(buf[p:p + n])
+        return p + n
+
+    try:
+        rd(0)
+    except (IndexError, ValueError, struct.error):
+        pass
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# Requests the way the lmcache 0.5.6 client packs them
+# ---------------------------------------------------------------------------------------
+
+OPS = {
+    "register_kv_cache": 1, "unregister_kv_cache": 2, "store": 6, "retrieve": 7, "lookup": 8,
+    "query_prefetch_status": 9, "wait_prefetch_status": 10, "query_prefetch_lookup_hits": 11,
+    "free_lookup_locks": 12, "end_session": 13, "register_engine_driven": 14,
+    "unregister_engine_driven": 15, "prepare_store": 16, "commit_store": 17,
+    "prepare_retrieve": 18, "commit_retrieve": 19, "clear": 20, "get_chunk_size": 21,
+    "ping": 22, "report_block_allocation": 23, "noop": 24, "get_experimental": 32,
+}
+
+CHUNK = 32          # the request fuzzer's kvd chunk size
+MODEL = "fz"
+SEGMENT = "/kvd_fuzz_kv"
+KV_PLANE = 16 * 16 * 1 * 8  # [2, 16 blocks, 16 tokens, 1 head, 8] per layer
+
+
+def tokens(n: int, seed: int) -> list[int]:
+    return [(seed * 1000003 + i * 7919) % 50000 for i in range(n)]
+
+
+def key(toks, start, end, rid, worker=0, ws=1, salt="", model=MODEL, readers=1) -> dict:
+    return {
+        "model_name": model, "world_size": ws, "worker_id": worker, "token_ids": toks,
+        "start": start, "end": end, "request_id": rid, "cache_salt": salt,
+        "request_configs": None, "num_kv_readers": readers,
+    }
+
+
+class Msgs:
+    """Builds one seed: a list of messages, each [uid, op, payload...]."""
+
+    def __init__(self) -> None:
+        self.msgs: list[list[bytes]] = []
+        self.uid = 0
+
+    def op(self, name, *payloads) -> "Msgs":
+        opf = pack(OPS[name]) if name in OPS else pack(name)
+        self.msgs.append([pack(self.uid), opf, *[pack(p) for p in payloads]])
+        self.uid += 1
+        return self
+
+    def raw(self, frames: list[bytes]) -> "Msgs":
+        self.msgs.append(frames)
+        return self
+
+    def tick(self, seconds: int) -> "Msgs":
+        self.msgs.append([b"t" + bytes([seconds])])
+        return self
+
+    def bytes(self) -> bytes:
+        return MESSAGE_SEP.join(FRAME_SEP.join(m) for m in self.msgs)
+
+
+def cpu_shm_descriptor(shape, stride, offset=0, dtype="bfloat16", name=SEGMENT,
+                       nbytes=2 * 2 * KV_PLANE * 2) -> bytes:
+    return pack({
+        "type": "cpu_shm", "version": 1,
+        "metadata": {"dtype": dtype, "shape": list(shape), "stride": list(stride),
+                     "storage_offset": offset, "device_uuid": "cpu"},
+        "shm_name": name, "nbytes": nbytes,
+    })
+
+
+def nhd_layer(layer: int) -> bytes:
+    return cpu_shm_descriptor([2, 16, 16, 1, 8], [KV_PLANE, 128, 8, 8, 1],
+                              offset=layer * 2 * KV_PLANE)
+
+
+def descriptor_seeds() -> dict[str, bytes]:
+    cuda = pack({
+        "type": "cuda", "version": 1,
+        "metadata": {"dtype": "bfloat16", "shape": [2, 16, 16, 1, 8],
+                     "stride": [KV_PLANE, 128, 8, 8, 1], "storage_offset": 0,
+                     "device_uuid": "GPU-00000000-0000-0000-0000-000000000000"},
+        "handle": [0, b"c" + bytes(64), 4 * KV_PLANE, 0, b"", 0, bytes(64), True],
+    })
+    raw = pack({
+        "type": "cuda_raw", "version": 1,
+        "metadata": {"dtype": "float16", "shape": [16, 16, 576], "stride": [9216, 576, 1],
+                     "storage_offset": 0, "device_uuid": "GPU-0"},
+        "ipc_handle": bytes(range(64)), "alloc_offset": 4096, "nbytes": 16 * 9216 * 2,
+    })
+    return {
+        "cpu_shm_nhd": nhd_layer(0),
+        "cpu_shm_nhd_layer1": nhd_layer(1),
+        # HND physical order: [2, NB, H, BS, D]
+        "cpu_shm_hnd": cpu_shm_descriptor([2, 16, 2, 16, 8], [2 * 16 * 16 * 8, 256, 128, 8, 1],
+                                          nbytes=2 * 16 * 2 * 16 * 8 * 2),
+        # block-first [NB, 2, BS, H, D]
+        "cpu_shm_block_first": cpu_shm_descriptor([16, 2, 16, 1, 8], [256, 128, 8, 8, 1]),
+        # one plane, rank 4, padded rows
+        "cpu_shm_rank4_padded": cpu_shm_descriptor([16, 16, 2, 8], [16 * 40, 40, 16, 1],
+                                                   dtype="float32", nbytes=16 * 16 * 40 * 4),
+        # MLA latent [NB, BS, 576]
+        "cpu_shm_mla": cpu_shm_descriptor([16, 16, 576], [16 * 576, 576, 1],
+                                          nbytes=16 * 16 * 576 * 2),
+        # non-contiguous token stride (tokens interleaved with another tensor)
+        "cpu_shm_strided": cpu_shm_descriptor([2, 4, 16, 1, 8], [1024, 256, 16, 8, 1],
+                                              nbytes=2 * 1024 * 2),
+        "cpu_shm_escape_name": cpu_shm_descriptor([2, 16, 16, 1, 8], [KV_PLANE, 128, 8, 8, 1],
+                                                  name="/../../etc/passwd"),
+        "cuda": cuda,
+        "cuda_raw": raw,
+    }
+
+
+def register_frames(instance_id: int, ws: int = 1, layers: int = 2, descs=None) -> list:
+    descs = descs or [Ext(1, nhd_layer(layer)) for layer in range(layers)]
+    groups = [{"engine_group_id": 0, "layer_indices": list(range(len(descs))),
+               "tokens_per_block": 16, "sw_size_tokens": -1, "extra_object_group_tag": 0,
+               "recurrent_state": False}]
+    return [instance_id, descs, MODEL, ws, "vllm",
+            {"kv_layout": "NHD", "num_kv_heads": 1, "tokens_per_block": 16, "head_dim": 8},
+            groups]
+
+
+def flow_seeds() -> dict[str, bytes]:
+    s: dict[str, bytes] = {}
+    t64 = tokens(64, 1)
+
+    s["simple_ops"] = (Msgs().op("get_chunk_size").op("noop").op("get_experimental")
+                       .op("ping", None).op("ping", 1).op("clear").op("clear", True)
+                       .op("query_prefetch_status", "nope")
+                       .op("wait_prefetch_status", "nope", 0.5)
+                       .op("query_prefetch_lookup_hits", "nope")
+                       .op("end_session", "nope")
+                       .op("report_block_allocation", 1, MODEL,
+                           [{"req_id": "r", "new_block_ids": [1, 2], "new_token_ids": [5, 6]}])
+                       .op("subscribe_kv_events", 1, 2, 3, 4).op("p2p_unlock_objects", [])
+                       .raw([pack(99), pack(77)]).raw([pack(100)]).bytes())
+
+    s["store_lookup_retrieve"] = (
+        Msgs().op("store", key(t64, 0, 64, "r1"), 1, [[0, 1, 2, 3]], b"")
+        .op("lookup", key(t64, 0, 64, "r1", worker=None), 1)
+        .op("query_prefetch_status", "r1")
+        .op("retrieve", key(t64, 0, 64, "r1"), 1, [[4, 5, 6, 7]], b"", 0)
+        .op("retrieve", key(t64, 0, 64, "r1"), 1, [[4, 5, 6, 7]], b"", 40)
+        .op("end_session", "r1").bytes())
+
+    s["tp2"] = (
+        Msgs().op("store", key(t64, 0, 64, "r2", worker=0, ws=2), 2, [[0, 1, 2, 3]], b"")
+        .op("store", key(t64, 0, 64, "r2", worker=1, ws=2), 3, [[8, 9, 10, 11]], b"")
+        .op("lookup", key(t64, 0, 64, "r2", worker=None, ws=2, readers=1), 2)
+        .op("query_prefetch_status", "r2")
+        .op("retrieve", key(t64, 0, 64, "r2", worker=0, ws=2), 2, [[12, 13, 14, 15]], b"", 0)
+        .op("free_lookup_locks", key(t64, 0, 64, "r2", worker=None, ws=2), 2)
+        .op("retrieve", key(t64, 32, 64, "r2", worker=1, ws=2), 3, [[1, 2]], b"", 0)
+        .bytes())
+
+    s["partial_store_then_lookup"] = (
+        Msgs().op("store", key(t64, 32, 64, "r3"), 1, [[0, 1]], b"")
+        .op("lookup", key(t64, 0, 64, "r3", worker=None), 1)
+        .op("query_prefetch_status", "r3")
+        .op("store", key(t64, 0, 32, "r3"), 1, [[2, 3]], b"")
+        .op("lookup", key(t64, 0, 64, "r3", worker=None), 1)
+        .op("wait_prefetch_status", "r3", 1.0).bytes())
+
+    ed = (Msgs().op("prepare_store", key(t64, 0, 64, "e1"), 9)
+          .op("commit_store", key(t64, 0, 64, "e1"), 9, b"")
+          .op("lookup", key(t64, 0, 64, "e1", worker=None), 1)
+          .op("prepare_retrieve", key(t64, 0, 64, "e1"), 9)
+          .op("commit_retrieve", key(t64, 0, 64, "e1"), 9)
+          .op("prepare_store", key(tokens(64, 2), 0, 64, "e2"), 9)
+          .tick(90)
+          .op("commit_store", key(tokens(64, 2), 0, 64, "e2"), 9, b"pickled?")
+          .op("unregister_engine_driven", 9))
+    s["engine_driven"] = ed.bytes()
+
+    s["register_engine_driven"] = (
+        Msgs().op("register_engine_driven", {
+            "instance_id": 11, "model_name": MODEL, "world_size": 1, "block_size": 16,
+            "num_layers": 2, "hidden_dim_size": 8, "dtype_str": "bfloat16", "use_mla": True,
+            "num_physical_slots": None})
+        .op("prepare_store", key(t64, 0, 64, "e3"), 11)
+        .op("commit_store", key(t64, 0, 64, "e3"), 11)
+        .op("prepare_retrieve", key(t64, 0, 64, "e3"), 11).bytes())
+
+    evict = Msgs()
+    for i in range(12):
+        tk = tokens(64, 100 + i)
+        evict.op("store", key(tk, 0, 64, f"ev{i}"), 1, [[0, 1, 2, 3]], b"")
+        if i % 3 == 0:
+            evict.op("lookup", key(tk, 0, 64, f"ev{i}", worker=None), 1)
+    evict.op("lookup", key(tokens(64, 100), 0, 64, "ev0", worker=None), 1)
+    s["eviction_pressure"] = evict.bytes()
+
+    ttl = Msgs()
+    for i in range(8):
+        tk = tokens(64, 200 + i)
+        ttl.op("store", key(tk, 0, 64, f"tt{i}"), 1, [[0, 1, 2, 3]], b"")
+        ttl.op("lookup", key(tk, 0, 64, f"tt{i}", worker=None), 1)
+    ttl.op("store", key(tokens(64, 300), 0, 64, "tt9"), 1, [[0, 1, 2, 3]], b"")
+    ttl.tick(40)
+    ttl.op("store", key(tokens(64, 301), 0, 64, "tt10"), 1, [[0, 1, 2, 3]], b"")
+    ttl.tick(200)
+    ttl.op("store", key(t64, 0, 64, "tt11"), 2, [[0, 1, 2, 3]], b"")
+    s["lock_ttl_and_reap"] = ttl.bytes()
+
+    s["register_over_wire"] = (
+        Msgs().op("register_kv_cache", *register_frames(5))
+        .op("store", key(t64, 0, 64, "w1"), 5, [[0, 1, 2, 3]], b"")
+        .op("register_kv_cache", *register_frames(5))
+        .op("retrieve", key(t64, 0, 64, "w1"), 5, [[15, 14, 13, 12]], b"", 0)
+        .op("unregister_kv_cache", 5)
+        .op("store", key(t64, 0, 64, "w1"), 5, [[0, 1, 2, 3]], b"").bytes())
+
+    bad = [Ext(1, cpu_shm_descriptor([2, 16, 16, 1, 8], [KV_PLANE, 128, 8, 8, 1],
+                                     name="/../../tmp/x"))]
+    s["register_bad_name"] = Msgs().op("register_kv_cache", *register_frames(6, descs=bad)).bytes()
+
+    s["bad_values"] = (
+        Msgs().op("store", key(t64, 0, 64, "b1"), 1, [[0, 1, 2, 99]], b"")
+        .op("store", key(t64, 0, 64, "b1"), 1, [[0, 1, 2, -1]], b"")
+        .op("store", key(t64, 0, 64, "b1"), 1, [[0, 1]], b"")
+        .op("store", key(t64, 0, 64, "b1"), 1, [[0, 1, 2, 3], [0, 1, 2, 3]], b"")
+        .op("store", key(t64, 0, 48, "b1"), 1, [[0, 1, 2]], b"")
+        .op("store", key(t64, 0, 64, "b1", ws=3, worker=2), 1, [[0, 1, 2, 3]], b"")
+        .op("store", key(t64, 0, 64, "b1"), 4242, [[0, 1, 2, 3]], b"")
+        .op("store", key([2**32 + 5] * 64, 0, 64, "b2"), 1, [[0, 1, 2, 3]], b"")
+        .op("retrieve", key(t64, 0, 64, "b1"), 9, [[0, 1, 2, 3]], b"", 2**62)
+        .op("lookup", key(t64, 0, 64, "b1", worker=None, salt="x" * 129), 1)
+        .op("lookup", key(t64, 0, 64, "b1", worker=None, model="m@x"), 1)
+        .op("store", [1, 2, 3], 1, [[0]], b"").bytes())
+    return s
+
+
+def golden_seeds(golden_dir: Path) -> tuple[dict[str, bytes], dict[str, bytes]]:
+    """(frame seeds, descriptor seeds) from captured golden frames."""
+    frames: dict[str, bytes] = {}
+    descs: dict[str, bytes] = {}
+    if not golden_dir.is_dir():
+        return frames, descs
+    for f in sorted(golden_dir.glob("*.json")):
+        try:
+            doc = json.loads(f.read_text())
+        except (OSError, ValueError):
+            continue
+        docs = doc if isinstance(doc, list) else [doc]
+        for i, d in enumerate(docs):
+            if not isinstance(d, dict) or "request_frames_hex" not in d:
+                continue
+            req = d["request_frames_hex"]
+            msgs = req if req and isinstance(req[0], list) else [req]
+            try:
+                raw_msgs = [[bytes.fromhex(h) for h in m] for m in msgs]
+            except (TypeError, ValueError):
+                continue
+            name = f"golden_{f.stem}_{i}"
+            frames[name] = MESSAGE_SEP.join(FRAME_SEP.join(m) for m in raw_msgs)
+            for m in raw_msgs:
+                for fr in m:
+                    for j, e in enumerate(ext1_payloads(fr)):
+                        descs[f"{name}_ext{j}"] = e
+    return frames, descs
+
+
+def write(dirpath: Path, seeds: dict[str, bytes]) -> None:
+    dirpath.mkdir(parents=True, exist_ok=True)
+    for name, data in seeds.items():
+        digest = hashlib.sha1(data).hexdigest()[:12]
+        (dirpath / f"{name}-{digest}").write_bytes(data)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("out", type=Path)
+    ap.add_argument("--golden", type=Path,
+                    default=Path(__file__).resolve().parents[1] / "wire_golden")
+    args = ap.parse_args()
+    flows = flow_seeds()
+    gframes, gdescs = golden_seeds(args.golden)
+    write(args.out / "request", {**flows, **gframes})
+    write(args.out / "payload", {**flows, **gframes})
+    write(args.out / "descriptor", {**descriptor_seeds(), **gdescs})
+    print(f"seeds: {len(flows)} packed flows, {len(gframes)} golden requests, "
+          f"{len(descriptor_seeds()) + len(gdescs)} descriptors -> {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
