@@ -27,7 +27,11 @@ def _kvd_bin() -> Path:
 
 def _bench_bin() -> Path:
     env = os.environ.get("KVD_BENCH_BIN")
-    return Path(env) if env else _kvd_bin().parent / "kvd-bench"
+    if env:
+        return Path(env)
+    # Sanitizer builds skip the driver: use the plain build's next to the kvd under test.
+    beside = _kvd_bin().parent / "kvd-bench"
+    return beside if beside.exists() else REPO_ROOT / "build" / "kvd-bench"
 
 
 def _http_args(kvd: Path, port: str) -> list[str]:
