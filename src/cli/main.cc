@@ -121,9 +121,9 @@ std::string ConfigJson(const kvd::server::ServerConfig& c, const HttpFlags& h) {
 // copied into plain snapshots, and a health check that proves the ZMQ loop answers.
 class ServiceStats final : public kvd::http::StatsSource {
  public:
-  ServiceStats(kvd::server::KvService* svc, const kvd::server::ServerConfig& cfg,
-               const std::atomic<int64_t>* maintenance_beat_ns)
-      : svc_(svc), cfg_(cfg), beat_ns_(maintenance_beat_ns), started_(Now()) {
+  ServiceStats(kvd::server::KvService* svc, const kvd::server::RequestMetrics* metrics,
+               const kvd::server::ServerConfig& cfg, const std::atomic<int64_t>* maintenance_beat_ns)
+      : svc_(svc), metrics_(metrics), cfg_(cfg), beat_ns_(maintenance_beat_ns), started_(Now()) {
     // Where to probe the ZMQ loop: its bind address, or loopback for a wildcard bind.
     std::string host = cfg.host;
     if (IsWildcard(host)) host = host.find(':') != std::string::npos ? "::1" : "127.0.0.1";
@@ -178,7 +178,7 @@ class ServiceStats final : public kvd::http::StatsSource {
     s.sessions = st.sessions;
     s.pending_engine_stores = st.pending_engine_stores;
     s.pending_engine_retrieves = st.pending_engine_retrieves;
-    const auto& metrics = kvd::server::RequestMetrics::Default();
+    const auto& metrics = *metrics_;
     s.latency_bounds.assign(kvd::server::RequestMetrics::kLatencyBounds.begin(),
                             kvd::server::RequestMetrics::kLatencyBounds.end());
     for (auto& o : metrics.Snapshot()) {
@@ -229,6 +229,7 @@ class ServiceStats final : public kvd::http::StatsSource {
   }
 
   kvd::server::KvService* const svc_;
+  const kvd::server::RequestMetrics* const metrics_;  // owned by RunServer
   const kvd::server::ServerConfig cfg_;
   const std::atomic<int64_t>* const beat_ns_;
   const int64_t started_;
@@ -317,7 +318,8 @@ int RunServer(const kvd::server::ServerConfig& cfg, const HttpFlags& http_flags)
     }
     std::unique_ptr<kvd::server::KvService> svc = std::move(created).value();
     const auto l1 = svc->l1_stats();
-    kvd::server::ZmqServer server(cfg, svc.get());
+    kvd::server::RequestMetrics metrics;
+    kvd::server::ZmqServer server(cfg, svc.get(), &metrics);
     if (auto st = server.Bind(); !st.ok()) {
       spdlog::error("cannot start: {}", st.message());
       return 1;
@@ -328,7 +330,7 @@ int RunServer(const kvd::server::ServerConfig& cfg, const HttpFlags& http_flags)
     }
 
     std::atomic<int64_t> beat_ns{clock.NowNanos()};
-    ServiceStats stats(svc.get(), cfg, &beat_ns);
+    ServiceStats stats(svc.get(), &metrics, cfg, &beat_ns);
     kvd::http::HttpOptions ho;
     ho.host = http_flags.host;
     ho.port = http_flags.port;

@@ -18,11 +18,6 @@ size_t Index(wire::Op op) {
 
 }  // namespace
 
-RequestMetrics& RequestMetrics::Default() {
-  static RequestMetrics* metrics = new RequestMetrics();  // never destroyed: used at exit
-  return *metrics;
-}
-
 int64_t RequestMetrics::Begin(wire::Op op) {
   ops_[Index(op)].begun.fetch_add(1, std::memory_order_relaxed);
   return NowNs();

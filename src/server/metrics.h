@@ -34,9 +34,6 @@ class RequestMetrics {
     double latency_sum_seconds = 0;
   };
 
-  // The instance the server process reports (ZmqServer records into it).
-  static RequestMetrics& Default();
-
   // Returns the start time to hand to End.
   int64_t Begin(wire::Op op);
   void End(wire::Op op, int64_t begin_ns);

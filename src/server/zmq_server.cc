@@ -113,6 +113,7 @@ std::string ClientTag(const std::string& identity) {
 struct ZmqServer::Impl {
   const ServerConfig config;
   KvService* service;
+  RequestMetrics* metrics;  // not owned
   zmq::context_t ctx{1};
   zmq::socket_t socket{ctx, zmq::socket_type::router};
   int wake_fd = -1;
@@ -120,7 +121,7 @@ struct ZmqServer::Impl {
   std::deque<std::vector<std::string>> outbox;  // guarded by out_mu
   std::unique_ptr<TaskPool> pool;
 
-  Impl(const ServerConfig& c, KvService* s) : config(c), service(s) {
+  Impl(const ServerConfig& c, KvService* s, RequestMetrics* m) : config(c), service(s), metrics(m) {
     wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     int threads = c.max_workers > 0
                       ? c.max_workers
@@ -178,7 +179,7 @@ struct ZmqServer::Impl {
     std::string opf = msg[2].to_string();
     auto op = wire::DecodeOp(opf);
     if (!op.ok()) {
-      RequestMetrics::Default().CountUnknownOp();
+      metrics->CountUnknownOp();
       spdlog::warn("request from {}: {}; replying nil", ClientTag(identity), op.status().ToString());
       Send({identity, uid, opf, wire::EncodeNil()});
       return;
@@ -187,7 +188,7 @@ struct ZmqServer::Impl {
     auto payloads = std::make_shared<std::vector<std::string>>();
     payloads->reserve(msg.size() - 3);
     for (size_t i = 3; i < msg.size(); ++i) payloads->push_back(msg[i].to_string());
-    const int64_t began = RequestMetrics::Default().Begin(info->op);
+    const int64_t began = metrics->Begin(info->op);
     auto run = [this, info, identity, uid, opf, payloads, began]() {
       std::vector<std::string_view> views(payloads->begin(), payloads->end());
       std::string reply;
@@ -197,7 +198,7 @@ struct ZmqServer::Impl {
         spdlog::error("{} from {}: internal error: {}", info->name, ClientTag(identity), e.what());
         reply = wire::EncodeNil();
       }
-      RequestMetrics::Default().End(info->op, began);
+      metrics->End(info->op, began);
       return std::vector<std::string>{identity, uid, opf, std::move(reply)};
     };
     switch (info->dispatch) {
@@ -216,8 +217,8 @@ struct ZmqServer::Impl {
   }
 };
 
-ZmqServer::ZmqServer(const ServerConfig& config, KvService* service)
-    : impl_(std::make_unique<Impl>(config, service)) {}
+ZmqServer::ZmqServer(const ServerConfig& config, KvService* service, RequestMetrics* metrics)
+    : impl_(std::make_unique<Impl>(config, service, metrics)) {}
 
 ZmqServer::~ZmqServer() = default;
 

@@ -21,6 +21,7 @@
 #include "common/status.h"
 #include "server/config.h"
 #include "server/kv_service.h"
+#include "server/metrics.h"
 
 namespace kvd::server {
 
@@ -57,7 +58,8 @@ class TaskPool {
 
 class ZmqServer {
  public:
-  ZmqServer(const ServerConfig& config, KvService* service);
+  // `metrics` (not owned) records per-op counts and latency; it must outlive the server.
+  ZmqServer(const ServerConfig& config, KvService* service, RequestMetrics* metrics);
   ~ZmqServer();
 
   // Binds the socket; a clear error if the address is taken or invalid.

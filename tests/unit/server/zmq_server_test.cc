@@ -38,7 +38,7 @@ class ZmqServerTest : public ::testing::Test {
     cfg_.eviction_policy = "LRU";
     cfg_.shm_name = "kvd_zmq_test_" + std::to_string(getpid());
     svc_ = std::move(KvService::Create(cfg_, &clock_)).value();
-    server_ = std::make_unique<ZmqServer>(cfg_, svc_.get());
+    server_ = std::make_unique<ZmqServer>(cfg_, svc_.get(), &metrics_);
     ASSERT_TRUE(server_->Bind().ok());
     thread_ = std::thread([this] { server_->Run(stop_); });
   }
@@ -70,6 +70,7 @@ class ZmqServerTest : public ::testing::Test {
   ServerConfig cfg_;
   SteadyClock clock_;
   std::unique_ptr<KvService> svc_;
+  RequestMetrics metrics_;
   std::unique_ptr<ZmqServer> server_;
   std::atomic<bool> stop_{false};
   std::thread thread_;
