@@ -25,7 +25,8 @@ constexpr uint64_t kLayerBytes = kLayerElems * 2;
 // One worker's KV cache: kLayers tensors [2, NB, BS, NH, HS] bf16 in one shm segment.
 class FakeWorker {
  public:
-  explicit FakeWorker(std::string name) : name_(std::move(name)) {
+  // The pid keeps names apart when ctest runs tests of this binary in parallel processes.
+  explicit FakeWorker(std::string name) : name_(std::move(name) + "_" + std::to_string(getpid())) {
     shm_unlink(name_.c_str());
     int fd = shm_open(name_.c_str(), O_CREAT | O_RDWR, 0600);
     EXPECT_GE(fd, 0);
