@@ -12,11 +12,6 @@
 namespace kvd::server {
 namespace {
 
-// model, world size and salt joined by '@', which neither name may contain.
-std::string Identity(const std::string& model, int64_t world_size, const std::string& salt) {
-  return model + "@" + std::to_string(world_size) + "@" + salt;
-}
-
 l1::ChunkKey MakeChunkKey(const std::string& model, int64_t world_size, const std::string& salt,
                           const keys::Hash32& h) {
   l1::ChunkKey k;
@@ -144,7 +139,7 @@ Result<std::vector<l1::ChunkKey>> KvService::ChunkKeys(const wire::CacheKey& key
   }
   auto hashes = sessions_.ChunkHashes(key.request_id, key.token_ids,
                                       static_cast<size_t>(key.end / c),
-                                      Identity(key.model_name, key.world_size, key.cache_salt));
+                                      SessionIdentity{key.model_name, key.world_size, key.cache_salt});
   if (!hashes.ok()) return hashes.status();
   std::vector<l1::ChunkKey> out;
   out.reserve(static_cast<size_t>((key.end - key.start) / c));
@@ -422,15 +417,11 @@ Status KvService::FreeLookupLocks(const wire::LookupRequest& req) {
 void KvService::EndSession(const std::string& request_id) {
   auto [identity, hashes] = sessions_.End(request_id);
   if (hashes.empty()) return;
-  // identity = model@world_size@salt
-  size_t a = identity.find('@'), b = identity.find('@', a + 1);
-  if (a == std::string::npos || b == std::string::npos) return;
-  std::string model = identity.substr(0, a);
-  int64_t ws = std::stoll(identity.substr(a + 1, b - a - 1));
-  std::string salt = identity.substr(b + 1);
   std::vector<l1::ChunkKey> keys;
   keys.reserve(hashes.size());
-  for (const auto& h : hashes) keys.push_back(MakeChunkKey(model, ws, salt, h));
+  for (const auto& h : hashes) {
+    keys.push_back(MakeChunkKey(identity.model_name, identity.world_size, identity.cache_salt, h));
+  }
   l1_->Touch(keys);
 }
 

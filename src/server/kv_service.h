@@ -55,7 +55,6 @@ struct ServiceCounters {
   std::atomic<uint64_t> stores{0}, store_failures{0}, stored_chunks{0}, stored_bytes{0};
   std::atomic<uint64_t> retrieves{0}, retrieve_failures{0}, retrieved_chunks{0},
       retrieved_bytes{0};
-  std::atomic<uint64_t> bad_requests{0};
 };
 
 class KvService {

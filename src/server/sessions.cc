@@ -21,7 +21,7 @@ std::shared_ptr<SessionTable::Session> SessionTable::Get(const std::string& id, 
 Result<std::vector<keys::Hash32>> SessionTable::ChunkHashes(const std::string& request_id,
                                                             std::span<const int64_t> tokens,
                                                             size_t num_chunks,
-                                                            const std::string& identity) {
+                                                            const SessionIdentity& identity) {
   if (num_chunks * chunk_size_ > tokens.size()) {
     return Status::InvalidArgument("need " + std::to_string(num_chunks * chunk_size_) +
                                    " tokens for " + std::to_string(num_chunks) +
@@ -29,7 +29,7 @@ Result<std::vector<keys::Hash32>> SessionTable::ChunkHashes(const std::string& r
   }
   auto s = Get(request_id, true);
   std::lock_guard<std::mutex> lock(s->mu);
-  if (!identity.empty()) s->identity = identity;
+  if (!identity.model_name.empty()) s->identity = identity;
   // Reuse the hashed prefix only if it is the same token sequence.
   const size_t reusable = std::min(s->hashes.size(), num_chunks);
   const size_t cmp = reusable * chunk_size_;
@@ -75,7 +75,7 @@ std::optional<int64_t> SessionTable::PeekLookupResult(const std::string& request
   return s->lookup_result;
 }
 
-std::pair<std::string, std::vector<keys::Hash32>> SessionTable::End(
+std::pair<SessionIdentity, std::vector<keys::Hash32>> SessionTable::End(
     const std::string& request_id) {
   std::shared_ptr<Session> s;
   {

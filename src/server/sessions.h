@@ -23,6 +23,14 @@
 
 namespace kvd::server {
 
+// What a request's chunk keys are made of besides the hashes.
+struct SessionIdentity {
+  std::string model_name;
+  int64_t world_size = 0;
+  std::string cache_salt;
+  bool operator==(const SessionIdentity&) const = default;
+};
+
 class SessionTable {
  public:
   SessionTable(const Clock* clock, uint32_t chunk_size, double ttl_seconds);
@@ -35,7 +43,7 @@ class SessionTable {
   Result<std::vector<keys::Hash32>> ChunkHashes(const std::string& request_id,
                                                 std::span<const int64_t> tokens,
                                                 size_t num_chunks,
-                                                const std::string& identity = "");
+                                                const SessionIdentity& identity = {});
 
   // Lookup results: set by LOOKUP, taken (once) by QUERY_PREFETCH_STATUS.
   void SetLookupResult(const std::string& request_id, int64_t hit_chunks);
@@ -44,7 +52,7 @@ class SessionTable {
   std::optional<int64_t> PeekLookupResult(const std::string& request_id);
 
   // Removes the session; returns its identity and hashes (for touching them in L1).
-  std::pair<std::string, std::vector<keys::Hash32>> End(const std::string& request_id);
+  std::pair<SessionIdentity, std::vector<keys::Hash32>> End(const std::string& request_id);
 
   // Drops sessions idle for longer than the TTL; returns how many.
   size_t Expire();
@@ -56,7 +64,7 @@ class SessionTable {
     std::vector<uint32_t> tokens;          // the tokens that `hashes` cover (all < 2^32)
     std::vector<keys::Hash32> hashes;
     std::optional<int64_t> lookup_result;
-    std::string identity;
+    SessionIdentity identity;
     int64_t last_used_ns = 0;
   };
   std::shared_ptr<Session> Get(const std::string& request_id, bool create);
