@@ -1,7 +1,9 @@
 // KvService's read-only status accessors (/status, /metrics, the dashboard). Kept apart
 // from the request paths: nothing here changes state, and every lock is held only long
 // enough to copy plain data out.
+#include <algorithm>
 #include <sstream>
+#include <tuple>
 
 #include "server/kv_service.h"
 
@@ -22,22 +24,11 @@ std::string EngineDrivenLayout(const Instance& inst) {
 
 ServiceStatus KvService::StatusSnapshot() {
   ServiceStatus st;
-  std::vector<std::shared_ptr<const Instance>> insts;
-  std::vector<int64_t> seen;
-  std::vector<bool> pinged;
   const int64_t now = clock_->NowNanos();
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    for (const auto& [id, inst] : instances_) {
-      insts.push_back(inst);
-      auto it = last_seen_ns_.find(id);
-      seen.push_back(it == last_seen_ns_.end() ? now : it->second);
-      pinged.push_back(pinged_.count(id) > 0);
-    }
-  }
-  // Describe() formats strings: done outside the lock, on the shared, immutable instance.
-  for (size_t i = 0; i < insts.size(); ++i) {
-    const Instance& inst = *insts[i];
+  // Describe() formats strings: done outside the registry's lock, on the shared, immutable
+  // instances.
+  for (const auto& e : registry_.Snapshot()) {
+    const Instance& inst = *e.instance;
     InstanceStatus s;
     s.instance_id = inst.id;
     s.engine_driven = inst.engine_driven;
@@ -45,17 +36,13 @@ ServiceStatus KvService::StatusSnapshot() {
     s.world_size = inst.world_size;
     s.layout = inst.engine_driven ? EngineDrivenLayout(inst) : inst.layout.Describe();
     s.object_bytes = inst.object_bytes;
-    s.num_mappings = inst.mappings.size();
-    s.idle_seconds = static_cast<double>(std::max<int64_t>(0, now - seen[i])) * 1e-9;
-    s.pinged = pinged[i];
+    s.num_mappings = inst.num_mappings;
+    s.idle_seconds = static_cast<double>(std::max<int64_t>(0, now - e.last_seen_ns)) * 1e-9;
+    s.pinged = e.pinged;
     st.instances.push_back(std::move(s));
   }
   st.sessions = sessions_.size();
-  {
-    std::lock_guard<std::mutex> lock(pending_mu_);
-    st.pending_engine_stores = pending_stores_.size();
-    st.pending_engine_retrieves = pending_retrieves_.size();
-  }
+  std::tie(st.pending_engine_stores, st.pending_engine_retrieves) = engine_driven_.PendingCounts();
   return st;
 }
 

@@ -5,7 +5,8 @@
 //
 // Implementations:
 //   CpuCopyEngine   tensors in host (POSIX shared) memory; Submit copies on the caller's
-//                   thread (with a few helper threads) and returns a completed ticket.
+//                   thread (with a few helper threads), runs on_complete and returns a
+//                   completed ticket (cpu_copy_engine.cc).
 //   CUDA engine     tensors in another process's GPU memory (CUDA IPC); Submit enqueues
 //                   the copy on the instance's stream and returns at once, with an
 //                   interprocess event handle the client waits on. Built only when kvd is
@@ -36,6 +37,7 @@
 #include "common/status.h"
 #include "layout/layout.h"
 #include "transfer/cpu_copy.h"
+#include "transfer/shm_mapping.h"
 #include "wire/messages.h"
 
 namespace kvd::transfer {
@@ -98,10 +100,13 @@ class CopyEngine {
   virtual std::string Describe() const = 0;
 };
 
-// CPU engine over host memory the caller keeps mapped (e.g. the instance's ShmMappings)
-// for the engine's lifetime. `tensor_bases[i]` is the first byte of tensor i's mapping.
+// CPU engine over host memory: `tensor_bases[i]` is the first byte of tensor i's mapping.
+// The engine owns `mappings` (the worker's shared-memory segments the bases point into) and
+// unmaps them when it is destroyed; a caller that keeps the memory mapped itself passes
+// none. A plan is copied by up to `max_threads` threads (about one per 4 MiB it copies).
 std::unique_ptr<CopyEngine> MakeCpuCopyEngine(const layout::KvLayout& layout,
-                                              std::vector<uint8_t*> tensor_bases, int threads);
+                                              std::vector<uint8_t*> tensor_bases, int max_threads,
+                                              std::vector<ShmMapping> mappings = {});
 
 // Host memory that device engines copy to and from (kvd's L1 pool). Device engines may pin
 // it (page-lock it for DMA) for as long as any of them is alive.

@@ -1,0 +1,35 @@
+#include "server/chunk_keys.h"
+
+namespace kvd::server {
+
+l1::ChunkKey MakeChunkKey(const std::string& model, int64_t world_size, const std::string& salt,
+                          const keys::Hash32& hash) {
+  l1::ChunkKey k;
+  k.model_name = model;
+  k.world_size = static_cast<int32_t>(world_size);
+  k.cache_salt = salt;
+  k.chunk_hash = hash;
+  return k;
+}
+
+Result<std::vector<l1::ChunkKey>> RequestChunkKeys(SessionTable& sessions, int64_t chunk_size,
+                                                   const wire::CacheKey& key) {
+  const int64_t c = chunk_size;
+  if (key.start % c != 0 || key.end % c != 0) {
+    return Status::InvalidArgument("token range [" + std::to_string(key.start) + ", " +
+                                   std::to_string(key.end) + ") is not aligned to chunk size " +
+                                   std::to_string(c));
+  }
+  auto hashes = sessions.ChunkHashes(
+      key.request_id, key.token_ids, static_cast<size_t>(key.end / c),
+      SessionIdentity{key.model_name, key.world_size, key.cache_salt});
+  if (!hashes.ok()) return hashes.status();
+  std::vector<l1::ChunkKey> out;
+  out.reserve(static_cast<size_t>((key.end - key.start) / c));
+  for (int64_t i = key.start / c; i < key.end / c; ++i) {
+    out.push_back(MakeChunkKey(key.model_name, key.world_size, key.cache_salt, (*hashes)[i]));
+  }
+  return out;
+}
+
+}  // namespace kvd::server

@@ -1,0 +1,27 @@
+// Chunk keys of a request: the L1 identity (model, world size, salt, chained hash) of each
+// full chunk a CacheKey names, with the hashes taken from (and cached in) the request's
+// session. Shared by every operation that names chunks: lookups, both transfer modes.
+// Thread-safe (SessionTable is).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "keys/chunk_hasher.h"
+#include "l1/chunk_key.h"
+#include "server/sessions.h"
+#include "wire/messages.h"
+
+namespace kvd::server {
+
+l1::ChunkKey MakeChunkKey(const std::string& model, int64_t world_size, const std::string& salt,
+                          const keys::Hash32& hash);
+
+// Keys of chunks [start/C, end/C) of `key` (C = chunk_size). InvalidArgument when the range
+// is not chunk-aligned or the token list is too short or has tokens out of range.
+Result<std::vector<l1::ChunkKey>> RequestChunkKeys(SessionTable& sessions, int64_t chunk_size,
+                                                   const wire::CacheKey& key);
+
+}  // namespace kvd::server

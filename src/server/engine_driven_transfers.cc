@@ -1,0 +1,215 @@
+#include "server/engine_driven_transfers.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+
+#include "layout/layout.h"
+#include "server/chunk_keys.h"
+
+namespace kvd::server {
+namespace {
+
+std::string PendingId(const wire::CacheKey& key) {
+  return key.request_id + "#" + std::to_string(key.start) + ":" + std::to_string(key.end);
+}
+
+}  // namespace
+
+EngineDrivenTransfers::EngineDrivenTransfers(const ServerConfig& config, const Clock* clock,
+                                             l1::L1Cache* l1, SessionTable* sessions,
+                                             InstanceRegistry* registry, ServiceCounters* counters)
+    : config_(config),
+      clock_(clock),
+      l1_(l1),
+      sessions_(sessions),
+      registry_(registry),
+      counters_(counters) {}
+
+EngineDrivenTransfers::~EngineDrivenTransfers() {
+  std::lock_guard<std::mutex> lock(mu_);
+  pending_stores_.clear();
+  pending_retrieves_.clear();
+}
+
+Result<std::pair<std::string, uint64_t>> EngineDrivenTransfers::Register(
+    const wire::RegisterEngineDrivenRequest& req) {
+  int64_t itemsize = layout::DtypeSize(req.dtype_str);
+  int64_t slots = req.num_physical_slots.value_or(config_.chunk_size);
+  if (itemsize == 0) return Status::InvalidArgument("dtype_str '" + req.dtype_str + "' unknown");
+  if (req.world_size < 1 || req.world_size > 4096 || req.num_layers < 1 ||
+      req.num_layers > 100000 || req.hidden_dim_size < 1 || req.hidden_dim_size > (1 << 24) ||
+      slots < 1 || slots > (1 << 24) || req.block_size < 1) {
+    return Status::InvalidArgument("engine-driven registration has out-of-range sizes");
+  }
+  if (config_.chunk_size % req.block_size != 0) {
+    return Status::InvalidArgument("chunk size " + std::to_string(config_.chunk_size) +
+                                   " is not a multiple of block size " +
+                                   std::to_string(req.block_size));
+  }
+  auto inst = std::make_shared<Instance>();
+  inst->id = req.instance_id;
+  inst->engine_driven = true;
+  inst->model_name = req.model_name;
+  inst->world_size = req.world_size;
+  inst->dtype = req.dtype_str;
+  if (req.use_mla) {
+    inst->object_shape = {req.num_layers, slots, req.hidden_dim_size};
+  } else {
+    inst->object_shape = {2, req.num_layers, slots, req.hidden_dim_size};
+  }
+  __int128 bytes = itemsize;
+  for (int64_t d : inst->object_shape) bytes *= d;
+  if (bytes > static_cast<__int128>(l1_->capacity_bytes())) {
+    return Status::InvalidArgument("one chunk object (" +
+                                   std::to_string(static_cast<int64_t>(bytes)) +
+                                   " bytes) is larger than L1");
+  }
+  inst->object_bytes = static_cast<uint64_t>(bytes);
+  spdlog::info("registered engine-driven instance {} model '{}' world_size {}: object {} bytes",
+               req.instance_id, req.model_name, req.world_size, inst->object_bytes);
+  registry_->Put(std::move(inst));
+  return std::make_pair(l1_->shm_name(), l1_->capacity_bytes());
+}
+
+Result<std::pair<std::vector<wire::ShmSlot>, std::vector<int64_t>>>
+EngineDrivenTransfers::PrepareStore(const wire::EngineDrivenRequest& req) {
+  counters_->stores++;
+  auto inst = registry_->Find(req.instance_id);
+  if (!inst || !inst->engine_driven) {
+    counters_->store_failures++;
+    return Status::NotFound("prepare_store: instance " + std::to_string(req.instance_id) +
+                            " has no engine-driven context");
+  }
+  auto keys = RequestChunkKeys(*sessions_, config_.chunk_size, req.key);
+  if (!keys.ok()) {
+    counters_->store_failures++;
+    return keys.status();
+  }
+  PendingStore pending;
+  pending.started_ns = clock_->NowNanos();
+  std::vector<wire::ShmSlot> slots;
+  std::vector<int64_t> indices;
+  for (size_t i = 0; i < keys->size(); ++i) {
+    auto r = l1_->ReserveWrite((*keys)[i], static_cast<uint32_t>(inst->world_size),
+                               static_cast<uint32_t>(*req.key.worker_id), inst->object_bytes);
+    if (r.ok()) {
+      slots.push_back({r->offset(), r->size(), inst->object_shape, inst->dtype});
+      indices.push_back(static_cast<int64_t>(i));
+      pending.reservations.push_back(std::move(r).value());
+    } else if (r.status().code() != StatusCode::kAlreadyExists) {
+      counters_->store_failures++;
+      return r.status();
+    }
+  }
+  if (!pending.reservations.empty()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    pending_stores_[{req.instance_id, PendingId(req.key)}] = std::move(pending);
+  }
+  return std::make_pair(std::move(slots), std::move(indices));
+}
+
+Status EngineDrivenTransfers::CommitStore(const wire::EngineDrivenRequest& req) {
+  PendingStore pending;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = pending_stores_.find({req.instance_id, PendingId(req.key)});
+    if (it == pending_stores_.end()) {
+      counters_->store_failures++;
+      return Status::NotFound("commit_store: no prepared store for request '" +
+                              req.key.request_id + "'");
+    }
+    pending = std::move(it->second);
+    pending_stores_.erase(it);
+  }
+  if (!req.data.empty()) {
+    counters_->store_failures++;
+    return Status::InvalidArgument("commit_store: pickled tensor data is not supported; "
+                                   "write into the shared-memory slots instead");
+  }
+  uint64_t bytes = 0;
+  for (auto& r : pending.reservations) {
+    bytes += r.size();
+    if (!r.Commit()) spdlog::debug("commit_store: a reservation expired before commit");
+  }
+  counters_->stored_chunks += pending.reservations.size();
+  counters_->stored_bytes += bytes;
+  return Status::Ok();
+}
+
+Result<std::vector<wire::ShmSlot>> EngineDrivenTransfers::PrepareRetrieve(
+    const wire::EngineDrivenRequest& req) {
+  counters_->retrieves++;
+  auto inst = registry_->Find(req.instance_id);
+  if (!inst || !inst->engine_driven) {
+    counters_->retrieve_failures++;
+    return Status::NotFound("prepare_retrieve: instance " + std::to_string(req.instance_id) +
+                            " has no engine-driven context");
+  }
+  auto keys = RequestChunkKeys(*sessions_, config_.chunk_size, req.key);
+  if (!keys.ok()) {
+    counters_->retrieve_failures++;
+    return keys.status();
+  }
+  PendingRetrieve pending;
+  pending.slot = static_cast<uint32_t>(*req.key.worker_id);
+  pending.started_ns = clock_->NowNanos();
+  std::vector<wire::ShmSlot> slots;
+  for (size_t i = 0; i < keys->size(); ++i) {
+    auto pin = l1_->PinForRead((*keys)[i], pending.slot);
+    if (!pin.ok() || pin->size() != inst->object_bytes) {
+      for (const auto& k : *keys) l1_->ReleaseReadLocks(k, pending.slot, 1);
+      counters_->retrieve_failures++;
+      return Status::NotFound("prepare_retrieve: chunk " + std::to_string(i) + " is not in L1");
+    }
+    slots.push_back({pin->offset(), pin->size(), inst->object_shape, inst->dtype});
+    pending.pins.push_back(std::move(pin).value());
+  }
+  pending.keys = std::move(keys).value();
+  std::lock_guard<std::mutex> lock(mu_);
+  pending_retrieves_[{req.instance_id, PendingId(req.key)}] = std::move(pending);
+  return slots;
+}
+
+Status EngineDrivenTransfers::CommitRetrieve(const wire::EngineDrivenRequest& req) {
+  PendingRetrieve pending;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = pending_retrieves_.find({req.instance_id, PendingId(req.key)});
+    if (it == pending_retrieves_.end()) {
+      return Status::NotFound("commit_retrieve: no prepared retrieve for request '" +
+                              req.key.request_id + "'");
+    }
+    pending = std::move(it->second);
+    pending_retrieves_.erase(it);
+  }
+  for (const auto& k : pending.keys) l1_->ReleaseReadLocks(k, pending.slot, 1);
+  counters_->retrieved_chunks += pending.keys.size();
+  for (const auto& p : pending.pins) counters_->retrieved_bytes += p.size();
+  return Status::Ok();
+}
+
+void EngineDrivenTransfers::DropInstance(int64_t instance_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::erase_if(pending_stores_, [&](const auto& kv) { return kv.first.first == instance_id; });
+  std::erase_if(pending_retrieves_, [&](const auto& kv) { return kv.first.first == instance_id; });
+}
+
+void EngineDrivenTransfers::ExpirePending() {
+  // A worker that prepared and never committed: its reservations and pins go back after
+  // the write / read TTL.
+  const int64_t now = clock_->NowNanos();
+  const auto wttl = static_cast<int64_t>(config_.l1_write_ttl_seconds * 1e9);
+  const auto rttl = static_cast<int64_t>(config_.l1_read_ttl_seconds * 1e9);
+  std::lock_guard<std::mutex> lock(mu_);
+  std::erase_if(pending_stores_, [&](const auto& kv) { return now - kv.second.started_ns > wttl; });
+  std::erase_if(pending_retrieves_,
+                [&](const auto& kv) { return now - kv.second.started_ns > rttl; });
+}
+
+std::pair<size_t, size_t> EngineDrivenTransfers::PendingCounts() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return {pending_stores_.size(), pending_retrieves_.size()};
+}
+
+}  // namespace kvd::server

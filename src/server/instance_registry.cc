@@ -1,0 +1,88 @@
+#include "server/instance_registry.h"
+
+namespace kvd::server {
+
+std::shared_ptr<const Instance> InstanceRegistry::Find(int64_t id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = entries_.find(id);
+  if (it == entries_.end()) return nullptr;
+  it->second.last_seen_ns = clock_->NowNanos();
+  return it->second.instance;
+}
+
+std::shared_ptr<const Instance> InstanceRegistry::Peek(int64_t id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = entries_.find(id);
+  return it == entries_.end() ? nullptr : it->second.instance;
+}
+
+void InstanceRegistry::Put(std::shared_ptr<const Instance> inst) {
+  const int64_t id = inst->id;
+  std::shared_ptr<const Instance> replaced;  // released outside the lock
+  std::lock_guard<std::mutex> lock(mu_);
+  Entry& e = entries_[id];
+  replaced = std::move(e.instance);
+  e.instance = std::move(inst);
+  e.last_seen_ns = clock_->NowNanos();
+}
+
+bool InstanceRegistry::Touch(int64_t id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = entries_.find(id);
+  if (it == entries_.end()) return false;
+  it->second.last_seen_ns = clock_->NowNanos();
+  return true;
+}
+
+void InstanceRegistry::Ping(int64_t id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = entries_.find(id);
+  if (it == entries_.end()) return;
+  it->second.last_seen_ns = clock_->NowNanos();
+  it->second.pinged = true;
+}
+
+std::shared_ptr<const Instance> InstanceRegistry::Remove(int64_t id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = entries_.find(id);
+  if (it == entries_.end()) return nullptr;
+  auto gone = std::move(it->second.instance);
+  entries_.erase(it);
+  return gone;
+}
+
+bool InstanceRegistry::ModelRegistered(const std::string& model, int64_t world_size) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& [id, e] : entries_) {
+    if (e.instance->model_name == model && e.instance->world_size == world_size) return true;
+  }
+  return false;
+}
+
+size_t InstanceRegistry::size() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return entries_.size();
+}
+
+std::vector<InstanceRegistry::Silent> InstanceRegistry::SilentSince(
+    int64_t now, int64_t pinged_limit_ns, int64_t unpinged_limit_ns) const {
+  std::vector<Silent> out;
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& [id, e] : entries_) {
+    const int64_t silent = now - e.last_seen_ns;
+    if (silent > (e.pinged ? pinged_limit_ns : unpinged_limit_ns)) {
+      out.push_back({id, silent, e.pinged});
+    }
+  }
+  return out;
+}
+
+std::vector<InstanceRegistry::Entry> InstanceRegistry::Snapshot() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<Entry> out;
+  out.reserve(entries_.size());
+  for (const auto& [id, e] : entries_) out.push_back(e);
+  return out;
+}
+
+}  // namespace kvd::server

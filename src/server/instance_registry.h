@@ -1,0 +1,90 @@
+// InstanceRegistry: the registered worker instances and their liveness (last request or
+// PING, and whether the worker has ever pinged). It owns no copies and no L1 state: the
+// transfer services build an Instance and Put it here; whoever removes one is responsible
+// for what else belonged to it (KvService::Unregister).
+//
+// Thread-safe: one mutex, held only to find, insert or copy out shared_ptrs and times.
+// Instances are immutable once registered; a caller holding the shared_ptr (e.g. for the
+// duration of a copy) keeps the instance — and its engine and mappings — alive after it
+// was replaced or removed.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "common/clock.h"
+#include "layout/layout.h"
+#include "transfer/copy_engine.h"
+
+namespace kvd::server {
+
+// A registered worker: its KV tensors and the engine that copies between them and L1
+// (lmcache-driven), or the object shape it copies itself (engine-driven).
+struct Instance {
+  int64_t id = 0;
+  bool engine_driven = false;
+  std::string model_name;
+  int64_t world_size = 0;
+  // lmcache-driven: the copy plan over the registered tensors and the engine executing it
+  // (CPU shared memory or CUDA IPC). The engine owns the tensors' mappings.
+  layout::KvLayout layout;
+  std::shared_ptr<transfer::CopyEngine> engine;
+  size_t num_tensors = 0;                     // registered tensors
+  size_t num_mappings = 0;                    // shared-memory segments kvd mapped (CPU)
+  uint64_t object_bytes = 0;                  // bytes of one chunk object
+  // engine-driven: the slot shape the worker copies.
+  std::vector<int64_t> object_shape;
+  std::string dtype;
+};
+
+class InstanceRegistry {
+ public:
+  explicit InstanceRegistry(const Clock* clock) : clock_(clock) {}
+
+  // The instance, refreshing its liveness (a request from the worker); null if unknown.
+  std::shared_ptr<const Instance> Find(int64_t id);
+  // The instance without touching its liveness; null if unknown.
+  std::shared_ptr<const Instance> Peek(int64_t id) const;
+  // Inserts or replaces the instance of `inst->id` and marks it seen now. Replacing keeps
+  // the id's "has pinged" mark.
+  void Put(std::shared_ptr<const Instance> inst);
+  // Marks the id seen now; false when it is not registered.
+  bool Touch(int64_t id);
+  // A PING: seen now, and from now on reaped on the (short) reap timeout.
+  void Ping(int64_t id);
+  // Removes the id; returns what was registered (null if nothing).
+  std::shared_ptr<const Instance> Remove(int64_t id);
+
+  // True when some instance registered this model and world size.
+  bool ModelRegistered(const std::string& model, int64_t world_size) const;
+  size_t size() const;
+
+  // Instances silent for longer than their limit at `now`: `pinged_limit_ns` for those
+  // that have pinged, `unpinged_limit_ns` for the others.
+  struct Silent {
+    int64_t id = 0;
+    int64_t silent_ns = 0;
+    bool pinged = false;
+  };
+  std::vector<Silent> SilentSince(int64_t now, int64_t pinged_limit_ns,
+                                  int64_t unpinged_limit_ns) const;
+
+  // Every instance with its liveness, ordered by id (for status pages).
+  struct Entry {
+    std::shared_ptr<const Instance> instance;
+    int64_t last_seen_ns = 0;
+    bool pinged = false;
+  };
+  std::vector<Entry> Snapshot() const;
+
+ private:
+  const Clock* const clock_;
+  mutable std::mutex mu_;
+  std::map<int64_t, Entry> entries_;  // guarded by mu_
+};
+
+}  // namespace kvd::server

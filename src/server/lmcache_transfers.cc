@@ -1,0 +1,253 @@
+#include "server/lmcache_transfers.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <functional>
+#include <map>
+#include <memory>
+#include <thread>
+
+#include "server/chunk_keys.h"
+#include "transfer/copy_engine.h"
+#include "transfer/shm_mapping.h"
+
+namespace kvd::server {
+namespace {
+
+// Hands the chunk tasks to the instance's copy engine. `on_complete` runs once the copy
+// finished (it commits reservations / drops pins it captured): inside Submit for a
+// synchronous engine, later for an asynchronous one. If the engine refuses the plan,
+// nothing was copied and dropping the plan releases what it captured.
+Status SubmitToEngine(transfer::CopyEngine& engine, transfer::CopyDirection direction,
+                      const wire::TransferRequest& req, std::vector<transfer::ChunkTask> tasks,
+                      std::function<void(const Status&)> on_complete, std::string* event_handle) {
+  if (event_handle) event_handle->clear();
+  if (tasks.empty()) {  // nothing to copy: an empty handle says so
+    on_complete(Status::Ok());
+    return Status::Ok();
+  }
+  transfer::CopyPlan plan;
+  plan.direction = direction;
+  plan.block_ids = req.block_ids;
+  plan.tasks = std::move(tasks);
+  plan.wait_event = req.event_handle;
+  plan.on_complete = std::move(on_complete);
+  auto sub = engine.Submit(std::move(plan));
+  if (!sub.ok()) return sub.status();
+  if (event_handle) *event_handle = sub->event_handle;
+  return sub->status;
+}
+
+}  // namespace
+
+LmcacheTransfers::LmcacheTransfers(const ServerConfig& config, l1::L1Cache* l1,
+                                   SessionTable* sessions, InstanceRegistry* registry,
+                                   ServiceCounters* counters)
+    : config_(config),
+      l1_(l1),
+      sessions_(sessions),
+      registry_(registry),
+      counters_(counters),
+      copy_threads_(config.copy_threads > 0
+                        ? config.copy_threads
+                        : std::clamp(static_cast<int>(std::thread::hardware_concurrency()), 1, 8)) {}
+
+bool LmcacheTransfers::ChunkIsAllNull(const layout::KvLayout& layout,
+                                      const std::vector<std::vector<int64_t>>& block_ids,
+                                      int64_t chunk) const {
+  for (const auto& g : layout.groups) {
+    const int64_t bpc = layout.chunk_tokens / g.tokens_per_block;
+    const auto& ids = block_ids[g.engine_group];
+    for (int64_t b = chunk * bpc; b < (chunk + 1) * bpc; ++b) {
+      if (ids[b] != config_.null_block_id) return false;
+    }
+  }
+  return true;
+}
+
+Status LmcacheTransfers::Register(const wire::RegisterKvCacheRequest& req) {
+  if (req.world_size < 1 || req.world_size > 4096) {
+    return Status::InvalidArgument("world_size " + std::to_string(req.world_size) +
+                                   " out of range [1, 4096]");
+  }
+  if (req.model_name.empty() || req.model_name.find('@') != std::string::npos) {
+    return Status::InvalidArgument("model_name must be non-empty and must not contain '@'");
+  }
+  if (auto old = registry_->Peek(req.instance_id);
+      old && !old->engine_driven && old->model_name == req.model_name &&
+      old->world_size == req.world_size && old->num_tensors == req.tensors.size()) {
+    registry_->Touch(req.instance_id);
+    return Status::Ok();  // re-registration after a recovery: liveness only
+  }
+  const bool on_gpu = std::any_of(req.tensors.begin(), req.tensors.end(), [](const auto& t) {
+    return t.memory != wire::TensorMemory::kCpuShm;
+  });
+  auto layout = layout::BuildLayout(req.tensors, req.layout_hints, req.group_infos,
+                                    config_.chunk_size);
+  if (!layout.ok()) return layout.status();
+  auto inst = std::make_shared<Instance>();
+  inst->id = req.instance_id;
+  inst->model_name = req.model_name;
+  inst->world_size = req.world_size;
+  inst->object_bytes = layout->object_bytes;
+  inst->num_tensors = req.tensors.size();
+  if (on_gpu) {
+    // GPU KV caches (CUDA IPC): the device engine opens them; it refuses a registration
+    // that mixes in CPU tensors, and says so when this build or machine has no CUDA.
+    auto engine = transfer::MakeDeviceEngine(req.tensors, *layout,
+                                             {l1_->base(), l1_->capacity_bytes()}, req.instance_id);
+    if (!engine.ok()) return engine.status();
+    inst->engine = std::move(engine).value();
+  } else {
+    // Map each distinct segment once, covering every tensor that lives in it.
+    std::map<std::string, uint64_t> need;
+    for (const auto& t : req.tensors) need[t.shm_name] = std::max(need[t.shm_name], t.nbytes);
+    std::map<std::string, uint8_t*> base_of;
+    std::vector<transfer::ShmMapping> mappings;
+    for (const auto& [name, nbytes] : need) {
+      auto m = transfer::ShmMapping::Open(name, nbytes);
+      if (!m.ok()) return m.status();
+      base_of[name] = m->data();
+      mappings.push_back(std::move(m).value());
+    }
+    std::vector<uint8_t*> bases;
+    for (const auto& t : req.tensors) bases.push_back(base_of[t.shm_name]);
+    inst->num_mappings = mappings.size();
+    inst->engine = transfer::MakeCpuCopyEngine(*layout, std::move(bases), copy_threads_,
+                                               std::move(mappings));
+  }
+  inst->layout = std::move(layout).value();
+  spdlog::info("registered instance {} model '{}' world_size {}: {} tensors, {}", req.instance_id,
+               req.model_name, req.world_size, req.tensors.size(), inst->layout.Describe());
+  registry_->Put(std::move(inst));
+  return Status::Ok();
+}
+
+Status LmcacheTransfers::Store(const wire::TransferRequest& req, std::string* event_handle) {
+  if (event_handle) event_handle->clear();
+  counters_->stores++;
+  auto fail = [&](Status st) {
+    counters_->store_failures++;
+    return st;
+  };
+  auto inst = registry_->Find(req.instance_id);
+  if (!inst || inst->engine_driven) {
+    return fail(Status::NotFound("store: instance " + std::to_string(req.instance_id) +
+                                 " has no registered KV cache"));
+  }
+  if (req.key.model_name != inst->model_name || req.key.world_size != inst->world_size) {
+    return fail(Status::InvalidArgument("store: key names model '" + req.key.model_name +
+                                        "' world_size " + std::to_string(req.key.world_size) +
+                                        ", the instance registered '" + inst->model_name + "' " +
+                                        std::to_string(inst->world_size)));
+  }
+  auto keys = RequestChunkKeys(*sessions_, config_.chunk_size, req.key);
+  if (!keys.ok()) return fail(keys.status());
+  const int64_t n = static_cast<int64_t>(keys->size());
+  if (Status st = transfer::ValidateBlockIds(inst->layout, req.block_ids, n); !st.ok()) {
+    return fail(st);
+  }
+  const uint32_t slot = static_cast<uint32_t>(*req.key.worker_id);
+  const uint32_t num_slots = static_cast<uint32_t>(inst->world_size);
+  // The reservations belong to the copy's completion, which commits them once every byte
+  // landed (or aborts them by dropping them).
+  auto held = std::make_shared<std::vector<l1::WriteReservation>>();
+  std::vector<transfer::ChunkTask> tasks;
+  uint64_t bytes = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    // A chunk whose blocks are all the engine's null block holds no KV (e.g. align-mode
+    // Mamba chunks before the last state): storing it would serve garbage to a later hit.
+    if (ChunkIsAllNull(inst->layout, req.block_ids, i)) continue;
+    auto r = l1_->ReserveWrite((*keys)[i], num_slots, slot, inst->object_bytes);
+    if (r.ok()) {
+      tasks.push_back({i, r->data(), 0});
+      bytes += r->size();
+      held->push_back(std::move(r).value());
+    } else if (r.status().code() != StatusCode::kAlreadyExists) {
+      return fail(r.status());  // reservations made so far are aborted with `held`
+    }
+  }
+  const size_t stored = tasks.size();
+  Status st = SubmitToEngine(
+      *inst->engine, transfer::CopyDirection::kGather, req, std::move(tasks),
+      [held](const Status& done) {
+        if (done.ok()) {
+          for (auto& r : *held) {
+            if (!r.Commit()) spdlog::debug("store: a reservation expired before the copy ended");
+          }
+        }
+        held->clear();  // aborts what was not committed
+      },
+      event_handle);
+  if (!st.ok()) return fail(st);
+  counters_->stored_chunks += stored;
+  counters_->stored_bytes += bytes;
+  return Status::Ok();
+}
+
+Status LmcacheTransfers::Retrieve(const wire::TransferRequest& req, std::string* event_handle) {
+  if (event_handle) event_handle->clear();
+  counters_->retrieves++;
+  auto fail = [&](Status st) {
+    counters_->retrieve_failures++;
+    return st;
+  };
+  auto inst = registry_->Find(req.instance_id);
+  if (!inst || inst->engine_driven) {
+    return fail(Status::NotFound("retrieve: instance " + std::to_string(req.instance_id) +
+                                 " has no registered KV cache"));
+  }
+  if (req.key.model_name != inst->model_name || req.key.world_size != inst->world_size) {
+    return fail(Status::InvalidArgument("retrieve: key does not match the instance's model"));
+  }
+  auto keys = RequestChunkKeys(*sessions_, config_.chunk_size, req.key);
+  if (!keys.ok()) return fail(keys.status());
+  const int64_t n = static_cast<int64_t>(keys->size());
+  if (Status st = transfer::ValidateBlockIds(inst->layout, req.block_ids, n); !st.ok()) {
+    return fail(st);
+  }
+  const uint32_t slot = static_cast<uint32_t>(*req.key.worker_id);
+  // This reader is done with the lookup's locks whatever happens below.
+  struct ReleaseLocks {
+    l1::L1Cache* l1;
+    const std::vector<l1::ChunkKey>* keys;
+    uint32_t slot;
+    ~ReleaseLocks() {
+      for (const auto& k : *keys) l1->ReleaseReadLocks(k, slot, 1);
+    }
+  } release{l1_, &*keys, slot};
+  // The pins belong to the copy's completion, which drops them once the copy is done.
+  auto held = std::make_shared<std::vector<l1::ReadPin>>();
+  held->reserve(n);
+  for (int64_t i = 0; i < n; ++i) {
+    auto pin = l1_->PinForRead((*keys)[i], slot);
+    if (!pin.ok()) {
+      return fail(Status::NotFound("retrieve: chunk " + std::to_string(i) + " of [" +
+                                   std::to_string(req.key.start) + ", " +
+                                   std::to_string(req.key.end) + ") is not in L1"));
+    }
+    if (pin->size() != inst->object_bytes) {
+      return fail(Status::FailedPrecondition("retrieve: stored object has " +
+                                             std::to_string(pin->size()) + " bytes, layout needs " +
+                                             std::to_string(inst->object_bytes)));
+    }
+    held->push_back(std::move(pin).value());
+  }
+  std::vector<transfer::ChunkTask> tasks;
+  tasks.reserve(n);
+  for (int64_t i = 0; i < n; ++i) {
+    int64_t skip = req.skip_first_n_tokens - i * config_.chunk_size;
+    if (skip >= config_.chunk_size) continue;  // the whole chunk is the engine's already
+    tasks.push_back({i, const_cast<uint8_t*>((*held)[i].data()), std::max<int64_t>(skip, 0)});
+  }
+  Status st = SubmitToEngine(
+      *inst->engine, transfer::CopyDirection::kScatter, req, std::move(tasks),
+      [held](const Status&) { held->clear(); }, event_handle);
+  if (!st.ok()) return fail(st);
+  counters_->retrieved_chunks += n;
+  counters_->retrieved_bytes += n * inst->object_bytes;
+  return Status::Ok();
+}
+
+}  // namespace kvd::server

@@ -1,0 +1,65 @@
+#include "server/lookups.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "server/chunk_keys.h"
+
+namespace kvd::server {
+
+Lookups::Lookups(const ServerConfig& config, l1::L1Cache* l1, SessionTable* sessions,
+                 const InstanceRegistry* registry, ServiceCounters* counters)
+    : config_(config), l1_(l1), sessions_(sessions), registry_(registry), counters_(counters) {}
+
+uint32_t Lookups::ReadLocksPerSlot(const wire::CacheKey& key, int64_t tp_size) {
+  // Each reader's RETRIEVE releases one lock on its own object. 0.5.6 clients say how many
+  // readers an object has; older ones did not (then: the TP size reads an MLA object).
+  int64_t n = key.num_kv_readers > 0 ? key.num_kv_readers
+                                     : (key.world_size == 1 ? std::max<int64_t>(1, tp_size) : 1);
+  return static_cast<uint32_t>(std::clamp<int64_t>(n, 1, l1::L1Cache::kMaxReadLocksPerSlot));
+}
+
+Status Lookups::Lookup(const wire::LookupRequest& req) {
+  counters_->lookups++;
+  const auto& key = req.key;
+  if (!registry_->ModelRegistered(key.model_name, key.world_size)) {
+    // No worker of this model has registered: nothing can be retrieved, so 0 hits.
+    sessions_->SetLookupResult(key.request_id, 0);
+    return Status::Ok();
+  }
+  auto keys = RequestChunkKeys(*sessions_, config_.chunk_size, key);
+  if (!keys.ok()) {
+    sessions_->SetLookupResult(key.request_id, 0);
+    return keys.status();
+  }
+  size_t hits = l1_->LookupPrefixAndLock(*keys, static_cast<uint32_t>(key.world_size),
+                                         ReadLocksPerSlot(key, req.tp_size));
+  counters_->lookup_chunks += keys->size();
+  counters_->hit_chunks += hits;
+  sessions_->SetLookupResult(key.request_id, static_cast<int64_t>(hits));
+  return Status::Ok();
+}
+
+std::optional<int64_t> Lookups::QueryPrefetchStatus(const std::string& request_id) {
+  return sessions_->TakeLookupResult(request_id);
+}
+
+Status Lookups::FreeLookupLocks(const wire::LookupRequest& req) {
+  auto keys = RequestChunkKeys(*sessions_, config_.chunk_size, req.key);
+  if (!keys.ok()) return keys.status();
+  l1_->ReleaseReadLocksAllSlots(*keys, ReadLocksPerSlot(req.key, req.tp_size));
+  return Status::Ok();
+}
+
+void Lookups::EndSession(const std::string& request_id) {
+  auto [identity, hashes] = sessions_->End(request_id);
+  if (hashes.empty()) return;
+  std::vector<l1::ChunkKey> keys;
+  keys.reserve(hashes.size());
+  for (const auto& h : hashes) {
+    keys.push_back(MakeChunkKey(identity.model_name, identity.world_size, identity.cache_salt, h));
+  }
+  l1_->Touch(keys);
+}
+
+}  // namespace kvd::server

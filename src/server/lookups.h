@@ -1,0 +1,50 @@
+// Lookups: the scheduler's side of a request's session. LOOKUP computes the hit prefix of
+// a prompt, read-locks it for the workers' RETRIEVEs and records the result for
+// QUERY_PREFETCH_STATUS; FREE_LOOKUP_LOCKS gives locks back; END_SESSION forgets the
+// request's hashes and refreshes its chunks' recency.
+//
+// Thread-safe (SessionTable and L1Cache are); no lock of its own.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "common/status.h"
+#include "l1/l1_cache.h"
+#include "server/config.h"
+#include "server/instance_registry.h"
+#include "server/service_counters.h"
+#include "server/sessions.h"
+#include "wire/messages.h"
+
+namespace kvd::server {
+
+class Lookups {
+ public:
+  // Borrows everything; all must outlive this object.
+  Lookups(const ServerConfig& config, l1::L1Cache* l1, SessionTable* sessions,
+          const InstanceRegistry* registry, ServiceCounters* counters);
+
+  // LOOKUP: hit prefix (in chunks), read-locked, recorded for QueryPrefetchStatus. A model
+  // no worker registered has 0 hits.
+  Status Lookup(const wire::LookupRequest& req);
+  // The recorded result, taken once; nullopt when none is pending.
+  std::optional<int64_t> QueryPrefetchStatus(const std::string& request_id);
+  // FREE_LOOKUP_LOCKS: releases the locks a lookup took on a range.
+  Status FreeLookupLocks(const wire::LookupRequest& req);
+  // END_SESSION.
+  void EndSession(const std::string& request_id);
+
+  // Read locks one lookup takes per object slot (one per reader of the object).
+  static uint32_t ReadLocksPerSlot(const wire::CacheKey& key, int64_t tp_size);
+
+ private:
+  const ServerConfig& config_;
+  l1::L1Cache* const l1_;
+  SessionTable* const sessions_;
+  const InstanceRegistry* const registry_;
+  ServiceCounters* const counters_;
+};
+
+}  // namespace kvd::server

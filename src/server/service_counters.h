@@ -1,0 +1,17 @@
+// ServiceCounters: request and byte counters of the cache service, for /metrics and the
+// dashboard. Relaxed atomics: any thread may add, readers see eventually consistent values.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+
+namespace kvd::server {
+
+struct ServiceCounters {
+  std::atomic<uint64_t> lookups{0}, lookup_chunks{0}, hit_chunks{0};
+  std::atomic<uint64_t> stores{0}, store_failures{0}, stored_chunks{0}, stored_bytes{0};
+  std::atomic<uint64_t> retrieves{0}, retrieve_failures{0}, retrieved_chunks{0},
+      retrieved_bytes{0};
+};
+
+}  // namespace kvd::server

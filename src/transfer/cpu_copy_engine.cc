@@ -1,0 +1,97 @@
+// CpuCopyEngine: the synchronous CopyEngine over host memory (a CPU worker's POSIX
+// shared-memory segments, which it owns). Submit runs the whole copy (GatherChunks /
+// ScatterChunks) on the caller's thread plus helpers, then on_complete, and returns a
+// ticket that is already complete (a plan it refuses gets an error and no ticket). Tickets
+// are numbered from 1 per engine. Submit calls are serialised by the engine mutex, so one
+// engine copies one plan at a time, in submission order.
+#include <algorithm>
+#include <mutex>
+#include <sstream>
+
+#include "transfer/copy_engine.h"
+
+namespace kvd::transfer {
+namespace {
+
+// Threads pay off only for large copies: about one per 4 MiB, at most max_threads.
+constexpr uint64_t kBytesPerThread = 4ull << 20;
+
+class CpuCopyEngine final : public CopyEngine {
+ public:
+  CpuCopyEngine(const layout::KvLayout& layout, std::vector<uint8_t*> bases, int max_threads,
+                std::vector<ShmMapping> mappings)
+      : layout_(layout),
+        mappings_(std::move(mappings)),
+        bases_(std::move(bases)),
+        max_threads_(max_threads < 1 ? 1 : max_threads) {
+    caps_.name = "cpu";
+  }
+
+  const EngineCaps& caps() const override { return caps_; }
+
+  Result<Submitted> Submit(CopyPlan plan) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    int64_t chunks = 0;
+    for (const auto& t : plan.tasks) {
+      if (t.object == nullptr || t.chunk < 0) {
+        return Status::InvalidArgument("copy plan has a task without an object");
+      }
+      chunks = std::max(chunks, t.chunk + 1);
+    }
+    Status st = ValidateBlockIds(layout_, plan.block_ids, chunks);
+    if (!st.ok()) return st;
+    const uint64_t bytes = plan.tasks.size() * layout_.object_bytes;
+    const int threads = static_cast<int>(
+        std::clamp<uint64_t>(bytes / kBytesPerThread, 1, static_cast<uint64_t>(max_threads_)));
+    if (plan.direction == CopyDirection::kGather) {
+      GatherChunks(layout_, bases_, plan.block_ids, plan.tasks, threads);
+    } else {
+      ScatterChunks(layout_, bases_, plan.block_ids, plan.tasks, threads);
+    }
+    const Ticket t = ++last_;
+    if (plan.on_complete) plan.on_complete(Status::Ok());
+    Submitted out;
+    out.ticket = t;
+    return out;
+  }
+
+  Result<bool> Poll(Ticket ticket) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (ticket == 0 || ticket > last_) {
+      return Status::InvalidArgument("unknown ticket " + std::to_string(ticket));
+    }
+    return true;
+  }
+
+  Status Wait(Ticket ticket, std::chrono::milliseconds) override {
+    auto r = Poll(ticket);
+    return r.ok() ? Status::Ok() : r.status();
+  }
+
+  std::string Describe() const override {
+    std::ostringstream os;
+    os << "cpu engine, up to " << max_threads_ << " thread(s), " << bases_.size()
+       << " tensor(s) in " << mappings_.size() << " segment(s)";
+    return os.str();
+  }
+
+ private:
+  const layout::KvLayout layout_;
+  const std::vector<ShmMapping> mappings_;  // what bases_ point into (may be empty)
+  const std::vector<uint8_t*> bases_;
+  const int max_threads_;
+  EngineCaps caps_;
+  std::mutex mu_;
+  Ticket last_ = 0;  // guarded by mu_
+};
+
+}  // namespace
+
+std::unique_ptr<CopyEngine> MakeCpuCopyEngine(const layout::KvLayout& layout,
+                                              std::vector<uint8_t*> tensor_bases, int max_threads,
+                                              std::vector<ShmMapping> mappings) {
+  return std::make_unique<CpuCopyEngine>(layout, std::move(tensor_bases), max_threads,
+                                         std::move(mappings));
+}
+
+}  // namespace kvd::transfer
