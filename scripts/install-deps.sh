@@ -10,6 +10,7 @@ PKGS=(
   b3sum python3-venv
   clang libclang-rt-14-dev
   libcpp-httplib-dev nlohmann-json3-dev
+  libhiredis-dev redis-server redis-tools
   chromium
 )
 

@@ -1,0 +1,81 @@
+// RespConnection: one blocking connection to one Redis/Valkey server over Debian's hiredis:
+// connect with a timeout, AUTH (username and password, or password only), SELECT, and
+// commands one at a time or pipelined. Owned and used by one thread at a time.
+//
+// A connection that saw an I/O or protocol error is broken for good (broken() is true): the
+// owner drops it and connects again later. Server error replies (-ERR, -MOVED, ...) do not
+// break it.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/status.h"
+
+struct redisContext;
+struct redisReply;
+
+namespace kvd::l2 {
+
+struct RespEndpoint {
+  std::string host;
+  int port = 0;
+  std::string ToString() const { return host + ":" + std::to_string(port); }
+  bool operator==(const RespEndpoint&) const = default;
+};
+
+struct RespConnectOptions {
+  std::string username;
+  std::string password;
+  int64_t database_id = -1;          // < 0: no SELECT
+  double connect_timeout_s = 10;
+  double request_timeout_s = 5;
+};
+
+// A reply, freed with its owner. Type codes are hiredis's REDIS_REPLY_*.
+struct ReplyDeleter {
+  void operator()(redisReply* r) const;
+};
+using ReplyPtr = std::unique_ptr<redisReply, ReplyDeleter>;
+
+// One argument of a command: bytes borrowed for the call.
+using RespArg = std::string_view;
+
+class RespConnection {
+ public:
+  // Connects and authenticates. Unavailable when the server cannot be reached, Unavailable or
+  // FailedPrecondition (naming the reply) when AUTH/SELECT is refused.
+  static Result<std::unique_ptr<RespConnection>> Connect(const RespEndpoint& endpoint,
+                                                         const RespConnectOptions& options);
+  ~RespConnection();
+  RespConnection(const RespConnection&) = delete;
+  RespConnection& operator=(const RespConnection&) = delete;
+
+  // Sends one command and waits for its reply. Unavailable on I/O errors (and the
+  // connection is then broken); a server error reply is returned as a reply, not a Status.
+  Result<ReplyPtr> Command(const std::vector<RespArg>& args);
+  // Pipelining: Append queues commands, then GetReply returns their replies in order.
+  Status Append(const std::vector<RespArg>& args);
+  Result<ReplyPtr> GetReply();
+
+  bool broken() const { return broken_; }
+  const RespEndpoint& endpoint() const { return endpoint_; }
+
+ private:
+  RespConnection(redisContext* c, RespEndpoint endpoint) : ctx_(c), endpoint_(std::move(endpoint)) {}
+  Status IoError(const char* what);
+
+  redisContext* ctx_ = nullptr;
+  RespEndpoint endpoint_;
+  bool broken_ = false;
+};
+
+// Helpers over replies.
+bool IsError(const redisReply* r);
+bool IsNil(const redisReply* r);
+std::string_view ReplyString(const redisReply* r);  // string, status or error text
+long long ReplyInteger(const redisReply* r);
+
+}  // namespace kvd::l2

@@ -1,0 +1,609 @@
+#include "l2/resp_tier.h"
+
+#include <hiredis/hiredis.h>
+#include <pthread.h>
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <cstring>
+
+namespace kvd::l2 {
+namespace {
+
+constexpr int kMaxAttempts = 6;
+constexpr int64_t kBackoffMinNs = 200'000'000;
+constexpr int64_t kBackoffMaxNs = 5'000'000'000;
+constexpr int64_t kMapRefreshMinNs = 100'000'000;
+constexpr size_t kPipelineBatch = 512;
+
+int64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+std::vector<ItemResult> Closed(size_t n) {
+  return std::vector<ItemResult>(n, ItemResult{Status::Unavailable("tier is closed"), 0});
+}
+
+bool StartsWith(std::string_view s, std::string_view p) { return s.rfind(p, 0) == 0; }
+
+}  // namespace
+
+Result<std::unique_ptr<RespTier>> RespTier::Create(const RespTierOptions& options) {
+  if (options.seeds.empty()) return Status::InvalidArgument(options.type + ": no server address");
+  auto t = std::unique_ptr<RespTier>(new RespTier(options));
+  // Probe once in the background: kvd starts whatever the answer, and says what it found.
+  RespTier* self = t.get();
+  self->Submit(
+      [self](Worker& w) {
+        if (self->options_.cluster) {
+          self->RefreshMap(w, true);
+          std::shared_lock<std::shared_mutex> lock(self->map_mu_);
+          if (self->have_map_) {
+            spdlog::info("{}: cluster of {} master(s), {} of {} slots served", self->Describe(),
+                         self->map_.masters.size(), kClusterSlots - self->map_.uncovered(), kClusterSlots);
+          } else {
+            spdlog::warn("{}: no node answered CLUSTER SLOTS yet; retrying on use", self->Describe());
+          }
+          return;
+        }
+        auto c = self->Conn(w, self->options_.seeds[0]);
+        if (c.ok()) {
+          auto r = (*c)->Command({"PING"});
+          if (r.ok()) {
+            self->NoteOk();
+            spdlog::info("{}: connected", self->Describe());
+            return;
+          }
+        }
+        spdlog::warn("{}: unreachable at startup ({}); kvd keeps serving from L1 and retries",
+                     self->Describe(), c.ok() ? "PING failed" : c.status().message());
+      },
+      [] {});
+  return t;
+}
+
+RespTier::RespTier(const RespTierOptions& options) : options_(options) {
+  const int n = std::max(1, options.num_workers);
+  for (int i = 0; i < n; ++i) {
+    threads_.emplace_back([this, i] {
+      std::string name = ("kvd-" + options_.type + std::to_string(i)).substr(0, 15);
+      pthread_setname_np(pthread_self(), name.c_str());
+      RunWorker();
+    });
+  }
+}
+
+RespTier::~RespTier() { Close(); }
+
+void RespTier::Close() {
+  {
+    std::lock_guard<std::mutex> lock(q_mu_);
+    if (closed_ && threads_.empty()) return;
+    closed_ = true;
+  }
+  q_cv_.notify_all();
+  for (auto& t : threads_) {
+    if (t.joinable()) t.join();
+  }
+  threads_.clear();
+}
+
+std::string RespTier::Describe() const {
+  std::string s = options_.type + (options_.cluster ? " cluster " : " ");
+  for (size_t i = 0; i < options_.seeds.size(); ++i) {
+    s += i ? "," : "";
+    s += options_.seeds[i].ToString();
+  }
+  if (!options_.key_prefix.empty()) s += " prefix '" + options_.key_prefix + "'";
+  return s;
+}
+
+void RespTier::Submit(Task task, std::function<void()> on_closed) {
+  {
+    std::lock_guard<std::mutex> lock(q_mu_);
+    if (!closed_) {
+      queue_.push_back(std::move(task));
+      q_cv_.notify_one();
+      return;
+    }
+  }
+  on_closed();
+}
+
+void RespTier::RunWorker() {
+  Worker w;
+  while (true) {
+    Task task;
+    {
+      std::unique_lock<std::mutex> lock(q_mu_);
+      q_cv_.wait(lock, [&] { return closed_ || !queue_.empty(); });
+      if (queue_.empty()) return;
+      task = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    task(w);
+  }
+}
+
+void RespTier::NoteError(const std::string& what) {
+  last_ok_.store(false);
+  std::lock_guard<std::mutex> lock(health_mu_);
+  last_error_ = what;
+  last_error_ns_ = NowNs();
+}
+
+void RespTier::NoteOk() {
+  if (last_ok_.exchange(true)) return;
+  std::lock_guard<std::mutex> lock(health_mu_);
+  ever_ok_ = true;
+}
+
+TierHealth RespTier::Health() const {
+  TierHealth h;
+  std::lock_guard<std::mutex> lock(health_mu_);
+  h.healthy = last_ok_.load();
+  if (options_.cluster) {
+    std::shared_lock<std::shared_mutex> mlock(map_mu_);
+    if (have_map_) {
+      h.detail = std::to_string(map_.masters.size()) + " master(s), " +
+                 std::to_string(kClusterSlots - map_.uncovered()) + " slots served";
+    } else {
+      h.detail = "no slot map yet";
+      h.healthy = false;
+    }
+  } else {
+    h.detail = h.healthy ? "connected" : (ever_ok_ ? "disconnected" : "not connected yet");
+  }
+  if (!last_error_.empty() && NowNs() - last_error_ns_ < 60'000'000'000LL) {
+    h.detail += "; last error: " + last_error_;
+  }
+  return h;
+}
+
+Result<RespConnection*> RespTier::Conn(Worker& w, const RespEndpoint& ep) {
+  const std::string id = ep.ToString();
+  auto it = w.conns.find(id);
+  if (it != w.conns.end() && !it->second->broken()) return it->second.get();
+  if (it != w.conns.end()) w.conns.erase(it);
+  const int64_t now = NowNs();
+  {
+    std::lock_guard<std::mutex> lock(backoff_mu_);
+    auto b = backoff_.find(id);
+    if (b != backoff_.end() && now < b->second.until_ns) {
+      const Status& why = b->second.last;
+      return Status(why.ok() ? Status::Unavailable(id + ": unreachable (retrying)")
+                             : why.code() == StatusCode::kFailedPrecondition
+                                   ? Status::FailedPrecondition(why.message() + " (retrying)")
+                                   : Status::Unavailable(why.message() + " (retrying)"));
+    }
+  }
+  auto c = RespConnection::Connect(ep, options_.connect);
+  if (!c.ok()) {
+    std::lock_guard<std::mutex> lock(backoff_mu_);
+    Backoff& b = backoff_[id];
+    b.step_ns = b.step_ns == 0 ? kBackoffMinNs : std::min(b.step_ns * 2, kBackoffMaxNs);
+    b.until_ns = now + b.step_ns;
+    b.last = c.status();
+    NoteError(c.status().message());
+    return c.status();
+  }
+  {
+    std::lock_guard<std::mutex> lock(backoff_mu_);
+    auto b = backoff_.find(id);
+    if (b != backoff_.end()) {
+      backoff_.erase(b);
+      reconnects_++;
+      spdlog::info("{}: reconnected to {}", Describe(), id);
+    }
+  }
+  RespConnection* raw = c->get();
+  w.conns[id] = std::move(c).value();
+  return raw;
+}
+
+void RespTier::DropConn(Worker& w, const RespEndpoint& ep, const Status& why) {
+  w.conns.erase(ep.ToString());
+  NoteError(why.message());
+  std::lock_guard<std::mutex> lock(backoff_mu_);
+  Backoff& b = backoff_[ep.ToString()];
+  if (b.step_ns == 0) b.until_ns = 0;  // first failure: the next use reconnects at once
+}
+
+std::vector<RespEndpoint> RespTier::Masters() {
+  if (!options_.cluster) return {options_.seeds[0]};
+  std::shared_lock<std::shared_mutex> lock(map_mu_);
+  return map_.masters;
+}
+
+std::optional<RespEndpoint> RespTier::Route(std::string_view key) {
+  if (!options_.cluster) return options_.seeds[0];
+  std::shared_lock<std::shared_mutex> lock(map_mu_);
+  if (!have_map_) return std::nullopt;
+  const RespEndpoint* m = map_.MasterOf(KeySlot(key));
+  if (!m) return std::nullopt;
+  return *m;
+}
+
+void RespTier::RefreshMap(Worker& w, bool force) {
+  if (!options_.cluster) return;
+  const int64_t now = NowNs();
+  std::vector<RespEndpoint> candidates;
+  {
+    std::shared_lock<std::shared_mutex> lock(map_mu_);
+    if (!force && now - map_read_ns_ < kMapRefreshMinNs) return;
+    candidates = map_.masters;
+  }
+  for (const auto& s : options_.seeds) {
+    if (std::find(candidates.begin(), candidates.end(), s) == candidates.end()) candidates.push_back(s);
+  }
+  for (const auto& ep : candidates) {
+    auto c = Conn(w, ep);
+    if (!c.ok()) continue;
+    auto r = (*c)->Command({"CLUSTER", "SLOTS"});
+    if (!r.ok()) {
+      DropConn(w, ep, r.status());
+      continue;
+    }
+    Result<SlotMap> map = Status::Internal("no reply");
+    if (IsError(r->get())) {
+      // Servers that dropped CLUSTER SLOTS answer CLUSTER SHARDS.
+      auto s = (*c)->Command({"CLUSTER", "SHARDS"});
+      if (!s.ok()) {
+        DropConn(w, ep, s.status());
+        continue;
+      }
+      if (IsError(s->get())) {
+        NoteError(ep.ToString() + ": " + std::string(ReplyString(s->get())));
+        continue;
+      }
+      map = ParseClusterShards(s->get(), ep);
+    } else {
+      map = ParseClusterSlots(r->get(), ep);
+    }
+    if (!map.ok() || map->masters.empty()) {
+      NoteError(ep.ToString() + ": " + (map.ok() ? "no masters in slot map" : map.status().message()));
+      continue;
+    }
+    map_refreshes_++;
+    std::unique_lock<std::shared_mutex> lock(map_mu_);
+    const bool changed = !have_map_ || map_.masters != map->masters || map_.owner != map->owner;
+    if (changed && have_map_) {
+      spdlog::info("{}: slot map changed: {} master(s), {} slots unserved", Describe(),
+                   map->masters.size(), map->uncovered());
+    }
+    map_ = std::move(map).value();
+    have_map_ = true;
+    map_read_ns_ = NowNs();
+    return;
+  }
+  std::unique_lock<std::shared_mutex> lock(map_mu_);
+  map_read_ns_ = NowNs();
+}
+
+Result<ReplyPtr> RespTier::Run(Worker& w, std::string_view key, const std::vector<RespArg>& args) {
+  std::optional<RespEndpoint> target;
+  bool asking = false;
+  Status last = Status::Unavailable(Describe() + ": no node serves this key");
+  for (int attempt = 0; attempt < kMaxAttempts; ++attempt) {
+    if (!asking) target = Route(key);
+    if (!target) {
+      RefreshMap(w, attempt == 0);
+      target = Route(key);
+      if (!target) {
+        if (attempt + 1 < kMaxAttempts) std::this_thread::sleep_for(std::chrono::milliseconds(20 * (attempt + 1)));
+        continue;
+      }
+    }
+    auto c = Conn(w, *target);
+    if (!c.ok()) {
+      last = c.status();
+      if (!options_.cluster) return last;  // backed off: answer at once
+      // Only worth another try when the slot map now names another master.
+      RefreshMap(w, false);
+      auto again = Route(key);
+      if (asking || !again || *again == *target) return last;
+      continue;
+    }
+    if (asking) {
+      auto a = (*c)->Command({"ASKING"});
+      if (!a.ok()) {
+        DropConn(w, *target, a.status());
+        last = a.status();
+        asking = false;
+        continue;
+      }
+    }
+    auto r = (*c)->Command(args);
+    if (!r.ok()) {
+      // The connection broke (server restarted, failed over): one fresh try, then re-route.
+      DropConn(w, *target, r.status());
+      last = r.status();
+      asking = false;
+      if (options_.cluster) RefreshMap(w, false);
+      continue;
+    }
+    if (IsError(r->get())) {
+      std::string_view err = ReplyString(r->get());
+      if (auto red = ParseRedirect(err, *target)) {
+        redirects_++;
+        if (red->ask) {
+          target = red->to;
+          asking = true;
+        } else {
+          {
+            std::unique_lock<std::shared_mutex> lock(map_mu_);
+            map_.Assign(red->slot, red->to);
+          }
+          asking = false;
+          RefreshMap(w, false);
+        }
+        continue;
+      }
+      if (StartsWith(err, "TRYAGAIN") || StartsWith(err, "CLUSTERDOWN") || StartsWith(err, "LOADING")) {
+        last = Status::Unavailable(target->ToString() + ": " + std::string(err));
+        asking = false;
+        std::this_thread::sleep_for(std::chrono::milliseconds(50 * (attempt + 1)));
+        RefreshMap(w, false);
+        continue;
+      }
+    }
+    NoteOk();
+    return r;
+  }
+  NoteError(last.message());
+  return last;
+}
+
+ItemResult RespTier::StoreOne(Worker& w, const StoreItem& item) {
+  if (Status st = ValidateObjectKey(item.key); !st.ok()) return {st, 0};
+  const std::string key = RespKey(item.key, options_.key_prefix);
+  std::string ttl;
+  std::vector<RespArg> args = {"SET", key,
+                               std::string_view(reinterpret_cast<const char*>(item.data), item.size), "NX"};
+  if (options_.ttl_seconds) {
+    ttl = std::to_string(*options_.ttl_seconds);
+    args.push_back("EX");
+    args.push_back(ttl);
+  }
+  auto r = Run(w, key, args);
+  if (!r.ok()) return {r.status(), 0};
+  if (IsError(r->get())) {
+    std::string_view e = ReplyString(r->get());
+    if (StartsWith(e, "OOM")) return {Status::ResourceExhausted(std::string(e)), 0};
+    return {Status::Internal(std::string(e)), 0};
+  }
+  if (IsNil(r->get())) return {Status::Ok(), 0};  // NX: already there
+  return {Status::Ok(), item.size};
+}
+
+ItemResult RespTier::LoadOne(Worker& w, const LoadItem& item) {
+  if (Status st = ValidateObjectKey(item.key); !st.ok()) return {st, 0};
+  const std::string key = RespKey(item.key, options_.key_prefix);
+  auto r = Run(w, key, {"GET", key});
+  if (!r.ok()) return {r.status(), 0};
+  const redisReply* rep = r->get();
+  if (IsError(rep)) return {Status::Internal(std::string(ReplyString(rep))), 0};
+  if (IsNil(rep)) return {Status::NotFound(key), 0};
+  if (rep->type != REDIS_REPLY_STRING) return {Status::Internal(key + ": not a string value"), 0};
+  const uint64_t n = rep->len;
+  if (item.size_is_capacity ? n > item.size : n != item.size) {
+    return {Status::Internal(key + ": " + std::to_string(n) + " bytes, expected " +
+                             std::to_string(item.size) + " (truncated or not this layout)"), 0};
+  }
+  std::memcpy(item.dst, rep->str, n);
+  return {Status::Ok(), n};
+}
+
+std::vector<ItemResult> RespTier::ExistsBatch(Worker& w, const std::vector<ObjectKey>& keys) {
+  std::vector<ItemResult> out(keys.size(), ItemResult{Status::Unavailable("not asked"), 0});
+  std::vector<std::string> names(keys.size());
+  // Group by node; pipeline EXISTS per node; anything odd is retried one by one via Run.
+  std::map<std::string, std::pair<RespEndpoint, std::vector<size_t>>> by_node;
+  std::vector<size_t> one_by_one;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (Status st = ValidateObjectKey(keys[i]); !st.ok()) {
+      out[i] = {st, 0};
+      continue;
+    }
+    names[i] = RespKey(keys[i], options_.key_prefix);
+    auto ep = Route(names[i]);
+    if (!ep) {
+      one_by_one.push_back(i);
+      continue;
+    }
+    auto& slot = by_node[ep->ToString()];
+    slot.first = *ep;
+    slot.second.push_back(i);
+  }
+  for (auto& [id, node] : by_node) {
+    auto& [ep, idx] = node;
+    for (size_t start = 0; start < idx.size(); start += kPipelineBatch) {
+      const size_t end = std::min(idx.size(), start + kPipelineBatch);
+      auto c = Conn(w, ep);
+      if (!c.ok()) {
+        // Unreachable: a key goes another way only if the re-read map moved its slot.
+        RefreshMap(w, false);
+        for (size_t j = start; j < end; ++j) {
+          auto again = Route(names[idx[j]]);
+          if (options_.cluster && again && !(*again == ep)) one_by_one.push_back(idx[j]);
+          else out[idx[j]] = {c.status(), 0};
+        }
+        continue;
+      }
+      bool broke = false;
+      for (size_t j = start; j < end && !broke; ++j) broke = !(*c)->Append({"EXISTS", names[idx[j]]}).ok();
+      for (size_t j = start; j < end; ++j) {
+        if (broke) {
+          one_by_one.push_back(idx[j]);
+          continue;
+        }
+        auto r = (*c)->GetReply();
+        if (!r.ok()) {
+          DropConn(w, ep, r.status());
+          broke = true;
+          one_by_one.push_back(idx[j]);
+          continue;
+        }
+        if (IsError(r->get())) {
+          one_by_one.push_back(idx[j]);
+          continue;
+        }
+        NoteOk();
+        out[idx[j]] = ReplyInteger(r->get()) > 0 ? ItemResult{Status::Ok(), 0}
+                                                 : ItemResult{Status::NotFound(names[idx[j]]), 0};
+      }
+    }
+  }
+  for (size_t i : one_by_one) {
+    auto r = Run(w, names[i], {"EXISTS", names[i]});
+    if (!r.ok()) {
+      out[i] = {r.status(), 0};
+    } else if (IsError(r->get())) {
+      out[i] = {Status::Internal(std::string(ReplyString(r->get()))), 0};
+    } else {
+      out[i] = ReplyInteger(r->get()) > 0 ? ItemResult{Status::Ok(), 0}
+                                          : ItemResult{Status::NotFound(names[i]), 0};
+    }
+  }
+  return out;
+}
+
+namespace {
+// Spreads items over workers, one task per item; the last finisher answers.
+struct Batch {
+  std::vector<ItemResult> results;
+  std::atomic<size_t> remaining{0};
+  Tier::Done done;
+  void Finish(size_t i, ItemResult r) {
+    results[i] = std::move(r);
+    if (remaining.fetch_sub(1) == 1) done(std::move(results));
+  }
+};
+}  // namespace
+
+void RespTier::Store(std::vector<StoreItem> items, Done done) {
+  if (items.empty()) {
+    done({});
+    return;
+  }
+  auto shared = std::make_shared<std::vector<StoreItem>>(std::move(items));
+  auto b = std::make_shared<Batch>();
+  b->results.resize(shared->size());
+  b->remaining.store(shared->size());
+  b->done = std::move(done);
+  for (size_t i = 0; i < shared->size(); ++i) {
+    Submit([this, shared, b, i](Worker& w) { b->Finish(i, StoreOne(w, (*shared)[i])); },
+           [b, i] { b->Finish(i, {Status::Unavailable("tier is closed"), 0}); });
+  }
+}
+
+void RespTier::Load(std::vector<LoadItem> items, Done done) {
+  if (items.empty()) {
+    done({});
+    return;
+  }
+  auto shared = std::make_shared<std::vector<LoadItem>>(std::move(items));
+  auto b = std::make_shared<Batch>();
+  b->results.resize(shared->size());
+  b->remaining.store(shared->size());
+  b->done = std::move(done);
+  for (size_t i = 0; i < shared->size(); ++i) {
+    Submit([this, shared, b, i](Worker& w) { b->Finish(i, LoadOne(w, (*shared)[i])); },
+           [b, i] { b->Finish(i, {Status::Unavailable("tier is closed"), 0}); });
+  }
+}
+
+void RespTier::Exists(std::vector<ObjectKey> keys, Done done) {
+  if (keys.empty()) {
+    done({});
+    return;
+  }
+  const size_t n = keys.size();
+  auto shared = std::make_shared<std::vector<ObjectKey>>(std::move(keys));
+  Submit([this, shared, done](Worker& w) { done(ExistsBatch(w, *shared)); },
+         [done, n] { done(Closed(n)); });
+}
+
+void RespTier::Delete(std::vector<ObjectKey> keys, Done done) {
+  if (keys.empty()) {
+    done({});
+    return;
+  }
+  const size_t n = keys.size();
+  auto shared = std::make_shared<std::vector<ObjectKey>>(std::move(keys));
+  Submit(
+      [this, shared, done](Worker& w) {
+        std::vector<ItemResult> out;
+        for (const auto& k : *shared) {
+          const std::string key = RespKey(k, options_.key_prefix);
+          auto len = Run(w, key, {"STRLEN", key});
+          if (!len.ok()) {
+            out.push_back({len.status(), 0});
+            continue;
+          }
+          auto del = Run(w, key, {"DEL", key});
+          if (!del.ok()) {
+            out.push_back({del.status(), 0});
+          } else if (IsError(del->get())) {
+            out.push_back({Status::Internal(std::string(ReplyString(del->get()))), 0});
+          } else {
+            out.push_back({Status::Ok(), ReplyInteger(del->get()) > 0
+                                             ? static_cast<uint64_t>(ReplyInteger(len->get()))
+                                             : 0});
+          }
+        }
+        done(std::move(out));
+      },
+      [done, n] { done(Closed(n)); });
+}
+
+void RespTier::Scan(ScanDone done) {
+  Submit(
+      [this, done](Worker& w) {
+        RefreshMap(w, false);
+        const std::string pattern = options_.key_prefix.empty() ? "*@*" : options_.key_prefix + "@*";
+        std::vector<ScannedObject> out;
+        for (const auto& ep : Masters()) {
+          auto c = Conn(w, ep);
+          if (!c.ok()) {
+            done(c.status());
+            return;
+          }
+          std::string cursor = "0";
+          do {
+            auto r = (*c)->Command({"SCAN", cursor, "MATCH", pattern, "COUNT", "1000"});
+            if (!r.ok() || IsError(r->get()) || (*r)->type != REDIS_REPLY_ARRAY || (*r)->elements != 2) {
+              done(r.ok() ? Status::Internal(ep.ToString() + ": bad SCAN reply") : r.status());
+              return;
+            }
+            cursor = std::string(ReplyString((*r)->element[0]));
+            const redisReply* ks = (*r)->element[1];
+            std::vector<std::pair<std::string, ObjectKey>> found;
+            for (size_t i = 0; i < ks->elements; ++i) {
+              std::string name(ReplyString(ks->element[i]));
+              if (auto k = ParseRespKey(name, options_.key_prefix)) found.emplace_back(name, std::move(*k));
+            }
+            for (const auto& f : found) {
+              if (!(*c)->Append({"STRLEN", f.first}).ok()) break;
+            }
+            for (auto& f : found) {
+              auto len = (*c)->GetReply();
+              if (!len.ok()) {
+                DropConn(w, ep, len.status());
+                done(len.status());
+                return;
+              }
+              if (!IsError(len->get()) && ReplyInteger(len->get()) > 0) {
+                out.push_back({std::move(f.second), static_cast<uint64_t>(ReplyInteger(len->get())), 0});
+              }
+            }
+          } while (cursor != "0");
+        }
+        done(std::move(out));
+      },
+      [done] { done(Status::Unavailable("tier is closed")); });
+}
+
+}  // namespace kvd::l2

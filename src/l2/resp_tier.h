@@ -1,0 +1,127 @@
+// RespTier: the `resp` adapter (one Redis/Valkey server) and the `valkey` adapter
+// (standalone, or a Redis/Valkey Cluster with cluster_mode). Objects are string values under
+// lmcache 0.5.6's keys (object_key.h: RespKey, behind "<key_prefix>@" when set), raw bytes.
+//
+// PROTOCOL. Debian's hiredis (RespConnection) speaks RESP; this file adds what hiredis lacks:
+// cluster slot routing (cluster_slots.h) from CLUSTER SLOTS (CLUSTER SHARDS where SLOTS is
+// unknown), MOVED (the slot map is updated and re-read), ASK (ASKING then the command, once),
+// TRYAGAIN/CLUSTERDOWN (retried after a pause, map re-read). A node that cannot be reached is
+// backed off (0.2 s doubling to 5 s) and the map is re-read from any reachable node or seed,
+// so a failed-over slot is found at its new master; a node that comes back is used again.
+//
+// COMMANDS. Store: SET key value NX [EX ttl_seconds] (objects are immutable: an existing key
+// answers OK with 0 bytes). Exists: EXISTS, pipelined per node. Load: GET, exactly the
+// expected size or Internal. Delete: STRLEN + DEL. Scan: SCAN over every master, then STRLEN.
+//
+// THREADS. num_workers threads, each owning one connection per node it talks to; store and
+// load items of one batch are spread over them, an exists batch runs on one. Nothing blocks
+// the caller: an unreachable server makes calls answer Unavailable after at most
+// connection_timeout (first attempt) and then at once while backed off. Create() never waits
+// for the server: kvd starts with the tier unreachable and keeps retrying.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <shared_mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "l2/cluster_slots.h"
+#include "l2/resp_connection.h"
+#include "l2/tier.h"
+
+namespace kvd::l2 {
+
+struct RespTierOptions {
+  std::string type = "resp";          // "resp" or "valkey": only reported
+  std::vector<RespEndpoint> seeds;    // resp: one; valkey: startup_nodes
+  bool cluster = false;
+  std::string key_prefix;
+  std::optional<int64_t> ttl_seconds;
+  RespConnectOptions connect;
+  int num_workers = 8;
+};
+
+class RespTier final : public Tier {
+ public:
+  static Result<std::unique_ptr<RespTier>> Create(const RespTierOptions& options);
+  ~RespTier() override;
+
+  std::string_view type() const override { return options_.type; }
+  std::string Describe() const override;
+  void Store(std::vector<StoreItem> items, Done done) override;
+  void Exists(std::vector<ObjectKey> keys, Done done) override;
+  void Load(std::vector<LoadItem> items, Done done) override;
+  void Delete(std::vector<ObjectKey> keys, Done done) override;
+  void Scan(ScanDone done) override;
+  TierHealth Health() const override;
+  void Close() override;
+
+  // Counters for tests and /status.
+  uint64_t redirects() const { return redirects_.load(); }
+  uint64_t map_refreshes() const { return map_refreshes_.load(); }
+  uint64_t reconnects() const { return reconnects_.load(); }
+
+ private:
+  struct Worker {
+    std::map<std::string, std::unique_ptr<RespConnection>> conns;  // by "host:port"
+  };
+  using Task = std::function<void(Worker&)>;
+
+  explicit RespTier(const RespTierOptions& options);
+  void Submit(Task task, std::function<void()> on_closed);
+  void RunWorker();
+
+  // One command on the node that owns `key` (cluster) or the server, following redirects,
+  // reconnecting and re-reading the slot map as needed.
+  Result<ReplyPtr> Run(Worker& w, std::string_view key, const std::vector<RespArg>& args);
+  Result<RespConnection*> Conn(Worker& w, const RespEndpoint& ep);
+  void DropConn(Worker& w, const RespEndpoint& ep, const Status& why);
+  std::optional<RespEndpoint> Route(std::string_view key);
+  // Re-reads the slot map (cluster) from a reachable node; rate-limited unless forced.
+  void RefreshMap(Worker& w, bool force);
+  std::vector<RespEndpoint> Masters();
+  ItemResult StoreOne(Worker& w, const StoreItem& item);
+  ItemResult LoadOne(Worker& w, const LoadItem& item);
+  std::vector<ItemResult> ExistsBatch(Worker& w, const std::vector<ObjectKey>& keys);
+  void NoteError(const std::string& what);
+  void NoteOk();
+
+  const RespTierOptions options_;
+
+  std::mutex q_mu_;
+  std::condition_variable q_cv_;
+  std::deque<Task> queue_;        // guarded by q_mu_
+  bool closed_ = false;           // guarded by q_mu_
+  std::vector<std::thread> threads_;
+
+  mutable std::shared_mutex map_mu_;
+  SlotMap map_;                   // guarded by map_mu_
+  bool have_map_ = false;         // guarded by map_mu_
+  int64_t map_read_ns_ = 0;       // guarded by map_mu_
+
+  std::mutex backoff_mu_;
+  struct Backoff {
+    int64_t until_ns = 0;
+    int64_t step_ns = 0;
+    Status last;  // why the last connect failed
+  };
+  std::map<std::string, Backoff> backoff_;  // guarded by backoff_mu_
+
+  mutable std::mutex health_mu_;
+  std::string last_error_;        // guarded by health_mu_
+  int64_t last_error_ns_ = 0;     // guarded by health_mu_
+  bool ever_ok_ = false;          // guarded by health_mu_
+  std::atomic<bool> last_ok_{false};
+
+  std::atomic<uint64_t> redirects_{0}, map_refreshes_{0}, reconnects_{0};
+};
+
+}  // namespace kvd::l2
