@@ -491,6 +491,23 @@ void L1Cache::Touch(std::span<const ChunkKey> keys) {
 // ---------------------------------------------------------------------------------------------
 // Removal
 
+size_t L1Cache::RemoveIfIdle(std::span<const ChunkKey> keys) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const int64_t now = clock_->NowNanos();
+  size_t removed = 0;
+  for (const ChunkKey& key : keys) {
+    Entry* entry = FindLocked(key);
+    if (!entry || !EvictableLocked(*entry, now)) continue;
+    for (uint32_t i = 0; i < entry->slots.size(); ++i) {
+      if (entry->slots[i].state != SlotState::kEmpty) FreeSlotMemoryLocked(*entry, i);
+    }
+    ++counters_.removed;
+    ++removed;
+    RemoveFromTableLocked(entry, /*tell_policy=*/true);
+  }
+  return removed;
+}
+
 void L1Cache::Clear() {
   std::lock_guard<std::mutex> lock(mu_);
   const int64_t now = clock_->NowNanos();

@@ -109,6 +109,7 @@ struct L1Stats {
   uint64_t write_conflicts = 0;    // ReserveWrite answered AlreadyExists
   uint64_t write_exhausted = 0;    // ReserveWrite answered ResourceExhausted
   uint64_t reclaimed_writes = 0;   // staging slots taken back after write-lock expiry
+  uint64_t removed = 0;            // entries removed by RemoveIfIdle (not evictions)
 };
 
 class L1Cache;
@@ -244,6 +245,14 @@ class L1Cache {
 
   // Refreshes recency of the existing keys (END_SESSION). Unknown keys are ignored.
   void Touch(std::span<const ChunkKey> keys);
+
+  // Removes those of `keys` whose entries are idle — evictable right now: no pin, no live read
+  // lock, no staging write under a live write lock — freeing their memory as eviction does
+  // (counted in `removed`, not in `evictions`). Busy or absent entries are left alone.
+  // Returns how many were removed. Used by the tiers: a chunk prefetched from a tier only for
+  // one retrieve (lmcache's default prefetch policy) goes once its readers are done, and so
+  // does an L1 copy already written to a tier under --l2-store-policy skip_l1.
+  size_t RemoveIfIdle(std::span<const ChunkKey> keys);
 
   // Removes every entry. Memory that is pinned, or staging under a live write lock, stays
   // allocated until its handle is destroyed; everything else is freed now.

@@ -622,3 +622,46 @@ TEST(ChunkKeyTest, EqualityAndHashCoverAllFields) {
 
 }  // namespace
 }  // namespace kvd::l1
+
+namespace kvd::l1 {
+namespace {
+
+// RemoveIfIdle (used by the tiers): only idle entries go; pinned, read-locked or staging
+// ones stay until they are idle; memory comes back.
+TEST(L1CacheRemoveIfIdleTest, RemovesOnlyIdleEntries) {
+  FakeClock clock;
+  L1CacheOptions options;
+  options.capacity_bytes = 16 * 4096;
+  options.clock = &clock;
+  auto cache = std::move(L1Cache::Create(options)).value();
+  const ChunkKey idle = testing::Key(1), pinned = testing::Key(2), locked = testing::Key(3),
+                 staging = testing::Key(4), absent = testing::Key(5);
+  for (const auto& k : {idle, pinned, locked}) ASSERT_TRUE(testing::WriteObject(*cache, k, 2, 0, 4096).ok());
+  for (const auto& k : {idle, pinned, locked}) ASSERT_TRUE(testing::WriteObject(*cache, k, 2, 1, 4096).ok());
+  auto pin = cache->PinForRead(pinned, 1);
+  ASSERT_TRUE(pin.ok());
+  std::vector<ChunkKey> lk = {locked};
+  ASSERT_EQ(cache->LookupPrefixAndLock(lk, 2, 1), 1u);
+  auto res = cache->ReserveWrite(staging, 2, 0, 4096);
+  ASSERT_TRUE(res.ok());
+  const uint64_t used = cache->stats().used_bytes;
+  std::vector<ChunkKey> all = {idle, pinned, locked, staging, absent};
+  EXPECT_EQ(cache->RemoveIfIdle(all), 1u);
+  EXPECT_FALSE(cache->IsResident(idle, 0));
+  EXPECT_TRUE(cache->IsResident(pinned, 0));
+  EXPECT_TRUE(cache->IsResident(locked, 1));
+  EXPECT_EQ(cache->stats().used_bytes, used - 2 * 4096);
+  EXPECT_EQ(cache->stats().removed, 1u);
+  EXPECT_EQ(cache->stats().evictions, 0u);
+  // Once idle, they go too.
+  pin->Release();
+  cache->ReleaseReadLocksAllSlots(lk, 1);
+  EXPECT_EQ(cache->RemoveIfIdle(all), 2u);
+  EXPECT_TRUE(res->Commit());
+  EXPECT_EQ(cache->RemoveIfIdle(all), 1u);
+  EXPECT_EQ(cache->stats().used_bytes, 0u);
+  EXPECT_EQ(cache->stats().entries, 0u);
+}
+
+}  // namespace
+}  // namespace kvd::l1
