@@ -1,7 +1,7 @@
-// kvd command line: `kvd server …` takes the flags of `lmcache server` (same names and
-// defaults) that matter for a native cache server, validates them, and runs the server
-// until SIGINT/SIGTERM. A flag of `lmcache server` that kvd does not implement fails at
-// startup with one line naming it.
+// kvd command line: `kvd server …` takes every flag of `lmcache server` 0.5.6 (same names and
+// defaults; the table and what kvd does with each flag are in flags_table.cc and
+// docs/cli.md), validates them, and runs the server until SIGINT/SIGTERM. A refused flag or
+// a bad value stops startup with one line naming it, exit status 2, before anything starts.
 //
 // Process layout: the main thread runs the ZMQ loop; a maintenance thread calls
 // KvService::Maintain every second (sessions, TTLs, worker reaping, eviction); the HTTP
@@ -11,7 +11,6 @@
 // Shutdown: the first SIGINT/SIGTERM stops accepting requests, lets queued and in-flight
 // requests finish and answers them, stops HTTP, unmaps every worker segment and removes
 // the L1 shared-memory segment, then exits 0. A second signal exits at once (status 1).
-#include <CLI/CLI.hpp>
 #include <spdlog/spdlog.h>
 
 #include <arpa/inet.h>
@@ -31,6 +30,8 @@
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
 
+#include "cli/cli_config.h"
+#include "cli/flags.h"
 #include "common/clock.h"
 #include "http/http_server.h"
 #include "kvd_version.h"
@@ -50,30 +51,8 @@ void OnSignal(int) {
   g_stop.store(true);
 }
 
-// Flags of `lmcache server` 0.5.6 that kvd recognises but does not implement yet.
-const char* kUnsupportedFlags[] = {
-    "--instance-id", "--engine-type", "--supported-transfer-mode", "--separate-object-groups",
-    "--no-separate-object-groups", "--enable-segmented-prefix",
-    "--runtime-plugin-locations", "--runtime-plugin-config", "--script-allowed-imports",
-    "--isolated-ipc", "--l1-init-size-gb", "--l1-align-bytes",
-    "--l1-use-hugepages", "--l1-devdax-path", "--gds-l1-path", "--gds-l1-use-direct-io",
-    "--gds-l1-backend", "--l1-manager", "--l2-adapter", "--l2-store-policy",
-    "--l2-prefetch-policy", "--l2-prefetch-max-in-flight", "--l2-prefetch-load-timeout",
-    "--periodic-notifier-interval-ms", "--p2p-advertise-url", "--p2p-listen-url",
-    "--p2p-lookup-timeout", "--p2p-load-timeout", "--p2p-transfer-engine", "--p2p-rdma-device",
-    "--p2p-rdma-port", "--p2p-rdma-gid-index", "--p2p-rdma-gid-indices", "--p2p-rdma-queue-depth",
-    "--p2p-rdma-handshake-timeout-ms", "--coordinator-url", "--coordinator-advertise-ip",
-    "--coordinator-heartbeat-interval", "--coordinator-l2-event-reporting",
-    "--coordinator-l2-event-flush-interval",
-    "--disable-observability", "--disable-logging", "--enable-tracing",
-    "--otlp-endpoint", "--event-bus-queue-size", "--prometheus-port", "--metrics-sample-rate",
-    "--trace-level", "--trace-output", "--lookup-hash-log-dir"};
-
-struct HttpFlags {
-  std::string host = "127.0.0.1";
-  int port = 8080;
-  bool disable_metrics = false;
-};
+using kvd::cli::CliConfig;
+using kvd::cli::HttpConfig;
 
 // True when binding `host` listens on every interface. Decided on the parsed address, not
 // the spelling: ZMQ also binds all interfaces for "0", "0x0" or "00.0.0.0" (inet_aton
@@ -94,16 +73,19 @@ bool IsLoopback(const std::string& host) {
 }
 
 // The effective configuration, as GET /conf shows it. Keys are the flag names.
-std::string ConfigJson(const kvd::server::ServerConfig& c, const HttpFlags& h) {
+std::string ConfigJson(const kvd::server::ServerConfig& c, const HttpConfig& h) {
   nlohmann::ordered_json j = {
       {"server", "kvd"},
       {"version", KVD_VERSION},
       {"zmq", {{"host", c.host}, {"port", c.port}, {"endpoint", c.ZmqEndpoint()},
                {"max_workers", c.max_workers}, {"copy_threads", c.copy_threads}}},
       {"http", {{"http_host", h.host}, {"http_port", h.port},
-                {"metrics_enabled", !h.disable_metrics}}},
+                {"metrics_enabled", h.metrics_enabled}}},
       {"cache", {{"chunk_size", c.chunk_size}, {"hash_algorithm", c.hash_algorithm},
-                 {"session_ttl_seconds", c.session_ttl_seconds}}},
+                 {"session_ttl_seconds", c.session_ttl_seconds},
+                 {"supported_transfer_mode", c.supported_transfer_mode},
+                 {"kv_event_log_size", c.kv_event_log_size},
+                 {"instance_id", c.instance_id}}},
       {"l1", {{"l1_size_gb", c.l1_size_gb}, {"l1_size_bytes", c.l1_size_bytes()},
               {"shm_name", c.shm_name}, {"eviction_policy", c.eviction_policy},
               {"eviction_trigger_watermark", c.eviction_trigger_watermark},
@@ -296,9 +278,50 @@ int LiveKvdUsingSegment(const std::string& shm_name) {
   return 0;
 }
 
-int RunServer(const kvd::server::ServerConfig& cfg, const HttpFlags& http_flags) {
-  spdlog::info("kvd {} starting: {} http_host={} http_port={}{}", KVD_VERSION, cfg.Describe(),
-               http_flags.host, http_flags.port, http_flags.disable_metrics ? " metrics=off" : "");
+// --enable-extra-logging: every interval, the store/retrieve throughput and the L1 usage.
+class ExtraLogger {
+ public:
+  explicit ExtraLogger(double interval_seconds) : interval_(interval_seconds) {}
+  void Tick(const kvd::server::ServiceCounters& c, const kvd::l1::L1Stats& l1) {
+    const auto now = std::chrono::steady_clock::now();
+    const uint64_t stored = c.stored_bytes.load(), retrieved = c.retrieved_bytes.load();
+    const uint64_t stored_chunks = c.stored_chunks.load(), retrieved_chunks = c.retrieved_chunks.load();
+    if (!started_) {
+      started_ = true;
+      last_ = now;
+    } else if (std::chrono::duration<double>(now - last_).count() >= interval_) {
+      const double dt = std::chrono::duration<double>(now - last_).count();
+      spdlog::info("extra logging: store {:.3f} GB/s ({} chunks), retrieve {:.3f} GB/s ({} chunks) "
+                   "over {:.1f} s; L1 {:.2f} of {:.2f} GiB used ({:.1f}%), {} entries",
+                   static_cast<double>(stored - stored_) / dt / 1e9, stored_chunks - stored_chunks_,
+                   static_cast<double>(retrieved - retrieved_) / dt / 1e9,
+                   retrieved_chunks - retrieved_chunks_, dt,
+                   static_cast<double>(l1.used_bytes) / (1ull << 30),
+                   static_cast<double>(l1.capacity_bytes) / (1ull << 30),
+                   l1.capacity_bytes ? 100.0 * static_cast<double>(l1.used_bytes) /
+                                           static_cast<double>(l1.capacity_bytes)
+                                     : 0.0,
+                   l1.entries);
+      last_ = now;
+    } else {
+      return;
+    }
+    stored_ = stored;
+    retrieved_ = retrieved;
+    stored_chunks_ = stored_chunks;
+    retrieved_chunks_ = retrieved_chunks;
+  }
+
+ private:
+  const double interval_;
+  bool started_ = false;
+  std::chrono::steady_clock::time_point last_{};
+  uint64_t stored_ = 0, retrieved_ = 0, stored_chunks_ = 0, retrieved_chunks_ = 0;
+};
+
+int RunServer(const CliConfig& cli) {
+  const kvd::server::ServerConfig& cfg = cli.server;
+  const HttpConfig& http_flags = cli.http;
   // A segment of this name left by a crashed kvd is replaced by the L1 pool (it logs a
   // warning); one that a *running* kvd still uses must not be taken from under it.
   if (int owner = LiveKvdUsingSegment(cfg.shm_name); owner > 0) {
@@ -334,7 +357,7 @@ int RunServer(const kvd::server::ServerConfig& cfg, const HttpFlags& http_flags)
     kvd::http::HttpOptions ho;
     ho.host = http_flags.host;
     ho.port = http_flags.port;
-    ho.metrics_enabled = !http_flags.disable_metrics;
+    ho.metrics_enabled = http_flags.metrics_enabled;
     ho.version = KVD_VERSION;
     ho.config_json = ConfigJson(cfg, http_flags);
     std::unique_ptr<kvd::http::HttpServer> http;
@@ -353,10 +376,11 @@ int RunServer(const kvd::server::ServerConfig& cfg, const HttpFlags& http_flags)
                  static_cast<double>(l1.capacity_bytes) / (1ull << 30), cfg.shm_name,
                  http ? "HTTP on http://" + http_flags.host + ":" + std::to_string(http->port()) +
                             " (dashboard /, metrics " +
-                            (http_flags.disable_metrics ? "disabled" : "/metrics") + ")"
+                            (http_flags.metrics_enabled ? "/metrics" : "disabled") + ")"
                       : std::string("HTTP disabled (--http-port 0)"));
     std::thread maintenance([&] {
       EvictionReporter evictions;
+      ExtraLogger extra(cli.extra_logging_interval);
       while (!g_stop.load()) {
         for (int i = 0; i < 10 && !g_stop.load(); ++i) {
           std::this_thread::sleep_for(std::chrono::milliseconds(100));
@@ -367,6 +391,7 @@ int RunServer(const kvd::server::ServerConfig& cfg, const HttpFlags& http_flags)
         const auto after = svc->l1_stats();
         evictions.Observe(before.evictions, after.evictions, before.evicted_bytes,
                           after.evicted_bytes);
+        if (cli.extra_logging) extra.Tick(svc->counters(), after);
         beat_ns.store(clock.NowNanos());
       }
     });
@@ -382,75 +407,68 @@ int RunServer(const kvd::server::ServerConfig& cfg, const HttpFlags& http_flags)
   return 0;
 }
 
+void PrintUsage(std::FILE* to) {
+  std::fprintf(to,
+               "usage: kvd server --l1-size-gb X --eviction-policy LRU [options]\n"
+               "       kvd server --help | kvd --version\n"
+               "kvd: native KV-cache server, wire-compatible with the lmcache 0.5.6 client\n");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  // Name an unimplemented lmcache flag before CLI11 reports it as merely unknown.
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    std::string flag = a.substr(0, a.find('='));
-    for (const char* u : kUnsupportedFlags) {
-      if (flag == u) {
-        std::fprintf(stderr, "kvd: %s (an lmcache server flag) is not supported by kvd yet\n",
-                     flag.c_str());
-        return 2;
-      }
-    }
+  std::vector<std::string> args(argv + 1, argv + argc);
+  if (!args.empty() && (args[0] == "--version" || args[0] == "-V")) {
+    std::printf("kvd %s\n", KVD_VERSION);
+    return 0;
   }
-
-  CLI::App app{"kvd: native KV-cache server, wire-compatible with the lmcache 0.5.6 client"};
-  app.set_version_flag("--version", std::string("kvd ") + KVD_VERSION);
-  app.require_subcommand(1);
-  kvd::server::ServerConfig cfg;
-  HttpFlags http;
-  auto* srv = app.add_subcommand("server", "Run the cache server (drop-in for `lmcache server`)");
-  srv->add_option("--host", cfg.host, "ZMQ bind host")->capture_default_str();
-  srv->add_option("--port", cfg.port, "ZMQ bind port")->capture_default_str()->check(CLI::Range(1, 65535));
-  srv->add_option("--chunk-size", cfg.chunk_size, "Tokens per chunk")->capture_default_str()->check(CLI::Range(1, 1 << 20));
-  srv->add_option("--l1-size-gb", cfg.l1_size_gb, "L1 (host memory) size in GiB")->required()->check(CLI::PositiveNumber);
-  srv->add_option("--eviction-policy", cfg.eviction_policy, "Eviction policy")->required()->check(CLI::IsMember({"LRU"}, CLI::ignore_case));
-  srv->add_option("--eviction-trigger-watermark", cfg.eviction_trigger_watermark, "L1 usage fraction that triggers eviction")->capture_default_str()->check(CLI::Range(0.01, 1.0));
-  srv->add_option("--eviction-ratio", cfg.eviction_ratio, "Fraction of L1 freed per eviction round")->capture_default_str()->check(CLI::Range(0.001, 1.0));
-  srv->add_option("--l1-read-ttl-seconds", cfg.l1_read_ttl_seconds, "Read-lock TTL")->capture_default_str()->check(CLI::PositiveNumber);
-  srv->add_option("--l1-write-ttl-seconds", cfg.l1_write_ttl_seconds, "Write-lock TTL")->capture_default_str()->check(CLI::PositiveNumber);
-  int gpu_workers = 0, cpu_workers = 0;
-  srv->add_option("--max-workers", cfg.max_workers, "Worker threads (0: from the core count)")->capture_default_str()->check(CLI::Range(0, 256));
-  srv->add_option("--max-gpu-workers", gpu_workers, "Accepted for compatibility; kvd sizes one pool from --max-workers")->check(CLI::Range(0, 256));
-  srv->add_option("--max-cpu-workers", cpu_workers, "Accepted for compatibility; kvd sizes one pool from --max-workers")->check(CLI::Range(0, 256));
-  srv->add_option("--hash-algorithm", cfg.hash_algorithm, "Chunk hash")->capture_default_str()->check(CLI::IsMember({"blake3"}));
-  srv->add_option("--shm-name", cfg.shm_name, "POSIX shared-memory name of the L1 pool (default kvd_l1_pool_<pid>)");
-  srv->add_option("--worker-reap-timeout-seconds", cfg.worker_reap_timeout_seconds, "Forget workers that pinged and then went silent this long (0: never)")->capture_default_str()->check(CLI::Range(0.0, 1e9));
-  srv->add_option("--null-block-id", cfg.null_block_id, "Engine block id that holds no KV; chunks made only of it are not stored")->capture_default_str();
-  srv->add_option("--worker-registration-grace-seconds", cfg.worker_registration_grace_seconds, "Forget workers that registered but never pinged after this long (>= the reap timeout)")->capture_default_str()->check(CLI::Range(0.0, 1e9));
-  bool lazy = true;
-  srv->add_flag("--l1-use-lazy,!--no-l1-use-lazy", lazy, "Accepted for compatibility: kvd's L1 is always sparse shared memory, backed as it fills");
-  srv->add_option("--log-level", cfg.log_level, "trace, debug, info, warning, error")->capture_default_str()->check(CLI::IsMember({"trace", "debug", "info", "warning", "warn", "error"}));
-  srv->add_option("--http-host", http.host, "HTTP bind host (dashboard, /status, /metrics)")->capture_default_str();
-  srv->add_option("--http-port", http.port, "HTTP bind port (0: no HTTP endpoints; a kvd extension)")->capture_default_str()->check(CLI::Range(0, 65535));
-  srv->add_flag("--disable-metrics", http.disable_metrics, "Do not serve /metrics (it answers 404)");
-
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+  if (!args.empty() && (args[0] == "--help" || args[0] == "-h")) {
+    PrintUsage(stdout);
+    return 0;
   }
-  for (auto& c : cfg.eviction_policy) c = static_cast<char>(std::toupper(c));
-  if (cfg.max_workers == 0 && std::max(gpu_workers, cpu_workers) > 0) {
-    cfg.max_workers = std::max(gpu_workers, cpu_workers);
-  }
-  if (cfg.worker_reap_timeout_seconds > 0 && cfg.worker_reap_timeout_seconds < 30) {
-    std::fprintf(stderr, "kvd: --worker-reap-timeout-seconds must be 0 (off) or at least 30\n");
+  if (args.empty() || args[0] != "server") {
+    if (!args.empty()) std::fprintf(stderr, "kvd: %s: unknown command (kvd has `server`)\n", args[0].c_str());
+    PrintUsage(stderr);
     return 2;
   }
-  if (cfg.worker_registration_grace_seconds < cfg.worker_reap_timeout_seconds) {
-    std::fprintf(stderr, "kvd: --worker-registration-grace-seconds (%g) must be at least "
-                 "--worker-reap-timeout-seconds (%g)\n",
-                 cfg.worker_registration_grace_seconds, cfg.worker_reap_timeout_seconds);
+  args.erase(args.begin());
+  if (std::find(args.begin(), args.end(), "--version") != args.end()) {
+    std::printf("kvd %s\n", KVD_VERSION);
+    return 0;
+  }
+  auto parsed = kvd::cli::ParseServerCommandLine(args, [](const char* name) { return std::getenv(name); });
+  if (!parsed.ok()) {
+    std::fprintf(stderr, "kvd: %s\n", parsed.status().message().c_str());
     return 2;
   }
+  if (parsed->help) {
+    std::fputs(kvd::cli::ServerHelp().c_str(), stdout);
+    return 0;
+  }
+  CliConfig cli = std::move(parsed->config);
+  if (cli.list_flags == "json") {
+    std::puts(kvd::cli::FlagsJson().c_str());
+    return 0;
+  }
+  if (cli.list_flags == "markdown") {
+    std::fputs(kvd::cli::FlagsMarkdown().c_str(), stdout);
+    return 0;
+  }
+  kvd::server::ServerConfig& cfg = cli.server;
+  cfg.log_level = cli.log_level;
   if (cfg.shm_name.empty()) cfg.shm_name = "kvd_l1_pool_" + std::to_string(getpid());
   if (!cfg.shm_name.empty() && cfg.shm_name[0] == '/') cfg.shm_name = cfg.shm_name.substr(1);
   spdlog::set_pattern("[%Y-%m-%d %H:%M:%S.%e] [kvd] [%^%l%$] %v");
-  spdlog::set_level(spdlog::level::from_str(cfg.log_level == "warning" ? "warn" : cfg.log_level));
-  return RunServer(cfg, http);
+  spdlog::set_level(spdlog::level::from_str(cli.log_level));
+  spdlog::info("kvd {} {}", KVD_VERSION, cli.check_only ? "configuration check" : "starting");
+  for (const auto& line : kvd::cli::StartupSummary(cli)) spdlog::info("{}", line);
+  for (const auto& ig : parsed->ignored) {
+    spdlog::info("accepted, no effect in kvd: {}{}{} ({})", ig.flag, ig.value.empty() ? "" : " ",
+                 ig.value, ig.why);
+  }
+  if (cli.check_only) {
+    spdlog::info("configuration OK; not starting (--check-config)");
+    return 0;
+  }
+  return RunServer(cli);
 }

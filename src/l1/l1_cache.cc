@@ -46,6 +46,13 @@ bool WriteLocked(const Slot& s, int64_t now) {
   return s.state == SlotState::kStaging && now < s.write_deadline;
 }
 
+bool Complete(const Entry& e) {
+  for (const Slot& s : e.slots) {
+    if (s.state != SlotState::kResident) return false;
+  }
+  return true;
+}
+
 std::string ShortKey(const ChunkKey& key) {
   static const char* kHex = "0123456789abcdef";
   std::string hex;
@@ -172,6 +179,7 @@ L1Cache::L1Cache(const L1CacheOptions& options, std::unique_ptr<MemoryPool> pool
       write_ttl_ns_(SecondsToNanos(options.write_ttl_seconds)),
       eviction_watermark_(options.eviction_watermark),
       eviction_ratio_(options.eviction_ratio),
+      listener_(options.listener),
       pool_(std::move(pool)),
       policy_(std::move(policy)) {}
 
@@ -240,7 +248,14 @@ void L1Cache::DropHandleLocked(Entry* entry) {
   if (!entry->in_table && entry->handles == 0) detached_.erase(entry);
 }
 
+void L1Cache::NotifyRemovedLocked(RemovalCause cause) {
+  if (removed_complete_.empty()) return;
+  if (listener_ != nullptr) listener_->OnEntriesRemoved(removed_complete_, cause);
+  removed_complete_.clear();
+}
+
 uint64_t L1Cache::EvictLocked(Entry* entry) {
+  if (listener_ != nullptr && Complete(*entry)) removed_complete_.push_back(entry->key);
   uint64_t freed = 0;
   for (uint32_t i = 0; i < entry->slots.size(); ++i) {
     const Slot& s = entry->slots[i];
@@ -272,6 +287,7 @@ std::optional<uint64_t> L1Cache::AllocateLocked(uint64_t size, const Entry* excl
     offset = pool_->Allocate(size);
     return offset ? EvictionPolicy::Verdict::kEvictedAndStop : EvictionPolicy::Verdict::kEvicted;
   });
+  NotifyRemovedLocked(RemovalCause::kEvicted);
   spdlog::debug("l1: allocation of {} bytes evicted {} entries ({} bytes), {}", size, evicted,
                 freed, offset ? "fits now" : "still does not fit");
   return offset;
@@ -355,6 +371,7 @@ bool L1Cache::CommitWrite(Entry* entry, uint32_t slot, uint64_t token) {
       policy_->OnAccess(IdOf(entry));
       ++counters_.commits;
       committed = true;
+      if (listener_ != nullptr && Complete(*entry)) listener_->OnEntryComplete(entry->key);
     } else {
       spdlog::debug("l1: commit of slot {} of {} after the cache was cleared; discarded", slot,
                     ShortKey(entry->key));
@@ -516,6 +533,7 @@ void L1Cache::Clear() {
   size_t deferred = 0;
   for (auto& [key, owned] : table_) {
     Entry* entry = owned.get();
+    if (listener_ != nullptr && Complete(*entry)) removed_complete_.push_back(key);
     policy_->OnRemove(IdOf(entry));
     entry->in_table = false;
     for (uint32_t i = 0; i < entry->slots.size(); ++i) {
@@ -532,6 +550,7 @@ void L1Cache::Clear() {
     if (entry->handles > 0) detached_.emplace(entry, std::move(owned));
   }
   table_.clear();
+  NotifyRemovedLocked(RemovalCause::kCleared);
   spdlog::info("l1: cleared {} entries, freed {} bytes, {} objects freed later by their handles",
                cleared, used_before - pool_->used_bytes(), deferred);
 }
@@ -566,6 +585,7 @@ size_t L1Cache::EvictToWatermark() {
                                                 : EvictionPolicy::Verdict::kEvicted;
     });
     evicted += batch;
+    NotifyRemovedLocked(RemovalCause::kEvicted);
     if (batch == 0 || freed >= target) break;
   }
   if (evicted > 0) {

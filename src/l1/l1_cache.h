@@ -57,11 +57,13 @@
 #include <span>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "common/clock.h"
 #include "common/status.h"
 #include "l1/chunk_key.h"
 #include "l1/eviction_policy.h"
+#include "l1/l1_listener.h"
 #include "l1/memory_pool.h"
 
 namespace kvd::l1 {
@@ -75,6 +77,8 @@ struct L1CacheOptions {
   double eviction_watermark = 0.8;  // EvictToWatermark acts when used/capacity >= this
   double eviction_ratio = 0.2;      // ... and then frees about this fraction of capacity
   const Clock* clock = nullptr;     // required; must outlive the cache
+  L1Listener* listener = nullptr;   // optional; told of completed and removed entries
+                                    // (l1_listener.h); must outlive the cache
 };
 
 enum class SlotState : uint8_t { kEmpty, kStaging, kResident };
@@ -306,12 +310,15 @@ class L1Cache {
   void RemoveIfEmptyLocked(Entry* entry);
   // Drops one handle reference; destroys a detached entry with no handles left.
   void DropHandleLocked(Entry* entry);
+  // Tells the listener about the complete entries removed since the last call.
+  void NotifyRemovedLocked(RemovalCause cause);
 
   const Clock* const clock_;
   const int64_t read_ttl_ns_;
   const int64_t write_ttl_ns_;
   const double eviction_watermark_;
   const double eviction_ratio_;
+  L1Listener* const listener_;  // may be null
 
   mutable std::mutex mu_;
   // Guarded by mu_:
@@ -320,6 +327,7 @@ class L1Cache {
   std::unordered_map<ChunkKey, std::unique_ptr<Entry>, ChunkKeyHash> table_;
   std::unordered_map<Entry*, std::unique_ptr<Entry>> detached_;
   uint64_t next_token_ = 1;
+  std::vector<ChunkKey> removed_complete_;  // evicted complete entries not yet reported
   L1Stats counters_;  // counters and object counts are maintained; sizes are read in stats()
 };
 

@@ -28,6 +28,16 @@ struct ServerConfig {
   double worker_registration_grace_seconds = 3600;
   double session_ttl_seconds = 600;
   std::string log_level = "info";
+  // Which transfer paths the server serves (--supported-transfer-mode): "auto" (both; kvd's
+  // default), "lmcache_driven" (STORE/RETRIEVE into registered KV tensors) or
+  // "engine_driven" (PREPARE/COMMIT into the shared L1 pool).
+  std::string supported_transfer_mode = "auto";
+  // Records kept for KV-event subscribers (--kv-event-log-size); 0 turns the stream off.
+  int64_t kv_event_log_size = 32768;
+  std::string instance_id;               // --instance-id: shown in GET /config only
+
+  bool lmcache_driven_enabled() const { return supported_transfer_mode != "engine_driven"; }
+  bool engine_driven_enabled() const { return supported_transfer_mode != "lmcache_driven"; }
 
   uint64_t l1_size_bytes() const { return static_cast<uint64_t>(l1_size_gb * (1ull << 30)); }
   std::string ZmqEndpoint() const;       // tcp://host:port

@@ -34,6 +34,10 @@ EngineDrivenTransfers::~EngineDrivenTransfers() {
 
 Result<std::pair<std::string, uint64_t>> EngineDrivenTransfers::Register(
     const wire::RegisterEngineDrivenRequest& req) {
+  if (!config_.engine_driven_enabled()) {
+    return Status::FailedPrecondition(
+        "engine-driven transfers are off (--supported-transfer-mode lmcache_driven)");
+  }
   int64_t itemsize = layout::DtypeSize(req.dtype_str);
   int64_t slots = req.num_physical_slots.value_or(config_.chunk_size);
   if (itemsize == 0) return Status::InvalidArgument("dtype_str '" + req.dtype_str + "' unknown");

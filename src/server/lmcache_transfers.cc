@@ -67,6 +67,10 @@ bool LmcacheTransfers::ChunkIsAllNull(const layout::KvLayout& layout,
 }
 
 Status LmcacheTransfers::Register(const wire::RegisterKvCacheRequest& req) {
+  if (!config_.lmcache_driven_enabled()) {
+    return Status::FailedPrecondition(
+        "lmcache-driven transfers are off (--supported-transfer-mode engine_driven)");
+  }
   if (req.world_size < 1 || req.world_size > 4096) {
     return Status::InvalidArgument("world_size " + std::to_string(req.world_size) +
                                    " out of range [1, 4096]");

@@ -1,0 +1,199 @@
+// The `kvd server` parser over the flags table: argparse's grammar, one-line errors, the
+// accepted-but-ignored list, environment variables, and the table's own consistency.
+#include "cli/flags.h"
+
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+namespace kvd::cli {
+namespace {
+
+using ::testing::HasSubstr;
+
+struct Env {
+  std::map<std::string, std::string> vars;
+  EnvLookup lookup() const {
+    return [this](const char* name) -> const char* {
+      auto it = vars.find(name);
+      return it == vars.end() ? nullptr : it->second.c_str();
+    };
+  }
+};
+
+Result<ParsedCommandLine> Parse(std::vector<std::string> args, const Env& env = {}) {
+  std::vector<std::string> all = {"--l1-size-gb", "1", "--eviction-policy", "LRU"};
+  all.insert(all.end(), args.begin(), args.end());
+  return ParseServerCommandLine(all, env.lookup());
+}
+
+std::string Error(std::vector<std::string> args, const Env& env = {}) {
+  auto r = Parse(std::move(args), env);
+  return r.ok() ? std::string("(parsed)") : r.status().message();
+}
+
+TEST(FlagsTable, NamesAreUniqueAndRowsConsistent) {
+  std::set<std::string> seen;
+  for (const auto& f : ServerFlags()) {
+    for (const char* n : {f.name, f.negation, f.short_name}) {
+      if (n) {
+        EXPECT_TRUE(seen.insert(n).second) << "duplicate flag name " << n;
+      }
+    }
+    EXPECT_NE(f.group, nullptr) << f.name;
+    if (f.negation) {
+      EXPECT_EQ(f.kind, FlagKind::kBool) << f.name;
+    }
+    if (f.kind == FlagKind::kChoice) {
+      EXPECT_NE(f.choices, nullptr) << f.name;
+    }
+    if (f.serves && f.support != Support::kRefused && f.accepts == nullptr) {
+      EXPECT_NE(f.refusal, nullptr) << f.name << ": values outside `serves` need a reason";
+    }
+    if (f.support == Support::kRefused || f.support == Support::kAccepted) {
+      EXPECT_STRNE(f.note, "") << f.name << ": accepted and refused flags say why";
+    }
+    if (f.show) {
+      EXPECT_NE(f.apply, nullptr) << f.name;
+    }
+  }
+}
+
+TEST(Parse, SpaceAndEqualsFormsAndTheLastOccurrenceWins) {
+  auto r = Parse({"--port", "6000", "--chunk-size=512", "--port=6001"});
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(r->config.server.port, 6001);
+  EXPECT_EQ(r->config.server.chunk_size, 512);
+}
+
+TEST(Parse, NegativeNumbersAreValues) {
+  auto r = Parse({"--null-block-id", "-1"});
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(r->config.server.null_block_id, -1);
+}
+
+TEST(Parse, BadValuesNameFlagAndValue) {
+  EXPECT_EQ(Error({"--port", "abc"}), "--port abc: not an integer");
+  EXPECT_EQ(Error({"--port", "70000"}), "--port 70000: out of range [1, 65535]");
+  EXPECT_EQ(Error({"--eviction-ratio", "1e400"}), "--eviction-ratio 1e400: not a number");
+  EXPECT_EQ(Error({"--transport", "udp"}), "--transport udp: not one of zmq, grpc");
+  EXPECT_EQ(Error({"--l2-adapter", "{\"type\":"}), "--l2-adapter '{\"type\":': not valid JSON");
+  EXPECT_EQ(Error({"--runtime-plugin-config", "[1]"}), "--runtime-plugin-config [1]: not a JSON object");
+  EXPECT_EQ(Error({"--host", "a b", "--port", ""}), "--port '': not an integer");
+  EXPECT_EQ(Error({"--port"}), "--port: expected a value");
+  EXPECT_EQ(Error({"--disable-metrics=yes"}), "--disable-metrics yes: takes no value");
+  EXPECT_THAT(Error({"positional"}), HasSubstr("unexpected argument positional"));
+}
+
+TEST(Parse, RefusalsSayWhy) {
+  EXPECT_THAT(Error({"--transport", "grpc"}),
+              HasSubstr("--transport grpc: not supported by kvd (the gRPC transport"));
+  EXPECT_THAT(Error({"--l2-adapter", "{}"}), HasSubstr("--l2-adapter {}: not supported by kvd ("));
+  EXPECT_THAT(Error({"--isolated-ipc"}), HasSubstr("--isolated-ipc: not supported by kvd ("));
+  EXPECT_EQ(Error({"--no-isolated-ipc"}), "(parsed)");
+  EXPECT_THAT(Error({"--l1-align-bytes", "8192"}), HasSubstr("not supported by kvd"));
+  EXPECT_EQ(Error({"--l1-align-bytes", "4096"}), "(parsed)");
+}
+
+TEST(Parse, ListFlagsTakeWordsUpToTheNextFlag) {
+  auto r = Parse({"--script-allowed-imports", "numpy", "pandas", "--port", "6000"});
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(r->config.server.port, 6000);
+  ASSERT_EQ(r->ignored.size(), 1u);
+  EXPECT_EQ(r->ignored[0].flag, "--script-allowed-imports");
+  EXPECT_EQ(r->ignored[0].value, "numpy pandas");
+  EXPECT_EQ(Error({"--enable"}), "(parsed)");  // an empty list: nothing enabled
+  EXPECT_THAT(Error({"--enable", "transfer_query"}), HasSubstr("not supported by kvd"));
+}
+
+TEST(Parse, AcceptedFlagsAreListedOnceWithTheirReason) {
+  auto r = Parse({"--prometheus-port", "9090", "--no-l1-use-lazy", "--prometheus-port", "9091",
+                  "--coordinator-l2-event-reporting"});
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  ASSERT_EQ(r->ignored.size(), 3u);
+  EXPECT_EQ(r->ignored[0].flag, "--prometheus-port");
+  EXPECT_EQ(r->ignored[0].value, "9091");
+  EXPECT_THAT(r->ignored[0].why, HasSubstr("never opens it"));
+  EXPECT_EQ(r->ignored[1].flag, "--no-l1-use-lazy");
+  EXPECT_EQ(r->ignored[2].flag, "--coordinator-l2-event-reporting");
+  auto plain = Parse({"--l1-use-lazy", "--port", "5555"});
+  ASSERT_TRUE(plain.ok());
+  EXPECT_TRUE(plain->ignored.empty()) << "implemented flags are not 'ignored'";
+}
+
+TEST(Parse, UnambiguousPrefixesWorkAsInArgparse) {
+  auto r = Parse({"--chunk-si", "512"});
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(r->config.server.chunk_size, 512);
+  EXPECT_THAT(Error({"--l1-use"}), HasSubstr("ambiguous"));
+  EXPECT_THAT(Error({"--nonsense"}), HasSubstr("--nonsense: not a flag"));
+}
+
+TEST(Parse, RequiredFlagsAndCrossChecks) {
+  EXPECT_THAT(ParseServerCommandLine(std::vector<std::string>{"--eviction-policy", "LRU"},
+                                     Env{}.lookup()).status().message(),
+              HasSubstr("--l1-size-gb: required"));
+  EXPECT_THAT(Error({"--worker-reap-timeout-seconds", "10"}), HasSubstr("at least 30"));
+  EXPECT_THAT(Error({"--worker-reap-timeout-seconds", "4000"}),
+              HasSubstr("--worker-registration-grace-seconds"));
+  EXPECT_EQ(Error({"--worker-reap-timeout-seconds", "0"}), "(parsed)");
+}
+
+TEST(Parse, WorkerPoolFlags) {
+  auto r = Parse({"--max-gpu-workers", "6", "--max-cpu-workers", "3"});
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->config.server.max_workers, 6);
+  r = Parse({"--max-gpu-workers", "6", "--max-workers", "2"});
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->config.server.max_workers, 2);
+}
+
+TEST(Parse, TransferModeAndObservability) {
+  auto r = Parse({"--supported-transfer-mode", "engine_driven"});
+  ASSERT_TRUE(r.ok());
+  EXPECT_FALSE(r->config.server.lmcache_driven_enabled());
+  EXPECT_TRUE(r->config.server.engine_driven_enabled());
+  r = Parse({});
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->config.server.supported_transfer_mode, "auto");
+  EXPECT_TRUE(r->config.http.metrics_enabled);
+  r = Parse({"--disable-observability"});
+  ASSERT_TRUE(r.ok());
+  EXPECT_FALSE(r->config.http.metrics_enabled);
+  EXPECT_EQ(r->config.server.kv_event_log_size, 0);
+}
+
+TEST(Parse, EnvironmentLogLevelAndTheFlagThatOverridesIt) {
+  Env env{{{"LMCACHE_LOG_LEVEL", "warning"}}};
+  auto r = Parse({}, env);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(r->config.log_level, "warning");
+  r = Parse({"--log-level", "debug"}, env);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->config.log_level, "debug");
+  EXPECT_EQ(r->config.log_level_source, "--log-level");
+  EXPECT_EQ(Error({}, Env{{{"LMCACHE_LOG_LEVEL", "chatty"}}}),
+            "LMCACHE_LOG_LEVEL chatty: not one of DEBUG, INFO, WARNING, ERROR, CRITICAL");
+  EXPECT_THAT(Error({}, Env{{{"LMCACHE_COORDINATOR_URL", "http://c:9300"}}}),
+              HasSubstr("LMCACHE_COORDINATOR_URL http://c:9300: not supported by kvd"));
+  EXPECT_EQ(Error({}, Env{{{"LMCACHE_COORDINATOR_URL", ""}}}), "(parsed)");
+}
+
+TEST(Render, HelpHidesWhatLmcacheHidesAndSummaryIsGrouped) {
+  const std::string help = ServerHelp();
+  EXPECT_THAT(help, HasSubstr("\nMP Server:\n"));
+  EXPECT_THAT(help, HasSubstr("--supported-transfer-mode {lmcache_driven,engine_driven,auto}"));
+  EXPECT_EQ(help.find("--coordinator-l2-event-reporting"), std::string::npos);
+  auto r = Parse({"--port", "6000"});
+  ASSERT_TRUE(r.ok());
+  auto lines = StartupSummary(r->config);
+  ASSERT_FALSE(lines.empty());
+  EXPECT_THAT(lines[0], HasSubstr("MP Server: host=localhost port=6000 chunk_size=256"));
+}
+
+}  // namespace
+}  // namespace kvd::cli
