@@ -115,7 +115,9 @@ class ServerProc:
         ]
         if self.kind == "kvd":
             binary = os.environ.get("KVD_TEST_KVD_BIN", str(DEFAULT_KVD_BIN))
-            cmd = [binary, *base]
+            # kvd honours LMCACHE_LOG_LEVEL like lmcache; QUIET_ENV sets it to WARNING for
+            # the client, and tests read kvd's info lines.
+            cmd = [binary, *base, "--log-level", "info"]
         else:
             # The reference only advertises an SHM pool to engine-driven
             # workers when the engine-driven path is loaded (auto), L1 is not

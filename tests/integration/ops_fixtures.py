@@ -95,6 +95,7 @@ class Kvd:
             "--http-host", "127.0.0.1", "--http-port", str(self.http_port),
             "--l1-size-gb", repr(self.l1_size_gb), "--eviction-policy", "LRU",
             "--shm-name", self.shm_name,
+            "--log-level", "info",  # not LMCACHE_LOG_LEVEL (the client's, WARNING in tests)
             *self.extra,
         ]
 

@@ -213,7 +213,7 @@ def test_shm_names_cannot_escape_dev_shm(server, tmp_path):
 
 def start_plain_kvd(args: list[str], log_path, prefix: list[str] | None = None):
     cmd = [*(prefix or []), F.kvd_binary(), "server", "--l1-size-gb", "0.01",
-           "--eviction-policy", "LRU", *args]
+           "--eviction-policy", "LRU", "--log-level", "info", *args]
     logf = open(log_path, "wb")
     try:
         return subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT,
