@@ -18,6 +18,7 @@ struct Slot {
   uint64_t size = 0;            // requested size (staging, resident)
   uint64_t writer = 0;          // token of the owning reservation (staging only, else 0)
   int64_t write_deadline = 0;   // staging only
+  bool copy_in_flight = false;  // staging only: the write lock does not expire
   int64_t read_deadline = 0;
 };
 
@@ -43,7 +44,7 @@ int64_t SecondsToNanos(double s) { return static_cast<int64_t>(std::llround(s * 
 
 bool ReadLocked(const Slot& s, int64_t now) { return s.read_locks > 0 && now < s.read_deadline; }
 bool WriteLocked(const Slot& s, int64_t now) {
-  return s.state == SlotState::kStaging && now < s.write_deadline;
+  return s.state == SlotState::kStaging && (s.copy_in_flight || now < s.write_deadline);
 }
 
 bool Complete(const Entry& e) {
@@ -114,6 +115,10 @@ void WriteReservation::Abort() {
   L1Cache* cache = std::exchange(cache_, nullptr);
   data_ = nullptr;
   cache->AbortWrite(std::exchange(entry_, nullptr), slot_, token_);
+}
+
+bool WriteReservation::MarkCopyInFlight() {
+  return cache_ != nullptr && cache_->MarkCopyInFlight(entry_, slot_, token_);
 }
 
 ReadPin::ReadPin(ReadPin&& other) noexcept
@@ -217,6 +222,8 @@ uint64_t L1Cache::FreeSlotMemoryLocked(Entry& entry, uint32_t slot) {
   }
   if (s.state == SlotState::kResident) --counters_.resident_objects;
   if (s.state == SlotState::kStaging) --counters_.staging_objects;
+  if (s.copy_in_flight) --counters_.copies_in_flight;
+  s.copy_in_flight = false;
   s.state = SlotState::kEmpty;
   s.writer = 0;
   s.offset = 0;
@@ -367,6 +374,8 @@ bool L1Cache::CommitWrite(Entry* entry, uint32_t slot, uint64_t token) {
       s.state = SlotState::kResident;
       --counters_.staging_objects;
       ++counters_.resident_objects;
+      if (s.copy_in_flight) --counters_.copies_in_flight;
+      s.copy_in_flight = false;
       s.writer = 0;
       policy_->OnAccess(IdOf(entry));
       ++counters_.commits;
@@ -385,6 +394,18 @@ bool L1Cache::CommitWrite(Entry* entry, uint32_t slot, uint64_t token) {
   }
   DropHandleLocked(entry);
   return committed;
+}
+
+bool L1Cache::MarkCopyInFlight(Entry* entry, uint32_t slot, uint64_t token) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Slot& s = entry->slots[slot];
+  if (s.state != SlotState::kStaging || s.writer != token) return false;  // taken back
+  if (!s.copy_in_flight) {
+    // Still this reservation's (even if its write lock expired, nobody took the memory yet).
+    s.copy_in_flight = true;
+    ++counters_.copies_in_flight;
+  }
+  return true;
 }
 
 void L1Cache::AbortWrite(Entry* entry, uint32_t slot, uint64_t token) {
@@ -495,6 +516,7 @@ std::optional<SlotInfo> L1Cache::DescribeSlot(const ChunkKey& key, uint32_t slot
   info.read_locks = ReadLocked(s, now) ? s.read_locks : 0;
   info.pins = s.pins;
   info.write_lock_live = WriteLocked(s, now);
+  info.copy_in_flight = s.copy_in_flight;
   return info;
 }
 

@@ -19,13 +19,27 @@
 //          slot reclaimed by another ReserveWrite, evicted or cleared
 //
 //   kStaging: memory allocated, being written, invisible to lookups and pins. Guarded by a
-//             write lock (the reservation) that expires write_ttl after ReserveWrite.
+//             write lock (the reservation) that expires write_ttl after ReserveWrite —
+//             unless the reservation is marked "copy in flight" (below).
 //   kResident: committed bytes, immutable until the entry is removed. Never overwritten: a
 //             second ReserveWrite of the slot gets AlreadyExists.
 //   Read locks (per slot, counted, capped at kMaxReadLocksPerSlot) are taken by
 //   LookupPrefixAndLock for a later retrieve and expire read_ttl after their last refresh;
 //   expired read locks count as zero. Pins (ReadPin handles) cover an in-flight copy and
 //   never expire.
+//
+// COPY IN FLIGHT. A copy engine (CPU or GPU) writes a staging slot, or reads a resident one,
+// at a time the cache does not control: a GPU copy runs when the client's event fires. So
+// memory an engine copy may still touch must never be given to another object, whatever the
+// TTLs say:
+//   * WriteReservation::MarkCopyInFlight(): from then on the slot's write lock does not
+//     expire; the slot stays staging and is neither reclaimed, evicted nor freed by Clear
+//     until the reservation is committed or aborted — which the engine's completion does.
+//   * A ReadPin is already such a hold: it never expires, and a pinned slot is neither
+//     evicted nor freed by Clear until the pin is destroyed (by the completion).
+//   A copy that never completes therefore holds its memory until its engine is cancelled and
+//   reports completion (the server cancels instances whose copies outlive the TTLs); the
+//   memory is reused only after that.
 //
 // INVARIANTS.
 //   * An entry is evictable iff it is in the table and none of its slots has a pin, a live
@@ -46,7 +60,7 @@
 // cache. Data pointers from handles are used without the lock: a ReadPin's bytes are stable
 // until it is destroyed; a WriteReservation's bytes belong to the writer until Commit/abort,
 // or until its write lock expires (after that the cache may give the memory to someone else,
-// so writers must finish within write_ttl).
+// so writers must finish within write_ttl, or mark the reservation MarkCopyInFlight).
 #pragma once
 
 #include <atomic>
@@ -92,6 +106,7 @@ struct SlotInfo {
   uint32_t read_locks = 0;  // live read locks (0 when expired)
   uint32_t pins = 0;
   bool write_lock_live = false;
+  bool copy_in_flight = false;  // staging under MarkCopyInFlight: the write lock cannot expire
 };
 
 struct L1Stats {
@@ -114,6 +129,7 @@ struct L1Stats {
   uint64_t write_exhausted = 0;    // ReserveWrite answered ResourceExhausted
   uint64_t reclaimed_writes = 0;   // staging slots taken back after write-lock expiry
   uint64_t removed = 0;            // entries removed by RemoveIfIdle (not evictions)
+  uint64_t copies_in_flight = 0;   // staging slots held by MarkCopyInFlight (table + detached)
 };
 
 class L1Cache;
@@ -149,6 +165,12 @@ class WriteReservation {
   [[nodiscard]] bool Commit();
   // Gives the slot up now (same as destroying the handle). No-op on an empty handle.
   void Abort();
+  // An engine copy into data() is outstanding: the write lock no longer expires, so the
+  // memory stays this reservation's until Commit or Abort, however long the copy takes.
+  // Returns false (and changes nothing) when the slot is no longer this reservation's (its
+  // write lock expired and the slot was reclaimed, evicted or cleared); the caller must then
+  // not start the copy. Idempotent.
+  [[nodiscard]] bool MarkCopyInFlight();
 
  private:
   friend class L1Cache;
@@ -290,6 +312,7 @@ class L1Cache {
   // Handle callbacks; each takes the mutex.
   bool CommitWrite(Entry* entry, uint32_t slot, uint64_t token);
   void AbortWrite(Entry* entry, uint32_t slot, uint64_t token);
+  bool MarkCopyInFlight(Entry* entry, uint32_t slot, uint64_t token);
   void Unpin(Entry* entry, uint32_t slot);
 
   // The helpers below require mu_ held.

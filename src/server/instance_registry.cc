@@ -51,6 +51,16 @@ std::shared_ptr<const Instance> InstanceRegistry::Remove(int64_t id) {
   return gone;
 }
 
+bool InstanceRegistry::RemoveIf(int64_t id, const Instance* expected) {
+  std::shared_ptr<const Instance> gone;  // released outside the lock
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = entries_.find(id);
+  if (it == entries_.end() || it->second.instance.get() != expected) return false;
+  gone = std::move(it->second.instance);
+  entries_.erase(it);
+  return true;
+}
+
 bool InstanceRegistry::ModelRegistered(const std::string& model, int64_t world_size) const {
   std::lock_guard<std::mutex> lock(mu_);
   for (const auto& [id, e] : entries_) {

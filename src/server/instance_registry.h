@@ -58,6 +58,9 @@ class InstanceRegistry {
   void Ping(int64_t id);
   // Removes the id; returns what was registered (null if nothing).
   std::shared_ptr<const Instance> Remove(int64_t id);
+  // Removes the id only while it is still `expected` (not re-registered since); returns
+  // whether it did.
+  bool RemoveIf(int64_t id, const Instance* expected);
 
   // True when some instance registered this model and world size.
   bool ModelRegistered(const std::string& model, int64_t world_size) const;

@@ -29,7 +29,7 @@ KvService::KvService(const ServerConfig& config, const Clock* clock,
       sessions_(clock, static_cast<uint32_t>(config.chunk_size), config.session_ttl_seconds),
       registry_(clock),
       lookups_(config_, l1_.get(), &sessions_, &registry_, &counters_),
-      lmcache_(config_, l1_.get(), &sessions_, &registry_, &counters_),
+      lmcache_(config_, clock, l1_.get(), &sessions_, &registry_, &counters_),
       engine_driven_(config_, clock, l1_.get(), &sessions_, &registry_, &counters_) {}
 
 KvService::~KvService() = default;
@@ -56,6 +56,7 @@ void KvService::Clear() {
 void KvService::Maintain() {
   sessions_.Expire();
   engine_driven_.ExpirePending();
+  lmcache_.CancelOverdueCopies();
   if (config_.worker_reap_timeout_seconds > 0) {
     const double grace_s =
         std::max(config_.worker_registration_grace_seconds, config_.worker_reap_timeout_seconds);

@@ -91,8 +91,9 @@ class KvService {
   void Ping(std::optional<int64_t> instance_id);
   void Clear();
 
-  // Periodic work: expire sessions and abandoned engine-driven operations, reap silent
-  // workers, evict to the watermark. Called by the server's maintenance thread.
+  // Periodic work: expire sessions and abandoned engine-driven operations, cancel instances
+  // whose device copies outlived their TTL, reap silent workers, evict to the watermark.
+  // Called by the server's maintenance thread.
   void Maintain();
 
   const ServiceCounters& counters() const { return counters_; }

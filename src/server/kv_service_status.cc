@@ -43,6 +43,7 @@ ServiceStatus KvService::StatusSnapshot() {
   }
   st.sessions = sessions_.size();
   std::tie(st.pending_engine_stores, st.pending_engine_retrieves) = engine_driven_.PendingCounts();
+  st.device_copies_in_flight = lmcache_.copies_in_flight();
   return st;
 }
 

@@ -13,19 +13,41 @@
 #include "transfer/shm_mapping.h"
 
 namespace kvd::server {
-namespace {
 
-// Hands the chunk tasks to the instance's copy engine. `on_complete` runs once the copy
-// finished (it commits reservations / drops pins it captured): inside Submit for a
-// synchronous engine, later for an asynchronous one. If the engine refuses the plan,
-// nothing was copied and dropping the plan releases what it captured.
-Status SubmitToEngine(transfer::CopyEngine& engine, transfer::CopyDirection direction,
-                      const wire::TransferRequest& req, std::vector<transfer::ChunkTask> tasks,
-                      std::function<void(const Status&)> on_complete, std::string* event_handle) {
+LmcacheTransfers::LmcacheTransfers(const ServerConfig& config, const Clock* clock,
+                                   l1::L1Cache* l1, SessionTable* sessions,
+                                   InstanceRegistry* registry, ServiceCounters* counters)
+    : config_(config),
+      clock_(clock),
+      l1_(l1),
+      sessions_(sessions),
+      registry_(registry),
+      counters_(counters),
+      copy_threads_(config.copy_threads > 0
+                        ? config.copy_threads
+                        : std::clamp(static_cast<int>(std::thread::hardware_concurrency()), 1, 8)) {}
+
+Status LmcacheTransfers::Submit(const std::shared_ptr<const Instance>& inst,
+                                transfer::CopyDirection direction,
+                                const wire::TransferRequest& req,
+                                std::vector<transfer::ChunkTask> tasks,
+                                std::function<void(const Status&)> on_complete,
+                                std::string* event_handle) {
   if (event_handle) event_handle->clear();
   if (tasks.empty()) {  // nothing to copy: an empty handle says so
     on_complete(Status::Ok());
     return Status::Ok();
+  }
+  transfer::CopyEngine& engine = *inst->engine;
+  InFlightCopies::Id watch = 0;
+  if (engine.caps().asynchronous) {
+    const bool store = direction == transfer::CopyDirection::kGather;
+    const double ttl = store ? config_.l1_write_ttl_seconds : config_.l1_read_ttl_seconds;
+    watch = inflight_->Add(inst, store, clock_->NowNanos() + static_cast<int64_t>(ttl * 1e9));
+    on_complete = [inflight = inflight_, watch, done = std::move(on_complete)](const Status& st) {
+      done(st);
+      inflight->Remove(watch);
+    };
   }
   transfer::CopyPlan plan;
   plan.direction = direction;
@@ -34,24 +56,48 @@ Status SubmitToEngine(transfer::CopyEngine& engine, transfer::CopyDirection dire
   plan.wait_event = req.event_handle;
   plan.on_complete = std::move(on_complete);
   auto sub = engine.Submit(std::move(plan));
-  if (!sub.ok()) return sub.status();
+  if (!sub.ok()) {
+    if (watch) inflight_->Remove(watch);  // refused: its completion never runs
+    return sub.status();
+  }
   if (event_handle) *event_handle = sub->event_handle;
   return sub->status;
 }
 
-}  // namespace
-
-LmcacheTransfers::LmcacheTransfers(const ServerConfig& config, l1::L1Cache* l1,
-                                   SessionTable* sessions, InstanceRegistry* registry,
-                                   ServiceCounters* counters)
-    : config_(config),
-      l1_(l1),
-      sessions_(sessions),
-      registry_(registry),
-      counters_(counters),
-      copy_threads_(config.copy_threads > 0
-                        ? config.copy_threads
-                        : std::clamp(static_cast<int>(std::thread::hardware_concurrency()), 1, 8)) {}
+size_t LmcacheTransfers::CancelOverdueCopies() {
+  {
+    // Cancelled instances whose copies have all reported back can go now: their engines
+    // have nothing left to drain.
+    std::vector<std::shared_ptr<const Instance>> done;  // destroyed outside the lock
+    std::lock_guard<std::mutex> lock(cancelled_mu_);
+    for (auto it = cancelled_.begin(); it != cancelled_.end();) {
+      if (inflight_->HasCopiesOf(it->get())) {
+        ++it;
+      } else {
+        done.push_back(std::move(*it));
+        it = cancelled_.erase(it);
+      }
+    }
+  }
+  size_t cancelled = 0;
+  for (auto& o : inflight_->TakeOverdue(clock_->NowNanos())) {
+    if (!o.instance) continue;  // unregistered meanwhile; its engine is being torn down
+    spdlog::error("instance {}: a {} copy is {:.1f} s past its {} TTL (the client's event never "
+                  "fired?); cancelling the instance. Its memory stays held until the copy "
+                  "reports completion; the worker must register again.",
+                  o.instance_id, o.store ? "STORE" : "RETRIEVE",
+                  static_cast<double>(o.overdue_ns) * 1e-9, o.store ? "write" : "read");
+    o.instance->engine->Cancel();
+    registry_->RemoveIf(o.instance_id, o.instance.get());
+    counters_->cancelled_instances++;
+    // Kept until its copies report back, so the engine is not torn down (and its
+    // destructor does not wait for them) on this thread.
+    std::lock_guard<std::mutex> lock(cancelled_mu_);
+    cancelled_.push_back(std::move(o.instance));
+    ++cancelled;
+  }
+  return cancelled;
+}
 
 bool LmcacheTransfers::ChunkIsAllNull(const layout::KvLayout& layout,
                                       const std::vector<std::vector<int64_t>>& block_ids,
@@ -165,6 +211,11 @@ Status LmcacheTransfers::Store(const wire::TransferRequest& req, std::string* ev
     if (ChunkIsAllNull(inst->layout, req.block_ids, i)) continue;
     auto r = l1_->ReserveWrite((*keys)[i], num_slots, slot, inst->object_bytes);
     if (r.ok()) {
+      // From here until the completion commits or aborts it, the memory is the copy's.
+      if (!r->MarkCopyInFlight()) {
+        return fail(Status::Unavailable("store: chunk " + std::to_string(i) +
+                                        " lost its reservation before the copy started"));
+      }
       tasks.push_back({i, r->data(), 0});
       bytes += r->size();
       held->push_back(std::move(r).value());
@@ -173,8 +224,8 @@ Status LmcacheTransfers::Store(const wire::TransferRequest& req, std::string* ev
     }
   }
   const size_t stored = tasks.size();
-  Status st = SubmitToEngine(
-      *inst->engine, transfer::CopyDirection::kGather, req, std::move(tasks),
+  Status st = Submit(
+      inst, transfer::CopyDirection::kGather, req, std::move(tasks),
       [held](const Status& done) {
         if (done.ok()) {
           for (auto& r : *held) {
@@ -245,8 +296,8 @@ Status LmcacheTransfers::Retrieve(const wire::TransferRequest& req, std::string*
     if (skip >= config_.chunk_size) continue;  // the whole chunk is the engine's already
     tasks.push_back({i, const_cast<uint8_t*>((*held)[i].data()), std::max<int64_t>(skip, 0)});
   }
-  Status st = SubmitToEngine(
-      *inst->engine, transfer::CopyDirection::kScatter, req, std::move(tasks),
+  Status st = Submit(
+      inst, transfer::CopyDirection::kScatter, req, std::move(tasks),
       [held](const Status&) { held->clear(); }, event_handle);
   if (!st.ok()) return fail(st);
   counters_->retrieved_chunks += n;

@@ -6,17 +6,31 @@
 // objects in the engine's completion; a RETRIEVE pins the objects, submits the scatter and
 // unpins them in the completion (synchronous engines complete inside Submit).
 //
+// Copies in flight. Reservations are marked MarkCopyInFlight before the copy is submitted,
+// and pins never expire, so the memory a copy may touch stays its own until the engine
+// reports completion, however late (a GPU copy runs when the client's event fires). A copy
+// of an asynchronous engine that outlives its TTL (write TTL for stores, read TTL for
+// retrieves) gets its instance cancelled by CancelOverdueCopies: the engine is cancelled
+// (no new copies; the device work is drained where it can be) and the instance unregistered;
+// the copy's memory is released only by its completion.
+//
 // Thread-safe. Transfers of one worker are kept in order by the caller (per-connection
 // lanes); different workers copy concurrently. An instance is held by shared_ptr for the
 // duration of a copy, L1 objects by reservations and pins owned by the completion.
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
 #include <string>
+#include <vector>
 
+#include "common/clock.h"
 #include "common/status.h"
 #include "l1/l1_cache.h"
 #include "server/config.h"
+#include "server/inflight_copies.h"
 #include "server/instance_registry.h"
 #include "server/service_counters.h"
 #include "server/sessions.h"
@@ -27,8 +41,8 @@ namespace kvd::server {
 class LmcacheTransfers {
  public:
   // Borrows everything; all must outlive this object.
-  LmcacheTransfers(const ServerConfig& config, l1::L1Cache* l1, SessionTable* sessions,
-                   InstanceRegistry* registry, ServiceCounters* counters);
+  LmcacheTransfers(const ServerConfig& config, const Clock* clock, l1::L1Cache* l1,
+                   SessionTable* sessions, InstanceRegistry* registry, ServiceCounters* counters);
 
   // REGISTER_KV_CACHE. Registering an id already registered with the same model only
   // refreshes its liveness.
@@ -42,17 +56,37 @@ class LmcacheTransfers {
   Status Store(const wire::TransferRequest& req, std::string* event_handle);
   Status Retrieve(const wire::TransferRequest& req, std::string* event_handle);
 
+  // Cancels the instances whose asynchronous copies are past their deadline (see above);
+  // returns how many. Called periodically (KvService::Maintain).
+  size_t CancelOverdueCopies();
+  // Asynchronous copies submitted and not completed yet.
+  size_t copies_in_flight() const { return inflight_->size(); }
+
  private:
+  // Submits the tasks to the instance's engine. `on_complete` runs once the copy finished
+  // (inside Submit for a synchronous engine); a copy of an asynchronous engine is watched
+  // until then, with deadline now + `ttl_seconds`. If the engine refuses the plan, nothing
+  // was copied and dropping the plan releases what `on_complete` captured.
+  Status Submit(const std::shared_ptr<const Instance>& inst, transfer::CopyDirection direction,
+                const wire::TransferRequest& req, std::vector<transfer::ChunkTask> tasks,
+                std::function<void(const Status&)> on_complete, std::string* event_handle);
   // True when every block id of chunk `chunk` (all groups) is the null block.
   bool ChunkIsAllNull(const layout::KvLayout& layout,
                       const std::vector<std::vector<int64_t>>& block_ids, int64_t chunk) const;
 
   const ServerConfig& config_;
+  const Clock* const clock_;
   l1::L1Cache* const l1_;
   SessionTable* const sessions_;
   InstanceRegistry* const registry_;
   ServiceCounters* const counters_;
   const int copy_threads_;  // most threads one CPU copy may use
+  // Shared with the completions, which may run after this object is gone.
+  const std::shared_ptr<InFlightCopies> inflight_ = std::make_shared<InFlightCopies>();
+  // Cancelled instances with copies still in flight (released by CancelOverdueCopies once
+  // their copies completed, or with this object).
+  std::mutex cancelled_mu_;
+  std::vector<std::shared_ptr<const Instance>> cancelled_;  // guarded by cancelled_mu_
 };
 
 }  // namespace kvd::server

@@ -12,6 +12,8 @@ struct ServiceCounters {
   std::atomic<uint64_t> stores{0}, store_failures{0}, stored_chunks{0}, stored_bytes{0};
   std::atomic<uint64_t> retrieves{0}, retrieve_failures{0}, retrieved_chunks{0},
       retrieved_bytes{0};
+  // Instances cancelled because a copy of theirs outlived its TTL (issue 11, finding 2).
+  std::atomic<uint64_t> cancelled_instances{0};
 };
 
 }  // namespace kvd::server

@@ -27,6 +27,7 @@ struct ServiceStatus {
   size_t sessions = 0;                    // live request sessions
   size_t pending_engine_stores = 0;       // engine-driven PREPARE_STORE awaiting COMMIT
   size_t pending_engine_retrieves = 0;    // engine-driven PREPARE_RETRIEVE awaiting COMMIT
+  size_t device_copies_in_flight = 0;     // asynchronous (GPU) copies not completed yet
 };
 
 }  // namespace kvd::server

@@ -24,6 +24,13 @@
 //
 // Lifetime. Destroying an engine waits (bounded) for its in-flight copies and their
 // on_complete callbacks; the memory named by a plan's tasks must stay valid until then.
+//
+// Cancellation. A copy may never complete on its own (a GPU copy waits on the client's
+// event, which a broken or hostile client never fires). Cancel() abandons the engine: later
+// Submits fail, and each outstanding copy reports completion — with a non-OK status — only
+// once no byte of its memory can be touched any more (its stream drained or its device work
+// torn down). The memory named by its tasks must stay allocated to it until then: the
+// caller frees it from on_complete, never from the outside (see l1_cache.h, COPY IN FLIGHT).
 #pragma once
 
 #include <chrono>
@@ -98,6 +105,11 @@ class CopyEngine {
 
   // One line for logs and /status.
   virtual std::string Describe() const = 0;
+
+  // Abandons the engine (see Cancellation above): Submit fails from now on; outstanding
+  // copies are cut short where the backend can and complete with a non-OK status once their
+  // memory is no longer touched. Does not wait; safe from any thread, idempotent.
+  virtual void Cancel() = 0;
 };
 
 // CPU engine over host memory: `tensor_bases[i]` is the first byte of tensor i's mapping.

@@ -31,6 +31,7 @@ class CpuCopyEngine final : public CopyEngine {
 
   Result<Submitted> Submit(CopyPlan plan) override {
     std::lock_guard<std::mutex> lock(mu_);
+    if (cancelled_) return Status::Unavailable("the copy engine was cancelled");
     int64_t chunks = 0;
     for (const auto& t : plan.tasks) {
       if (t.object == nullptr || t.chunk < 0) {
@@ -68,6 +69,12 @@ class CpuCopyEngine final : public CopyEngine {
     return r.ok() ? Status::Ok() : r.status();
   }
 
+  // Copies run inside Submit, so none is ever outstanding: cancelling only refuses new ones.
+  void Cancel() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    cancelled_ = true;
+  }
+
   std::string Describe() const override {
     std::ostringstream os;
     os << "cpu engine, up to " << max_threads_ << " thread(s), " << bases_.size()
@@ -82,7 +89,8 @@ class CpuCopyEngine final : public CopyEngine {
   const int max_threads_;
   EngineCaps caps_;
   std::mutex mu_;
-  Ticket last_ = 0;  // guarded by mu_
+  Ticket last_ = 0;         // guarded by mu_
+  bool cancelled_ = false;  // guarded by mu_
 };
 
 }  // namespace

@@ -18,9 +18,17 @@
 // instance's requests in order; engines of different instances run concurrently. The copy's
 // completion (on_complete: L1 commit or unpin) runs on the runtime's completion thread once
 // the marker has fired, never earlier.
+//
+// Cancel (a copy outlived its TTL: the client's event never fired) refuses later Submits and
+// releases what the engine can release from its side: the waits on a client's timeline
+// semaphore are satisfied by writing the awaited value into the semaphore slot, so the
+// streams drain and the completions (with the cancellation as their status) run normally. A
+// wait on a client's CUDA IPC event cannot be released from kvd's side: that copy's memory
+// stays held (never reused) until the event fires or the engine's teardown gives up on it.
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <map>
 #include <set>
@@ -67,6 +75,7 @@ class CudaCopyEngine final : public CopyEngine {
   Result<bool> Poll(Ticket t) override { return book_->Poll(t); }
   Status Wait(Ticket t, std::chrono::milliseconds timeout) override { return book_->Wait(t, timeout); }
   std::string Describe() const override { return describe_; }
+  void Cancel() override;
 
  private:
   // Enqueues the per-chunk work; returns the first CUDA error (later chunks not enqueued).
@@ -98,7 +107,45 @@ class CudaCopyEngine final : public CopyEngine {
   unsigned next_slot_ = 0;     // guarded by mu_
   ChunkKernelArgs args_;       // guarded by mu_ (scratch; too large for the stack habitually)
   std::map<IpcHandle, std::shared_ptr<IpcAllocation>> client_semaphores_;  // guarded by mu_
+  // Timeline-semaphore waits of copies not yet known to be complete: what Cancel writes.
+  struct TimelineWait {
+    std::shared_ptr<IpcAllocation> semaphore;
+    uint64_t slot_offset = 0;
+    uint64_t sequence = 0;
+  };
+  std::map<Ticket, TimelineWait> timeline_waits_;  // guarded by mu_
+  bool cancelled_ = false;                         // guarded by mu_
+  // Read by completions (on the runtime's thread): once set, every completion reports the
+  // cancellation instead of success, so nothing gathered after a released wait is committed.
+  std::shared_ptr<std::atomic<bool>> cancel_flag_ = std::make_shared<std::atomic<bool>>(false);
 };
+
+void CudaCopyEngine::Cancel() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (cancelled_) return;
+  cancelled_ = true;
+  cancel_flag_->store(true);
+  size_t released = 0;
+  if (device_ >= 0) cudaSetDevice(device_);
+  for (const auto& [ticket, w] : timeline_waits_) {
+    auto done = book_->Poll(ticket);
+    if (!done.ok() || *done) continue;  // completed (or failed) already
+    const uint64_t value = w.sequence;
+    cudaError_t err = cudaMemcpy(w.semaphore->base + w.slot_offset, &value, sizeof(value),
+                                 cudaMemcpyHostToDevice);
+    if (err == cudaSuccess) {
+      ++released;
+    } else {
+      (void)cudaGetLastError();
+      spdlog::error("instance {}: could not release a timeline wait: {}", instance_id_,
+                    CudaErrorText("cudaMemcpy", err));
+    }
+  }
+  timeline_waits_.clear();
+  spdlog::warn("instance {}: copy engine cancelled; {} timeline wait(s) released, {} copy(ies) "
+               "outstanding (their memory stays held until they complete)",
+               instance_id_, released, book_->outstanding());
+}
 
 Status CudaCopyEngine::Open(const std::vector<wire::TensorDescriptor>& tensors,
                             const HostPool& pool) {
@@ -290,6 +337,11 @@ Status CudaCopyEngine::EnqueueChunks(const CopyPlan& plan) {
 
 Result<Submitted> CudaCopyEngine::Submit(CopyPlan plan) {
   std::lock_guard<std::mutex> lock(mu_);
+  if (cancelled_) return Status::Unavailable("the copy engine was cancelled");
+  std::erase_if(timeline_waits_, [&](const auto& kv) {
+    auto done = book_->Poll(kv.first);
+    return !done.ok() || *done;
+  });
   int64_t chunks = 0;
   for (const auto& t : plan.tasks) {
     if (t.object == nullptr || t.chunk < 0) return Status::InvalidArgument("copy plan has a task without an object");
@@ -318,6 +370,7 @@ Result<Submitted> CudaCopyEngine::Submit(CopyPlan plan) {
     if (!slot.ok()) return slot.status();
     timeline_slot_ = *slot;
   }
+  TimelineWait timeline_wait;
   auto give_back = [&] {
     // Nothing was enqueued: return the events unrecorded.
     cudaEventDestroy(pending->marker);
@@ -350,6 +403,7 @@ Result<Submitted> CudaCopyEngine::Submit(CopyPlan plan) {
         it = client_semaphores_.emplace(wait->handle, *a).first;
       }
       pending->keep_alive.push_back(it->second);
+      timeline_wait = {it->second, wait->slot_offset, wait->sequence};
     }
     Status st = rt_->WaitTimeline(device_, main_, *wait, &pending->keep_alive);
     if (!st.ok()) {
@@ -394,9 +448,13 @@ Result<Submitted> CudaCopyEngine::Submit(CopyPlan plan) {
     cudaStreamSynchronize(copy_);
   }
   pending->forced = out.status;
-  pending->on_complete = std::move(plan.on_complete);
+  pending->on_complete = [flag = cancel_flag_, done = std::move(plan.on_complete)](const Status& st) {
+    if (!done) return;
+    done(flag->load() ? Status::Unavailable("the copy engine was cancelled") : st);
+  };
   pending->ticket = book_->Issue();
   out.ticket = pending->ticket;
+  if (timeline_wait.semaphore) timeline_waits_.emplace(out.ticket, std::move(timeline_wait));
   rt_->Track(std::move(pending));
   return out;
 }

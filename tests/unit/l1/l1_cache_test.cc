@@ -398,6 +398,78 @@ TEST_F(L1CacheTest, LiveStagingBlocksEvictionExpiredStagingDoesNot) {
   EXPECT_EQ(cache->stats().detached_entries, 0u);
 }
 
+// Issue 11 finding 2 (stale device copies): a reservation whose engine copy is still in
+// flight keeps its memory past the write TTL — no reclaim, no eviction, no Clear — so a late
+// copy never lands in another object's bytes.
+TEST_F(L1CacheTest, Finding2CopyInFlightOutlivesTheWriteTtl) {
+  auto cache = Make(2);
+  const ChunkKey k = Key(1);
+  auto copying = cache->ReserveWrite(k, 1, 0, kPage);
+  ASSERT_TRUE(copying.ok());
+  ASSERT_TRUE(copying->MarkCopyInFlight());
+  ASSERT_TRUE(copying->MarkCopyInFlight());  // idempotent
+  EXPECT_EQ(cache->stats().copies_in_flight, 1u);
+  clock_.AdvanceSeconds(100000);
+  auto info = cache->DescribeSlot(k, 0);
+  ASSERT_TRUE(info);
+  EXPECT_TRUE(info->write_lock_live);
+  EXPECT_TRUE(info->copy_in_flight);
+  // Another writer of the same slot cannot reclaim it ...
+  EXPECT_EQ(cache->ReserveWrite(k, 1, 0, kPage).status().code(), StatusCode::kAlreadyExists);
+  // ... allocation pressure cannot evict it ...
+  ASSERT_TRUE(WriteObject(*cache, Key(2), 1, 0, kPage).ok());
+  EXPECT_EQ(cache->ReserveWrite(Key(3), 1, 0, 2 * kPage).status().code(),
+            StatusCode::kResourceExhausted);
+  EXPECT_FALSE(cache->IsResident(Key(2), 0));  // evicted trying; the copy's slot stayed
+  EXPECT_EQ(cache->stats(true).locked_entries, 1u);
+  EXPECT_EQ(cache->DescribeSlot(k, 0)->state, SlotState::kStaging);
+  // ... and Clear keeps its memory until the copy reports back.
+  cache->Clear();
+  EXPECT_EQ(cache->stats().used_bytes, kPage);
+  for (int i = 10; i < 12; ++i) {
+    auto other = cache->ReserveWrite(Key(i), 1, 0, kPage);
+    if (!other.ok()) continue;
+    EXPECT_TRUE(other->offset() + other->size() <= copying->offset() ||
+                copying->offset() + copying->size() <= other->offset());
+  }
+  FillPattern(copying->data(), copying->size(), k, 0);  // the late copy: its own bytes only
+  EXPECT_FALSE(copying->Commit());                     // cleared meanwhile: discarded
+  L1Stats st = cache->stats();
+  EXPECT_EQ(st.copies_in_flight, 0u);
+  EXPECT_EQ(st.detached_entries, 0u);
+}
+
+TEST_F(L1CacheTest, Finding2CopyInFlightCommitsAndAbortsLikeAnyReservation) {
+  auto cache = Make(4);
+  auto a = cache->ReserveWrite(Key(1), 1, 0, kPage);
+  auto b = cache->ReserveWrite(Key(2), 1, 0, kPage);
+  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_TRUE(a->MarkCopyInFlight());
+  ASSERT_TRUE(b->MarkCopyInFlight());
+  clock_.AdvanceSeconds(601);
+  FillPattern(a->data(), a->size(), Key(1), 0);
+  EXPECT_TRUE(a->Commit());  // committed after the TTL: the copy held the slot throughout
+  b->Abort();
+  L1Stats st = cache->stats();
+  EXPECT_EQ(st.copies_in_flight, 0u);
+  EXPECT_EQ(st.used_bytes, kPage);
+  auto pin = cache->PinForRead(Key(1), 0);
+  ASSERT_TRUE(pin.ok());
+  EXPECT_TRUE(CheckPattern(pin->data(), pin->size(), Key(1), 0));
+}
+
+TEST_F(L1CacheTest, Finding2MarkingAReclaimedReservationFails) {
+  auto cache = Make(4);
+  auto dead = cache->ReserveWrite(Key(1), 1, 0, kPage);
+  ASSERT_TRUE(dead.ok());
+  clock_.AdvanceSeconds(601);
+  auto fresh = cache->ReserveWrite(Key(1), 1, 0, kPage);  // reclaims the expired slot
+  ASSERT_TRUE(fresh.ok());
+  EXPECT_FALSE(dead->MarkCopyInFlight());  // not its memory any more: do not copy
+  EXPECT_EQ(cache->stats().copies_in_flight, 0u);
+  EXPECT_FALSE(WriteReservation().MarkCopyInFlight());
+}
+
 TEST_F(L1CacheTest, TooLargeObjectFailsWithoutEvicting) {
   auto cache = Make(4);
   ASSERT_TRUE(WriteObject(*cache, Key(1), 1, 0, kPage).ok());

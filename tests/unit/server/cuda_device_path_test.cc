@@ -99,6 +99,7 @@ class GatedEngine final : public transfer::CopyEngine {
   Result<bool> Poll(transfer::Ticket t) override { return t <= done_; }
   Status Wait(transfer::Ticket, std::chrono::milliseconds) override { return Status::Ok(); }
   std::string Describe() const override { return "gated host engine"; }
+  void Cancel() override {}
 
   // Completes every queued copy; with `fail`, reports a device failure without copying.
   void Run(bool fail = false) {
