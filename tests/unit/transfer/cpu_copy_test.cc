@@ -340,8 +340,8 @@ TestModel SharedPoolBlocksFirst(int64_t pad) {
   std::vector<int64_t> all;
   for (int64_t l = 0; l < layers; ++l) {
     TestTensor t;
-    t.desc = Desc("/pool", "bfloat16", {nb, nh, bs, c}, {bstride, bs * c, c, 1}, l * page,
-                  static_cast<uint64_t>(nb * bstride * 2));
+    t.desc = OnGpu(Desc("/pool", "bfloat16", {nb, nh, bs, c}, {bstride, bs * c, c, 1}, l * page,
+                        static_cast<uint64_t>(nb * bstride * 2)));
     t.token_dim = 2;
     g.tensors.push_back(m.tensors.size());
     all.push_back(l);
@@ -401,7 +401,24 @@ TEST(CpuCopyTest, StridedViewsIntoOneSharedBuffer) {
   RoundTrip(SharedPoolKvFirst(0), 64, 2);
 }
 
+// The vLLM CPU cache as views into one buffer per group (BLHNC-style), with padding
+// after each block: the key/value split follows each view's strides and offset.
+TestModel VllmCpuSharedPool(int64_t pad) {
+  const int64_t nb = 16, layers = 3, nh = 2, bs = 32, c = 16;
+  const int64_t page = nh * bs * c, bstride = layers * page + pad;
+  TestModel m = VllmCpu(layers, nb, bs, nh, c / 2);
+  m.segment_bytes.clear();
+  for (int64_t l = 0; l < layers; ++l) {
+    m.tensors[l].desc = Desc("/cpupool", "bfloat16", {nb, nh, bs, c}, {bstride, bs * c, c, 1},
+                             l * page, static_cast<uint64_t>(nb * bstride * 2));
+    m.segment_bytes["/cpupool"] = m.tensors[l].desc.nbytes;
+  }
+  return m;
+}
+
 TEST(CpuCopyTest, PaddedBlockStride) {
+  RoundTrip(VllmCpuSharedPool(0), 64, 2);
+  RoundTrip(VllmCpuSharedPool(40), 64, 2, {0, 37});
   RoundTrip(SharedPoolBlocksFirst(40), 64, 2, {0, 5});
   RoundTrip(SharedPoolLayersFirst(24), 64, 2, {17, 0});
   RoundTrip(SharedPoolKvFirst(8), 64, 2);
