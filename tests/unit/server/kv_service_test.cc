@@ -335,6 +335,78 @@ TEST_F(KvServiceTest, EngineDrivenPrepareCommitRoundTrip) {
   munmap(pool, r->second);
 }
 
+// Stores one chunk through an engine-driven instance; returns whether it committed.
+bool EngineDrivenStoreOneChunk(KvService& svc, int64_t id, const std::string& rid) {
+  wire::EngineDrivenRequest ps{Key(0, 256, 0, 256, 1, rid), id, ""};
+  auto slots = svc.PrepareStore(ps);
+  if (!slots.ok() || slots->first.size() != 1) return false;
+  return svc.CommitStore(ps).ok();
+}
+
+wire::RegisterEngineDrivenRequest EngineDrivenRegistration(int64_t id, int64_t block_size,
+                                                           bool single_plane) {
+  wire::RegisterEngineDrivenRequest reg;
+  reg.instance_id = id;
+  reg.model_name = "llama";
+  reg.world_size = 1;
+  reg.block_size = block_size;
+  reg.num_layers = 2;
+  reg.hidden_dim_size = single_plane ? 32 : 16;
+  reg.dtype_str = "bfloat16";
+  reg.use_mla = single_plane;
+  reg.num_physical_slots = 256;
+  return reg;
+}
+
+// Regression: an engine-driven vLLM-CPU worker writes objects whose bytes depend on its
+// block size (lmcache 0.5.6 gathers the CPU cache [NB, NH, BS, 2*HS] as rows of [K|V],
+// docs/layouts.md), and a worker with another block size was served them: wrong KV.
+// Single-plane engine-driven objects are now kept apart per block size: the other block
+// size misses (and recomputes) instead.
+TEST_F(KvServiceTest, EngineDrivenObjectsOfAnotherBlockSizeAreServed) {
+  ASSERT_TRUE(svc_->RegisterEngineDriven(EngineDrivenRegistration(7, 128, true)).ok());
+  ASSERT_TRUE(EngineDrivenStoreOneChunk(*svc_, 7, "s128"));
+  EXPECT_EQ(LookupHits(Key(std::nullopt, 256, 0, 256, 1, "l128")), 1);
+  ASSERT_TRUE(svc_->Unregister(7).ok());
+
+  ASSERT_TRUE(svc_->RegisterEngineDriven(EngineDrivenRegistration(8, 32, true)).ok());
+  EXPECT_EQ(LookupHits(Key(std::nullopt, 256, 0, 256, 1, "l32")), 0);
+  wire::EngineDrivenRequest pr{Key(0, 256, 0, 256, 1, "r32"), 8, ""};
+  EXPECT_EQ(svc_->PrepareRetrieve(pr).status().code(), StatusCode::kNotFound);
+  // Its own block size is served.
+  ASSERT_TRUE(EngineDrivenStoreOneChunk(*svc_, 8, "s32"));
+  EXPECT_EQ(LookupHits(Key(std::nullopt, 256, 0, 256, 1, "l32b")), 1);
+  ASSERT_TRUE(svc_->Unregister(8).ok());
+
+  // Two-plane objects ([2][layers][tokens][hidden], token rows) do not depend on the block
+  // size and stay shared between block sizes.
+  ASSERT_TRUE(svc_->RegisterEngineDriven(EngineDrivenRegistration(9, 128, false)).ok());
+  wire::EngineDrivenRequest ps{Key(0, 256, 0, 256, 1, "t", 5), 9, ""};
+  ASSERT_TRUE(svc_->PrepareStore(ps).ok());
+  ASSERT_TRUE(svc_->CommitStore(ps).ok());
+  ASSERT_TRUE(svc_->Unregister(9).ok());
+  ASSERT_TRUE(svc_->RegisterEngineDriven(EngineDrivenRegistration(10, 32, false)).ok());
+  EXPECT_EQ(LookupHits(Key(std::nullopt, 256, 0, 256, 1, "u", 5)), 1);
+}
+
+TEST_F(KvServiceTest, LookupsMissWhileWorkersWithDifferentObjectLayoutsAreRegistered) {
+  // Block sizes 128 and 32 at once: a scheduler's LOOKUP cannot tell which of them its
+  // workers are, so it reports no hit rather than lock chunks its workers cannot read.
+  ASSERT_TRUE(svc_->RegisterEngineDriven(EngineDrivenRegistration(7, 128, true)).ok());
+  ASSERT_TRUE(EngineDrivenStoreOneChunk(*svc_, 7, "s"));
+  EXPECT_EQ(LookupHits(Key(std::nullopt, 256, 0, 256, 1, "a")), 1);
+  ASSERT_TRUE(svc_->RegisterEngineDriven(EngineDrivenRegistration(8, 32, true)).ok());
+  EXPECT_EQ(LookupHits(Key(std::nullopt, 256, 0, 256, 1, "b")), 0);
+  ASSERT_TRUE(svc_->Unregister(8).ok());
+  EXPECT_EQ(LookupHits(Key(std::nullopt, 256, 0, 256, 1, "c")), 1);
+}
+
+TEST_F(KvServiceTest, EngineDrivenModelNamesMustNotContainTheNamespaceSeparator) {
+  auto reg = EngineDrivenRegistration(7, 128, true);
+  reg.model_name = "llama@engine-driven";
+  EXPECT_EQ(svc_->RegisterEngineDriven(reg).status().code(), StatusCode::kInvalidArgument);
+}
+
 TEST_F(KvServiceTest, ReadLocksKeepLookedUpChunksFromEviction) {
   cfg_.l1_size_gb = 64.0 / (1024 * 1024);  // 64 KiB: two 32 KiB chunk objects
   svc_.reset();
