@@ -14,6 +14,18 @@ std::string PendingId(const wire::CacheKey& key) {
   return key.request_id + "#" + std::to_string(key.start) + ":" + std::to_string(key.end);
 }
 
+// The client writes engine-driven objects itself. Two-plane objects ([2][layers][tokens]
+// [hidden]) are token rows, the same at every block size and the same as kvd's own. A
+// single-plane object (use_mla: MLA, or K/V fused in the last dimension) may not be: for
+// vLLM's CPU cache lmcache 0.5.6 gathers [NB, NH, BS, 2*HS] as rows of [K|V] while vLLM
+// keeps BS key rows then BS value rows, so the object's bytes depend on the block size,
+// and the registration (hidden size only, no heads or head size) does not say enough to
+// reorder them. Such objects are kept apart per block size (docs/layouts.md).
+std::string EngineDrivenNamespace(const wire::RegisterEngineDrivenRequest& req) {
+  if (!req.use_mla) return "";
+  return "engine-driven single-plane block " + std::to_string(req.block_size);
+}
+
 }  // namespace
 
 EngineDrivenTransfers::EngineDrivenTransfers(const ServerConfig& config, const Clock* clock,
@@ -46,6 +58,9 @@ Result<std::pair<std::string, uint64_t>> EngineDrivenTransfers::Register(
       slots < 1 || slots > (1 << 24) || req.block_size < 1) {
     return Status::InvalidArgument("engine-driven registration has out-of-range sizes");
   }
+  if (req.model_name.empty() || req.model_name.find('@') != std::string::npos) {
+    return Status::InvalidArgument("model_name must be non-empty and must not contain '@'");
+  }
   if (config_.chunk_size % req.block_size != 0) {
     return Status::InvalidArgument("chunk size " + std::to_string(config_.chunk_size) +
                                    " is not a multiple of block size " +
@@ -57,6 +72,7 @@ Result<std::pair<std::string, uint64_t>> EngineDrivenTransfers::Register(
   inst->model_name = req.model_name;
   inst->world_size = req.world_size;
   inst->dtype = req.dtype_str;
+  inst->key_namespace = EngineDrivenNamespace(req);
   if (req.use_mla) {
     inst->object_shape = {req.num_layers, slots, req.hidden_dim_size};
   } else {
@@ -70,9 +86,18 @@ Result<std::pair<std::string, uint64_t>> EngineDrivenTransfers::Register(
                                    " bytes) is larger than L1");
   }
   inst->object_bytes = static_cast<uint64_t>(bytes);
-  spdlog::info("registered engine-driven instance {} model '{}' world_size {}: object {} bytes",
-               req.instance_id, req.model_name, req.world_size, inst->object_bytes);
+  spdlog::info("registered engine-driven instance {} model '{}' world_size {}: object {} bytes{}",
+               req.instance_id, req.model_name, req.world_size, inst->object_bytes,
+               inst->key_namespace.empty() ? std::string()
+                                           : " (objects kept apart: " + inst->key_namespace + ")");
+  const std::string ns = inst->key_namespace;
   registry_->Put(std::move(inst));
+  const auto agreed = registry_->KeyNamespace(req.model_name, req.world_size);
+  if (!agreed.agreed) {
+    spdlog::warn("model '{}' world_size {} now has workers whose objects differ in layout "
+                 "(this one: '{}'); lookups for it report no hits until they agree",
+                 req.model_name, req.world_size, ns.empty() ? "canonical" : ns);
+  }
   return std::make_pair(l1_->shm_name(), l1_->capacity_bytes());
 }
 
@@ -85,7 +110,7 @@ EngineDrivenTransfers::PrepareStore(const wire::EngineDrivenRequest& req) {
     return Status::NotFound("prepare_store: instance " + std::to_string(req.instance_id) +
                             " has no engine-driven context");
   }
-  auto keys = RequestChunkKeys(*sessions_, config_.chunk_size, req.key);
+  auto keys = RequestChunkKeys(*sessions_, config_.chunk_size, req.key, inst->key_namespace);
   if (!keys.ok()) {
     counters_->store_failures++;
     return keys.status();
@@ -150,7 +175,7 @@ Result<std::vector<wire::ShmSlot>> EngineDrivenTransfers::PrepareRetrieve(
     return Status::NotFound("prepare_retrieve: instance " + std::to_string(req.instance_id) +
                             " has no engine-driven context");
   }
-  auto keys = RequestChunkKeys(*sessions_, config_.chunk_size, req.key);
+  auto keys = RequestChunkKeys(*sessions_, config_.chunk_size, req.key, inst->key_namespace);
   if (!keys.ok()) {
     counters_->retrieve_failures++;
     return keys.status();

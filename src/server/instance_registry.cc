@@ -69,6 +69,22 @@ bool InstanceRegistry::ModelRegistered(const std::string& model, int64_t world_s
   return false;
 }
 
+InstanceRegistry::Namespace InstanceRegistry::KeyNamespace(const std::string& model,
+                                                          int64_t world_size) const {
+  Namespace out;
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& [id, e] : entries_) {
+    if (e.instance->model_name != model || e.instance->world_size != world_size) continue;
+    if (!out.registered) {
+      out.registered = true;
+      out.key_namespace = e.instance->key_namespace;
+    } else if (out.key_namespace != e.instance->key_namespace) {
+      out.agreed = false;
+    }
+  }
+  return out;
+}
+
 size_t InstanceRegistry::size() const {
   std::lock_guard<std::mutex> lock(mu_);
   return entries_.size();

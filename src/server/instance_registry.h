@@ -29,6 +29,9 @@ struct Instance {
   bool engine_driven = false;
   std::string model_name;
   int64_t world_size = 0;
+  // What goes into the keys of this instance's objects besides the model name (see
+  // MakeChunkKey): empty for canonical objects, which every instance of the model shares.
+  std::string key_namespace;
   // lmcache-driven: the copy plan over the registered tensors and the engine executing it
   // (CPU shared memory or CUDA IPC). The engine owns the tensors' mappings.
   layout::KvLayout layout;
@@ -64,6 +67,13 @@ class InstanceRegistry {
 
   // True when some instance registered this model and world size.
   bool ModelRegistered(const std::string& model, int64_t world_size) const;
+  // The key namespace of the instances registered for this model and world size.
+  struct Namespace {
+    bool registered = false;  // some instance registered them
+    bool agreed = true;       // all of those use `key_namespace`
+    std::string key_namespace;
+  };
+  Namespace KeyNamespace(const std::string& model, int64_t world_size) const;
   size_t size() const;
 
   // Instances silent for longer than their limit at `now`: `pinged_limit_ns` for those

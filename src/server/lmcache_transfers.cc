@@ -171,6 +171,11 @@ Status LmcacheTransfers::Register(const wire::RegisterKvCacheRequest& req) {
   spdlog::info("registered instance {} model '{}' world_size {}: {} tensors, {}", req.instance_id,
                req.model_name, req.world_size, req.tensors.size(), inst->layout.Describe());
   registry_->Put(std::move(inst));
+  if (!registry_->KeyNamespace(req.model_name, req.world_size).agreed) {
+    spdlog::warn("model '{}' world_size {} now has workers whose objects differ in layout "
+                 "(engine-driven single-plane objects of another block size); lookups for it "
+                 "report no hits until they agree", req.model_name, req.world_size);
+  }
   return Status::Ok();
 }
 

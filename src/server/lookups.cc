@@ -22,12 +22,15 @@ uint32_t Lookups::ReadLocksPerSlot(const wire::CacheKey& key, int64_t tp_size) {
 Status Lookups::Lookup(const wire::LookupRequest& req) {
   counters_->lookups++;
   const auto& key = req.key;
-  if (!registry_->ModelRegistered(key.model_name, key.world_size)) {
-    // No worker of this model has registered: nothing can be retrieved, so 0 hits.
+  const auto ns = registry_->KeyNamespace(key.model_name, key.world_size);
+  if (!ns.registered || !ns.agreed) {
+    // No worker of this model has registered: nothing can be retrieved, so 0 hits. Or its
+    // workers keep objects in different namespaces (engine-driven, two block sizes): the
+    // scheduler's key does not say which one its workers read, so 0 hits, never wrong KV.
     sessions_->SetLookupResult(key.request_id, 0);
     return Status::Ok();
   }
-  auto keys = RequestChunkKeys(*sessions_, config_.chunk_size, key);
+  auto keys = RequestChunkKeys(*sessions_, config_.chunk_size, key, ns.key_namespace);
   if (!keys.ok()) {
     sessions_->SetLookupResult(key.request_id, 0);
     return keys.status();
@@ -45,7 +48,9 @@ std::optional<int64_t> Lookups::QueryPrefetchStatus(const std::string& request_i
 }
 
 Status Lookups::FreeLookupLocks(const wire::LookupRequest& req) {
-  auto keys = RequestChunkKeys(*sessions_, config_.chunk_size, req.key);
+  const auto ns = registry_->KeyNamespace(req.key.model_name, req.key.world_size);
+  if (!ns.registered || !ns.agreed) return Status::Ok();  // the lookup locked nothing
+  auto keys = RequestChunkKeys(*sessions_, config_.chunk_size, req.key, ns.key_namespace);
   if (!keys.ok()) return keys.status();
   l1_->ReleaseReadLocksAllSlots(*keys, ReadLocksPerSlot(req.key, req.tp_size));
   return Status::Ok();
@@ -57,7 +62,8 @@ void Lookups::EndSession(const std::string& request_id) {
   std::vector<l1::ChunkKey> keys;
   keys.reserve(hashes.size());
   for (const auto& h : hashes) {
-    keys.push_back(MakeChunkKey(identity.model_name, identity.world_size, identity.cache_salt, h));
+    keys.push_back(MakeChunkKey(identity.model_name, identity.key_namespace, identity.world_size,
+                                identity.cache_salt, h));
   }
   l1_->Touch(keys);
 }

@@ -28,6 +28,7 @@ struct SessionIdentity {
   std::string model_name;
   int64_t world_size = 0;
   std::string cache_salt;
+  std::string key_namespace;  // see MakeChunkKey (server/chunk_keys.h)
   bool operator==(const SessionIdentity&) const = default;
 };
 

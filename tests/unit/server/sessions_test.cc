@@ -60,14 +60,14 @@ TEST(SessionTable, LookupResultIsTakenOnce) {
 TEST(SessionTable, IdleSessionsExpireAndEndReturnsIdentityAndHashes) {
   FakeClock clock;
   SessionTable s(&clock, 256, 600);
-  ASSERT_TRUE(s.ChunkHashes("old", Tokens(256, 1), 1, SessionIdentity{"m", 1, ""}).ok());
+  ASSERT_TRUE(s.ChunkHashes("old", Tokens(256, 1), 1, SessionIdentity{"m", 1, "", ""}).ok());
   clock.AdvanceSeconds(500);
-  ASSERT_TRUE(s.ChunkHashes("new", Tokens(256, 2), 1, SessionIdentity{"m", 1, "salt"}).ok());
+  ASSERT_TRUE(s.ChunkHashes("new", Tokens(256, 2), 1, SessionIdentity{"m", 1, "salt", ""}).ok());
   clock.AdvanceSeconds(200);
   EXPECT_EQ(s.Expire(), 1u);
   EXPECT_EQ(s.size(), 1u);
   auto [identity, hashes] = s.End("new");
-  EXPECT_EQ(identity, (SessionIdentity{"m", 1, "salt"}));
+  EXPECT_EQ(identity, (SessionIdentity{"m", 1, "salt", ""}));
   EXPECT_EQ(hashes.size(), 1u);
   EXPECT_EQ(s.size(), 0u);
   EXPECT_TRUE(s.End("new").second.empty());
