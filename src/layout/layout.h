@@ -85,6 +85,19 @@ struct KernelGroup {
   }
 };
 
+// vLLM's CPU cache [NB, NH, BS, 2*HS]: the layout of each (block, head) depends on the
+// attention kernels vLLM picked for the host, the dtype and the head size
+// (docs/layouts.md, "vLLM's CPU cache").
+enum class VllmCpuKernels {
+  kDetect,   // as vLLM decides on this host
+  kVec,      // VEC / VEC16: K as [HS][BS] (dimension-major), then V as [BS][HS]
+  kUnknown,  // AMX, NEON, fp8, ...: blocks copied as they are, objects per block size
+};
+
+struct LayoutOptions {
+  VllmCpuKernels vllm_cpu = VllmCpuKernels::kDetect;
+};
+
 struct KvLayout {
   int64_t chunk_tokens = 0;
   std::vector<KernelGroup> groups;
@@ -92,6 +105,9 @@ struct KvLayout {
   uint64_t object_bytes = 0;       // sum over groups of BytesPerChunk
   std::vector<size_t> aliased_tensors;   // same memory and view as an earlier tensor
   std::vector<size_t> excluded_tensors;  // named by no engine_group_info: never copied
+  // > 0: the objects are only meaningful to workers with this many tokens per block
+  // (a vLLM CPU cache whose kernel layout kvd does not know); the server keeps them apart.
+  int64_t block_size_dependent = 0;
   std::string Describe() const;    // one line for logs and /status
 };
 
@@ -105,6 +121,6 @@ int64_t DtypeSize(const std::string& dtype);
 Result<KvLayout> BuildLayout(const std::vector<wire::TensorDescriptor>& tensors,
                              const wire::LayoutHints& hints,
                              const std::vector<wire::EngineGroupInfo>& group_infos,
-                             int64_t chunk_tokens);
+                             int64_t chunk_tokens, const LayoutOptions& options = {});
 
 }  // namespace kvd::layout

@@ -167,6 +167,11 @@ Status LmcacheTransfers::Register(const wire::RegisterKvCacheRequest& req) {
     inst->engine = transfer::MakeCpuCopyEngine(*layout, std::move(bases), copy_threads_,
                                                std::move(mappings));
   }
+  if (layout->block_size_dependent > 0) {
+    // vLLM CPU kernels whose block layout kvd does not know: a worker with another block
+    // size must not read these objects (docs/layouts.md).
+    inst->key_namespace = "vllm-cpu blocks of " + std::to_string(layout->block_size_dependent);
+  }
   inst->layout = std::move(layout).value();
   spdlog::info("registered instance {} model '{}' world_size {}: {} tensors, {}", req.instance_id,
                req.model_name, req.world_size, req.tensors.size(), inst->layout.Describe());
@@ -197,7 +202,7 @@ Status LmcacheTransfers::Store(const wire::TransferRequest& req, std::string* ev
                                         ", the instance registered '" + inst->model_name + "' " +
                                         std::to_string(inst->world_size)));
   }
-  auto keys = RequestChunkKeys(*sessions_, config_.chunk_size, req.key);
+  auto keys = RequestChunkKeys(*sessions_, config_.chunk_size, req.key, inst->key_namespace);
   if (!keys.ok()) return fail(keys.status());
   const int64_t n = static_cast<int64_t>(keys->size());
   if (Status st = transfer::ValidateBlockIds(inst->layout, req.block_ids, n); !st.ok()) {
@@ -261,7 +266,7 @@ Status LmcacheTransfers::Retrieve(const wire::TransferRequest& req, std::string*
   if (req.key.model_name != inst->model_name || req.key.world_size != inst->world_size) {
     return fail(Status::InvalidArgument("retrieve: key does not match the instance's model"));
   }
-  auto keys = RequestChunkKeys(*sessions_, config_.chunk_size, req.key);
+  auto keys = RequestChunkKeys(*sessions_, config_.chunk_size, req.key, inst->key_namespace);
   if (!keys.ok()) return fail(keys.status());
   const int64_t n = static_cast<int64_t>(keys->size());
   if (Status st = transfer::ValidateBlockIds(inst->layout, req.block_ids, n); !st.ok()) {

