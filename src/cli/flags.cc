@@ -377,6 +377,18 @@ Result<ParsedCommandLine> ParseServerCommandLine(std::span<const std::string> ar
        << c.server.worker_reap_timeout_seconds << ")";
     return Status::InvalidArgument(os.str());
   }
+  if (auto it = given.find(FindFlag("--allowed-shm-uid")); it != given.end()) {
+    if (it->second.value.items.empty()) {
+      return Status::InvalidArgument("--allowed-shm-uid: needs at least one uid");
+    }
+    for (const auto& item : it->second.value.items) {
+      char* end = nullptr;
+      const unsigned long uid = std::strtoul(item.c_str(), &end, 10);
+      if (item.empty() || *end != '\0' || item[0] == '-' || uid > 0xffffffffUL) {
+        return Status::InvalidArgument("--allowed-shm-uid " + item + ": not a uid");
+      }
+    }
+  }
   if (!c.observability) c.server.kv_event_log_size = 0;
   return out;
 }

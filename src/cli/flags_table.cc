@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 
 #include "cli/flags.h"
@@ -442,6 +443,36 @@ const FlagSpec kFlags[] = {
      .note = "validate the command line, print the startup summary and the ignored flags, "
              "exit 0 without starting",
      .apply = [](const FlagValue&, CliConfig& c) { c.check_only = true; }},
+    {.name = "--allowed-shm-uid", .group = kKvdGroup, .kind = K::kList, .origin = O::kKvd,
+     .lmcache_default = "the uid kvd runs as",
+     .note = "uids whose POSIX shared-memory segments REGISTER_KV_CACHE may map (checked with "
+             "fstat on the opened segment); give every uid the vLLM workers run as",
+     .apply = [](const FlagValue& v, CliConfig& c) {
+       c.server.allowed_shm_uids.clear();
+       for (const auto& item : v.items) {
+         char* end = nullptr;
+         const unsigned long uid = std::strtoul(item.c_str(), &end, 10);
+         if (!item.empty() && *end == '\0' && uid <= 0xffffffffUL) {
+           c.server.allowed_shm_uids.push_back(static_cast<uint32_t>(uid));
+         }
+       }
+     },
+     .show = [](const CliConfig& c) {
+       std::string s;
+       for (uint32_t u : c.server.allowed_shm_uids) {
+         if (!s.empty()) s += ',';
+         s += std::to_string(u);
+       }
+       return s.empty() ? std::string("own uid") : s;
+     }},
+    {.name = "--allowed-shm-prefix", .group = kKvdGroup, .kind = K::kString, .origin = O::kKvd,
+     .lmcache_default = "\"\" (any name)",
+     .note = "REGISTER_KV_CACHE maps only segments whose name starts with this (lmcache's CPU "
+             "workers name theirs lmcache_kv_<pid>_<n>)",
+     .apply = [](const FlagValue& v, CliConfig& c) {
+       c.server.allowed_shm_prefix = v.text.size() > 0 && v.text[0] == '/' ? v.text.substr(1) : v.text;
+     },
+     .show = [](const CliConfig& c) { return c.server.allowed_shm_prefix; }},
     {.name = "--list-flags", .group = kKvdGroup, .kind = K::kChoice, .origin = O::kKvd,
      .choices = "json|markdown",
      .note = "print this table of flags (as docs/cli.md shows it) and exit",

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace kvd::server {
 
@@ -35,6 +36,11 @@ struct ServerConfig {
   // Records kept for KV-event subscribers (--kv-event-log-size); 0 turns the stream off.
   int64_t kv_event_log_size = 32768;
   std::string instance_id;               // --instance-id: shown in GET /config only
+  // Whose shared memory REGISTER_KV_CACHE may map (--allowed-shm-uid, --allowed-shm-prefix):
+  // owners of client segments (empty: only the uid kvd runs as) and a required name prefix
+  // (empty: any name).
+  std::vector<uint32_t> allowed_shm_uids;
+  std::string allowed_shm_prefix;
 
   bool lmcache_driven_enabled() const { return supported_transfer_mode != "engine_driven"; }
   bool engine_driven_enabled() const { return supported_transfer_mode != "lmcache_driven"; }

@@ -1,5 +1,7 @@
 #include "server/instance_registry.h"
 
+#include <algorithm>
+
 namespace kvd::server {
 
 std::shared_ptr<const Instance> InstanceRegistry::Find(int64_t id) {
@@ -24,6 +26,27 @@ void InstanceRegistry::Put(std::shared_ptr<const Instance> inst) {
   replaced = std::move(e.instance);
   e.instance = std::move(inst);
   e.last_seen_ns = clock_->NowNanos();
+}
+
+Status InstanceRegistry::PutExclusive(std::shared_ptr<const Instance> inst) {
+  const int64_t id = inst->id;
+  std::shared_ptr<const Instance> replaced;  // released outside the lock
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& [other_id, e] : entries_) {
+    if (other_id == id) continue;  // re-registering replaces its own mappings
+    for (const auto& mine : inst->memory_ids) {
+      const auto& theirs = e.instance->memory_ids;
+      if (std::find(theirs.begin(), theirs.end(), mine) != theirs.end()) {
+        return Status::FailedPrecondition("memory " + mine + " is already registered by instance " +
+                                          std::to_string(other_id));
+      }
+    }
+  }
+  Entry& e = entries_[id];
+  replaced = std::move(e.instance);
+  e.instance = std::move(inst);
+  e.last_seen_ns = clock_->NowNanos();
+  return Status::Ok();
 }
 
 bool InstanceRegistry::Touch(int64_t id) {

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "common/clock.h"
+#include "common/status.h"
 #include "layout/layout.h"
 #include "transfer/copy_engine.h"
 
@@ -37,6 +38,9 @@ struct Instance {
   layout::KvLayout layout;
   std::shared_ptr<transfer::CopyEngine> engine;
   size_t num_tensors = 0;                     // registered tensors
+  // The client memory this instance maps, one id per segment or device allocation ("shm
+  // dev:inode", "cuda <device> <handle>"). No two instances may map the same memory.
+  std::vector<std::string> memory_ids;
   size_t num_mappings = 0;                    // shared-memory segments kvd mapped (CPU)
   uint64_t object_bytes = 0;                  // bytes of one chunk object
   // engine-driven: the slot shape the worker copies.
@@ -55,6 +59,9 @@ class InstanceRegistry {
   // Inserts or replaces the instance of `inst->id` and marks it seen now. Replacing keeps
   // the id's "has pinged" mark.
   void Put(std::shared_ptr<const Instance> inst);
+  // Put, unless another id maps some of the same client memory (Instance::memory_ids):
+  // FailedPrecondition naming that instance, and nothing changes.
+  Status PutExclusive(std::shared_ptr<const Instance> inst);
   // Marks the id seen now; false when it is not registered.
   bool Touch(int64_t id);
   // A PING: seen now, and from now on reaped on the (short) reap timeout.

@@ -18,18 +18,29 @@ Result<std::unique_ptr<KvService>> KvService::Create(const ServerConfig& config,
   o.clock = clock;
   auto l1 = l1::L1Cache::Create(o);
   if (!l1.ok()) return l1.status();
-  return std::unique_ptr<KvService>(new KvService(config, clock, std::move(l1).value()));
+  // Client registrations may map only what the policy allows, and never kvd's own pool.
+  transfer::ShmAccessPolicy shm;
+  shm.allowed_uids = config.allowed_shm_uids;
+  shm.required_prefix = config.allowed_shm_prefix;
+  if (!(*l1)->shm_name().empty()) {
+    auto pool = transfer::IdentifySegment((*l1)->shm_name());
+    if (!pool.ok()) return pool.status();
+    shm.refused.push_back(*pool);
+  }
+  return std::unique_ptr<KvService>(
+      new KvService(config, clock, std::move(l1).value(), std::move(shm)));
 }
 
 KvService::KvService(const ServerConfig& config, const Clock* clock,
-                     std::unique_ptr<l1::L1Cache> l1)
+                     std::unique_ptr<l1::L1Cache> l1, transfer::ShmAccessPolicy shm_policy)
     : config_(config),
       clock_(clock),
       l1_(std::move(l1)),
       sessions_(clock, static_cast<uint32_t>(config.chunk_size), config.session_ttl_seconds),
       registry_(clock),
       lookups_(config_, l1_.get(), &sessions_, &registry_, &counters_),
-      lmcache_(config_, clock, l1_.get(), &sessions_, &registry_, &counters_),
+      lmcache_(config_, clock, l1_.get(), &sessions_, &registry_, &counters_,
+               std::move(shm_policy)),
       engine_driven_(config_, clock, l1_.get(), &sessions_, &registry_, &counters_) {}
 
 KvService::~KvService() = default;

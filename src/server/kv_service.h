@@ -108,7 +108,8 @@ class KvService {
   const ServerConfig& config() const { return config_; }
 
  private:
-  KvService(const ServerConfig& config, const Clock* clock, std::unique_ptr<l1::L1Cache> l1);
+  KvService(const ServerConfig& config, const Clock* clock, std::unique_ptr<l1::L1Cache> l1,
+            transfer::ShmAccessPolicy shm_policy);
 
   // Declaration order is destruction order in reverse: the parts (which hold L1 handles)
   // go before the sessions, the registry and the cache they borrow.

@@ -10,13 +10,15 @@
 
 #include "server/chunk_keys.h"
 #include "transfer/copy_engine.h"
+#include "transfer/cuda/ipc_handles.h"
 #include "transfer/shm_mapping.h"
 
 namespace kvd::server {
 
 LmcacheTransfers::LmcacheTransfers(const ServerConfig& config, const Clock* clock,
                                    l1::L1Cache* l1, SessionTable* sessions,
-                                   InstanceRegistry* registry, ServiceCounters* counters)
+                                   InstanceRegistry* registry, ServiceCounters* counters,
+                                   transfer::ShmAccessPolicy shm_policy)
     : config_(config),
       clock_(clock),
       l1_(l1),
@@ -25,7 +27,8 @@ LmcacheTransfers::LmcacheTransfers(const ServerConfig& config, const Clock* cloc
       counters_(counters),
       copy_threads_(config.copy_threads > 0
                         ? config.copy_threads
-                        : std::clamp(static_cast<int>(std::thread::hardware_concurrency()), 1, 8)) {}
+                        : std::clamp(static_cast<int>(std::thread::hardware_concurrency()), 1, 8)),
+      shm_policy_(std::move(shm_policy)) {}
 
 Status LmcacheTransfers::Submit(const std::shared_ptr<const Instance>& inst,
                                 transfer::CopyDirection direction,
@@ -149,6 +152,19 @@ Status LmcacheTransfers::Register(const wire::RegisterKvCacheRequest& req) {
                                              {l1_->base(), l1_->capacity_bytes()}, req.instance_id);
     if (!engine.ok()) return engine.status();
     inst->engine = std::move(engine).value();
+    for (size_t i = 0; i < req.tensors.size(); ++i) {
+      auto m = transfer::cuda::DescribeTensorMemory(req.tensors[i], i);
+      if (!m.ok()) continue;  // the engine opened what it uses; nothing else to identify
+      std::string id = "cuda " + transfer::cuda::FormatDeviceUuid(m->device) + " ";
+      static const char* kHex = "0123456789abcdef";
+      for (uint8_t b : m->handle) {
+        id += kHex[b >> 4];
+        id += kHex[b & 15];
+      }
+      if (std::find(inst->memory_ids.begin(), inst->memory_ids.end(), id) == inst->memory_ids.end()) {
+        inst->memory_ids.push_back(std::move(id));
+      }
+    }
   } else {
     // Map each distinct segment once, covering every tensor that lives in it.
     std::map<std::string, uint64_t> need;
@@ -156,9 +172,10 @@ Status LmcacheTransfers::Register(const wire::RegisterKvCacheRequest& req) {
     std::map<std::string, uint8_t*> base_of;
     std::vector<transfer::ShmMapping> mappings;
     for (const auto& [name, nbytes] : need) {
-      auto m = transfer::ShmMapping::Open(name, nbytes);
+      auto m = transfer::ShmMapping::Open(name, nbytes, shm_policy_);
       if (!m.ok()) return m.status();
       base_of[name] = m->data();
+      inst->memory_ids.push_back("shm " + m->id().ToString());
       mappings.push_back(std::move(m).value());
     }
     std::vector<uint8_t*> bases;
@@ -173,9 +190,13 @@ Status LmcacheTransfers::Register(const wire::RegisterKvCacheRequest& req) {
     inst->key_namespace = "vllm-cpu blocks of " + std::to_string(layout->block_size_dependent);
   }
   inst->layout = std::move(layout).value();
+  const std::string described = inst->layout.Describe();
+  if (Status st = registry_->PutExclusive(std::move(inst)); !st.ok()) {
+    return Status::FailedPrecondition("instance " + std::to_string(req.instance_id) + ": " +
+                                      st.message());
+  }
   spdlog::info("registered instance {} model '{}' world_size {}: {} tensors, {}", req.instance_id,
-               req.model_name, req.world_size, req.tensors.size(), inst->layout.Describe());
-  registry_->Put(std::move(inst));
+               req.model_name, req.world_size, req.tensors.size(), described);
   if (!registry_->KeyNamespace(req.model_name, req.world_size).agreed) {
     spdlog::warn("model '{}' world_size {} now has workers whose objects differ in layout "
                  "(engine-driven single-plane objects of another block size); lookups for it "

@@ -34,18 +34,23 @@
 #include "server/instance_registry.h"
 #include "server/service_counters.h"
 #include "server/sessions.h"
+#include "transfer/copy_engine.h"
+#include "transfer/shm_mapping.h"
 #include "wire/messages.h"
 
 namespace kvd::server {
 
 class LmcacheTransfers {
  public:
-  // Borrows everything; all must outlive this object.
+  // Borrows everything; all must outlive this object. `shm_policy` says whose shared memory
+  // a registration may map (owners, prefix, kvd's own segments).
   LmcacheTransfers(const ServerConfig& config, const Clock* clock, l1::L1Cache* l1,
-                   SessionTable* sessions, InstanceRegistry* registry, ServiceCounters* counters);
+                   SessionTable* sessions, InstanceRegistry* registry, ServiceCounters* counters,
+                   transfer::ShmAccessPolicy shm_policy);
 
   // REGISTER_KV_CACHE. Registering an id already registered with the same model only
-  // refreshes its liveness.
+  // refreshes its liveness. Client memory is mapped only when the policy allows it and no
+  // other instance maps it already.
   Status Register(const wire::RegisterKvCacheRequest& req);
 
   // STORE / RETRIEVE: all-or-nothing; the returned Status says why not. For asynchronous
@@ -81,6 +86,7 @@ class LmcacheTransfers {
   InstanceRegistry* const registry_;
   ServiceCounters* const counters_;
   const int copy_threads_;  // most threads one CPU copy may use
+  const transfer::ShmAccessPolicy shm_policy_;
   // Shared with the completions, which may run after this object is gone.
   const std::shared_ptr<InFlightCopies> inflight_ = std::make_shared<InFlightCopies>();
   // Cancelled instances with copies still in flight (released by CancelOverdueCopies once

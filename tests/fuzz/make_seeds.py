@@ -10,7 +10,7 @@ creates OUT_DIR/request/, OUT_DIR/payload/ and OUT_DIR/descriptor/:
   the ext-1 descriptors found in them for the descriptor target;
 * requests packed here the way the client packs them (maps keyed by field name, every field
   present, ext type 1 descriptors), addressed to what the request fuzzer registers up front
-  (model "fz", instances 1, 2, 3 over /kvd_fuzz_kv, engine-driven instance 9), as whole
+  (model "fz", instances 1, 2, 3 over /kvd_fuzz_kv_<id>, engine-driven instance 9), as whole
   flows: store -> lookup -> query -> retrieve -> end_session, TP=2, engine-driven
   prepare/commit, eviction pressure, lock TTL expiry, registration over the wire.
 
@@ -181,7 +181,7 @@ OPS = {
 
 CHUNK = 32          # the request fuzzer's kvd chunk size
 MODEL = "fz"
-SEGMENT = "/kvd_fuzz_kv"
+SEGMENT = "/kvd_fuzz_kv_5"  # the request fuzzer leaves it free for registrations
 KV_PLANE = 16 * 16 * 1 * 8  # [2, 16 blocks, 16 tokens, 1 head, 8] per layer
 
 

@@ -13,9 +13,10 @@
 // use than it has.
 //
 // Registered up front (so store/retrieve frames can reach the copy path): model "fz",
-// instances 1 (world size 1) and 2, 3 (world size 2, ranks 0 and 1) over a shared-memory
-// segment "/kvd_fuzz_kv" (2 layers of [2, 16, 16, 1, 8] bf16; 16-token blocks, 32-token
-// chunks), and engine-driven instance 9 (world size 1).
+// instances 1 (world size 1) and 2, 3 (world size 2, ranks 0 and 1), each over its own
+// shared-memory segment "/kvd_fuzz_kv_<id>" (no two instances may map one segment; 2 layers
+// of [2, 16, 16, 1, 8] bf16; 16-token blocks, 32-token chunks), and engine-driven instance
+// 9 (world size 1). "/kvd_fuzz_kv_5" is left free for inputs that register an instance.
 #include <fcntl.h>
 #include <spdlog/spdlog.h>
 #include <sys/mman.h>
@@ -37,16 +38,23 @@ constexpr int64_t kChunk = 32, kBlock = 16, kBlocks = 16, kHeads = 1, kHead = 8,
 constexpr int64_t kPlane = kBlocks * kBlock * kHeads * kHead;  // elements per K or V plane
 constexpr int64_t kLayerElems = 2 * kPlane;
 constexpr uint64_t kSegmentBytes = kLayerElems * 2 * kLayers;   // bf16
-constexpr const char* kSegment = "/kvd_fuzz_kv";
+// Instances 1..3, and a free one that inputs may register (make_seeds.py: instance 5).
+constexpr const char* kSegments[] = {"/kvd_fuzz_kv_1", "/kvd_fuzz_kv_2", "/kvd_fuzz_kv_3",
+                                     "/kvd_fuzz_kv_5"};
 
-// The worker-side KV segment, created once per process and unlinked at exit.
-struct Segment {
-  Segment() {
-    int fd = shm_open(kSegment, O_CREAT | O_RDWR, 0600);
-    Check(fd >= 0, "shm_open /kvd_fuzz_kv");
-    Check(ftruncate(fd, kSegmentBytes) == 0, "ftruncate /kvd_fuzz_kv");
-    close(fd);
-    std::atexit([] { shm_unlink(kSegment); });
+// The worker-side KV segments (one per lmcache-driven instance), created once per process
+// and unlinked at exit.
+struct Segments {
+  Segments() {
+    for (const char* name : kSegments) {
+      int fd = shm_open(name, O_CREAT | O_RDWR, 0600);
+      Check(fd >= 0, "shm_open /kvd_fuzz_kv_<id>");
+      Check(ftruncate(fd, kSegmentBytes) == 0, "ftruncate /kvd_fuzz_kv_<id>");
+      close(fd);
+    }
+    std::atexit([] {
+      for (const char* name : kSegments) shm_unlink(name);
+    });
   }
 };
 
@@ -63,7 +71,7 @@ wire::RegisterKvCacheRequest Registration(int64_t id, int64_t world_size) {
     t.shape = {2, kBlocks, kBlock, kHeads, kHead};
     t.stride = {kPlane, kBlock * kHeads * kHead, kHeads * kHead, kHead, 1};
     t.storage_offset = l * kLayerElems;
-    t.shm_name = kSegment;
+    t.shm_name = kSegments[id - 1];
     t.nbytes = kSegmentBytes;
     t.device_uuid = "cpu";
     r.tensors.push_back(t);
@@ -91,7 +99,7 @@ server::ServerConfig Config() {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace kvd;
   using namespace kvd::fuzz;
-  static Segment segment;
+  static Segments segments;
   static bool quiet = (spdlog::set_level(spdlog::level::off), true);
   (void)quiet;
 

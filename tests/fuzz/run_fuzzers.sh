@@ -14,7 +14,7 @@ secs="${2:?usage: run_fuzzers.sh FUZZ_DIR SECONDS}"
 src="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 targets=(request payload descriptor)
 mkdir -p "$dir/artifacts"
-trap 'rm -f /dev/shm/kvd_fuzz_kv' EXIT
+trap 'rm -f /dev/shm/kvd_fuzz_kv_*' EXIT
 status=0
 for t in "${targets[@]}"; do
   bin="$dir/kvd_fuzz_$t"

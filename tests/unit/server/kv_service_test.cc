@@ -444,3 +444,35 @@ TEST_F(KvServiceTest, ChunksMadeOnlyOfTheNullBlockAreNotStored) {
 
 }  // namespace
 }  // namespace kvd::server
+
+namespace kvd::server {
+namespace {
+
+// Issue 11, finding 1: a segment another instance maps, or kvd's own pool, is refused.
+TEST_F(KvServiceTest, Finding1SegmentMappedByAnotherInstanceIsRefused) {
+  FakeWorker w("/kvd_test_f1");
+  ASSERT_TRUE(svc_->RegisterKvCache(w.Registration(1, 1)).ok());
+  Status st = svc_->RegisterKvCache(w.Registration(2, 1));
+  EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition) << st.ToString();
+  EXPECT_NE(st.message().find("already registered by instance 1"), std::string::npos);
+  EXPECT_EQ(svc_->num_instances(), 1u);
+  EXPECT_TRUE(svc_->RegisterKvCache(w.Registration(1, 1)).ok());  // its own: fine
+  ASSERT_TRUE(svc_->Unregister(1).ok());
+  EXPECT_TRUE(svc_->RegisterKvCache(w.Registration(2, 1)).ok());  // free again
+}
+
+TEST_F(KvServiceTest, Finding1TheL1PoolIsNotAClientTensor) {
+  FakeWorker w("/kvd_test_f1pool");
+  auto reg = w.Registration(3, 1);
+  for (auto& t : reg.tensors) {
+    t.shm_name = "/" + cfg_.shm_name;
+    t.nbytes = 4096 * 256;
+  }
+  Status st = svc_->RegisterKvCache(reg);
+  EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition) << st.ToString();
+  EXPECT_NE(st.message().find("kvd's own memory"), std::string::npos) << st.ToString();
+  EXPECT_EQ(svc_->num_instances(), 0u);
+}
+
+}  // namespace
+}  // namespace kvd::server

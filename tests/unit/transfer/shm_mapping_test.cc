@@ -100,3 +100,66 @@ TEST(ShmMappingTest, MoveKeepsOneOwner) {
 
 }  // namespace
 }  // namespace kvd::transfer
+
+namespace kvd::transfer {
+namespace {
+
+// Issue 11, finding 1 (foreign segments): the owner, prefix and identity checks run on the
+// opened descriptor.
+TEST(ShmPolicyTest, Finding1SegmentOfAnotherUidIsRefusedUnlessAllowed) {
+  Segment seg(8192);
+  const uint32_t other = static_cast<uint32_t>(geteuid()) + 4242;
+  ShmAccessPolicy strict;
+  strict.allowed_uids = {other};  // kvd's own uid is not in the list: the segment is foreign
+  auto m = ShmMapping::Open(seg.name(), 4096, strict);
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_THAT(m.status().message(), HasSubstr("owned by uid"));
+  EXPECT_THAT(m.status().message(), HasSubstr("--allowed-shm-uid"));
+  ShmAccessPolicy both;
+  both.allowed_uids = {other, static_cast<uint32_t>(geteuid())};
+  EXPECT_TRUE(ShmMapping::Open(seg.name(), 4096, both).ok());
+  EXPECT_TRUE(ShmMapping::Open(seg.name(), 4096).ok());  // default: kvd's own uid
+}
+
+TEST(ShmPolicyTest, Finding1PrefixIsEnforcedWhenSet) {
+  Segment seg(4096);
+  ShmAccessPolicy p;
+  p.required_prefix = "vllm_kv_";
+  auto m = ShmMapping::Open(seg.name(), 4096, p);
+  ASSERT_FALSE(m.ok());
+  EXPECT_THAT(m.status().message(), HasSubstr("--allowed-shm-prefix"));
+  p.required_prefix = "kvd_shm_test_";
+  EXPECT_TRUE(ShmMapping::Open(seg.name(), 4096, p).ok());
+}
+
+TEST(ShmPolicyTest, Finding1RefusedSegmentsAreRecognisedByInodeNotName) {
+  Segment seg(4096);
+  auto id = IdentifySegment(seg.name());
+  ASSERT_TRUE(id.ok()) << id.status().ToString();
+  ShmAccessPolicy p;
+  p.refused = {*id};
+  auto m = ShmMapping::Open(seg.name(), 4096, p);
+  ASSERT_FALSE(m.ok());
+  EXPECT_THAT(m.status().message(), HasSubstr("kvd's own memory"));
+  // A hard link is another name for the same inode: refused all the same.
+  const std::string alias = seg.name() + "_alias";
+  ASSERT_EQ(link(("/dev/shm" + seg.name()).c_str(), ("/dev/shm" + alias).c_str()), 0);
+  EXPECT_FALSE(ShmMapping::Open(alias, 4096, p).ok());
+  shm_unlink(alias.c_str());
+  // The mapping reports the identity it was checked with.
+  auto ok = ShmMapping::Open(seg.name(), 4096);
+  ASSERT_TRUE(ok.ok());
+  EXPECT_EQ(ok->id(), *id);
+}
+
+TEST(ShmPolicyTest, Finding1SymlinksAndNonFilesAreNotFollowed) {
+  Segment seg(4096);
+  const std::string link_name = "/kvd_shm_test_symlink_" + std::to_string(getpid());
+  ASSERT_EQ(symlink(("/dev/shm" + seg.name()).c_str(), ("/dev/shm" + link_name).c_str()), 0);
+  EXPECT_FALSE(ShmMapping::Open(link_name, 4096).ok());
+  unlink(("/dev/shm" + link_name).c_str());
+}
+
+}  // namespace
+}  // namespace kvd::transfer

@@ -1,0 +1,195 @@
+"""Hostile and broken clients (issue 11): one test per finding, named after it.
+
+A client that lies or dies must not make kvd read or write memory that is not the client's,
+let a late copy overwrite another tenant's object, or kill the server. Each test drives the
+real lmcache 0.5.6 client where the attack can be made with it, and raw frames (the RawClient
+of faults_util, msgspec-encoded exactly like the client's) where the real client would never
+send such a request.
+
+Finding 2 (stale device copies) needs an asynchronous device engine; it is covered by
+tests/unit/server/stale_device_copy_test.cc (a gated threaded engine, also run under TSan)
+and the l1 unit tests named Finding2*. Findings 5, 7, 9 and 11 have their own tests where
+they are fixed.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import time
+
+import pytest
+
+import faults_util as F
+import kvd_harness as H
+
+CHUNK = H.CHUNK_SIZE
+SERVER_L1_GB = 0.25
+
+kvd_only = pytest.mark.skipif(H.server_kind() != "kvd", reason="kvd's hostile-client behaviour")
+pytestmark = kvd_only
+
+# One raw layer (faults_util.RAW_LAYER_*): [2, 16 blocks, 16 tokens, 2 heads, 64] bf16, so the
+# 16 blocks of a segment hold exactly one 256-token chunk.
+BLOCKS = [list(range(16))]
+PLANE = 16 * 16 * 2 * 64 * 2  # bytes of the K (or V) plane of the raw layer
+
+
+class Mapped(F.Segment):
+    """A test-owned segment the test also maps, to fill and read its bytes."""
+
+    def __init__(self, tag: str, nbytes: int = F.RAW_LAYER_BYTES) -> None:
+        super().__init__(f"kvd_hostile_{tag}_{os.getpid()}", nbytes)
+        self._fd = os.open(self.path, os.O_RDWR)
+        self.mem = mmap.mmap(self._fd, nbytes)
+
+    def fill(self, seed: int) -> bytes:
+        data = bytes((i * 131 + seed * 7919 + (i >> 8)) & 0xFF for i in range(self.nbytes))
+        self.mem[:] = data
+        return data
+
+    def zero(self) -> None:
+        self.mem[:] = bytes(self.nbytes)
+
+    def bytes(self) -> bytes:
+        return bytes(self.mem[:])
+
+    def close(self) -> None:
+        try:
+            self.mem.close()
+        except (BufferError, ValueError):
+            pass
+        os.close(self._fd)
+        super().close()
+
+
+def tokens(seed: int, n: int = CHUNK) -> list[int]:
+    base = 1000 + (os.getpid() % 500) * 20_000 + seed * 977
+    return [base + i for i in range(n)]
+
+
+def store(c: F.RawClient, iid: int, model: str, toks: list[int], rid: str | None = None):
+    key = F.cache_key(model, 1, 0, toks, 0, CHUNK, rid or F.rid("store"))
+    return c.call("store", key, iid, BLOCKS, b"")
+
+
+def retrieve(c: F.RawClient, iid: int, model: str, toks: list[int], rid: str | None = None):
+    rid = rid or F.rid("retrieve")
+    key = F.cache_key(model, 1, None, toks, 0, CHUNK, rid)
+    c.call("lookup", key, 1)
+    key = F.cache_key(model, 1, 0, toks, 0, CHUNK, rid)
+    return c.call("retrieve", key, iid, BLOCKS, b"", 0)
+
+
+@pytest.fixture()
+def raw(server):
+    c = F.RawClient(server.url)
+    registered: list[int] = []
+    c.registered = registered
+    yield c
+    for iid in registered:
+        try:
+            c.call("unregister_kv_cache", iid, timeout=10)
+        except TimeoutError:
+            pass
+    c.close()
+    assert server.alive(), f"kvd died\n{server.log_tail()}"
+
+
+def register(c: F.RawClient, iid: int, model: str, name: str, nbytes: int = F.RAW_LAYER_BYTES):
+    c.registered.append(iid)
+    return F.register_raw(c, iid, model, name, nbytes)
+
+
+def new_segments(before: set[str]) -> list[str]:
+    mine = f"lmcache_kv_{os.getpid()}_"
+    return sorted(n for n in set(os.listdir("/dev/shm")) - before if n.startswith(mine))
+
+
+# ---------------------------------------------------------------------------------------
+# Finding 1: foreign segments
+# ---------------------------------------------------------------------------------------
+
+
+def test_finding1_segment_of_another_uid_is_refused(raw):
+    """A segment owned by another user is never mapped (owner checked with fstat)."""
+    seg = Mapped("uid")
+    try:
+        seg.fill(1)
+        os.chown(seg.path, 65534, 65534)  # nobody's
+        register(raw, 11001, "hostile-uid", "/" + seg.name)
+        assert store(raw, 11001, "hostile-uid", tokens(1)) == [b"", False], (
+            "kvd read a segment owned by another uid")
+        os.chown(seg.path, os.geteuid(), os.getegid())  # control: kvd's own uid is accepted
+        register(raw, 11002, "hostile-uid", "/" + seg.name)
+        assert store(raw, 11002, "hostile-uid", tokens(2)) == [b"", True]
+    finally:
+        seg.close()
+
+
+def test_finding1_kvds_own_pool_is_refused(raw, server):
+    """kvd's L1 pool is not a client tensor: no STORE through it (reads other tenants'
+    objects), no RETRIEVE into it (overwrites them)."""
+    pool = f"kvd_l1_pool_{server.proc.pid}"
+    assert os.path.exists(f"/dev/shm/{pool}")
+    register(raw, 11010, "hostile-pool", "/" + pool)
+    assert store(raw, 11010, "hostile-pool", tokens(10)) == [b"", False], (
+        "kvd accepted its own L1 pool as a client KV cache")
+
+
+def test_finding1_segment_of_another_instance_is_refused(server, raw):
+    """A victim worker (the real client) maps its KV; an attacker registers the victim's
+    segment as its own: refused, so it can neither read the victim's KV (STORE through it)
+    nor write into it (RETRIEVE into it)."""
+    before = set(os.listdir("/dev/shm"))
+    victim = H.TPCluster(server.url, mode="lmcache_driven", model_name="hostile-victim", tp=1)
+    try:
+        segs = new_segments(before)
+        assert segs, "the victim's KV segments were not found in /dev/shm"
+        shape = victim.shape
+        nbytes = 2 * shape.num_blocks * shape.block_size * shape.num_kv_heads * shape.head_size * 2
+        plane = shape.num_blocks * shape.block_size * shape.num_kv_heads * shape.head_size
+        desc = F.cpu_shm_descriptor(
+            "/" + segs[0], shape.layer_shape,
+            (plane, shape.block_size * shape.num_kv_heads * shape.head_size,
+             shape.num_kv_heads * shape.head_size, shape.head_size, 1), nbytes)
+        groups = [{"engine_group_id": 0, "layer_indices": [0], "tokens_per_block": 16,
+                   "sw_size_tokens": -1, "extra_object_group_tag": 0, "recurrent_state": False}]
+        raw.registered.append(11020)
+        raw.call("register_kv_cache", 11020, [desc], "hostile-thief", 1, "vllm",
+                 {"kv_layout": "NHD", "num_kv_heads": shape.num_kv_heads,
+                  "tokens_per_block": 16, "head_dim": shape.head_size}, groups)
+        key = F.cache_key("hostile-thief", 1, 0, tokens(20), 0, CHUNK, F.rid("thief"))
+        assert raw.call("store", key, 11020, BLOCKS, b"") == [b"", False], (
+            "an attacker registered the victim worker's segment and read its KV")
+        # The victim itself is unaffected.
+        toks = H.unique_tokens(CHUNK)
+        assert victim.store(F.rid("victim"), toks, list(range(16))) == [True]
+    finally:
+        victim.close()
+
+
+def test_finding1_allowed_uid_and_prefix_flags(tmp_path):
+    """--allowed-shm-uid admits another owner; --allowed-shm-prefix limits the names."""
+    ok = Mapped("prefixok")
+    other = Mapped("otherprefix")
+    try:
+        for s in (ok, other):
+            s.fill(3)
+            os.chown(s.path, 65534, 65534)
+        prefix = f"kvd_hostile_prefixok_"
+        extra = ["--allowed-shm-uid", str(os.geteuid()), "65534", "--allowed-shm-prefix", prefix]
+        with F.kvd_server(tmp_path, extra=extra) as srv:
+            assert srv.alive(), srv.log()
+            c = F.RawClient(srv.url)
+            try:
+                F.register_raw(c, 1, "hostile-flags", "/" + ok.name)
+                assert store(c, 1, "hostile-flags", tokens(30)) == [b"", True], srv.log()
+                F.register_raw(c, 2, "hostile-flags", "/" + other.name)
+                assert store(c, 2, "hostile-flags", tokens(31)) == [b"", False]
+            finally:
+                c.close()
+            assert "allowed-shm-prefix" in srv.log()
+    finally:
+        ok.close()
+        other.close()
