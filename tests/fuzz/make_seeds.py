@@ -3,7 +3,8 @@
 
     make_seeds.py OUT_DIR [--golden tests/wire_golden]
 
-creates OUT_DIR/request/, OUT_DIR/payload/ and OUT_DIR/descriptor/:
+creates OUT_DIR/request/, OUT_DIR/payload/, OUT_DIR/descriptor/ and OUT_DIR/cachegen/
+(small object descriptions for the CacheGen decoder target; see cachegen_seeds) from:
 
 * frames captured from the real lmcache 0.5.6 client (tests/wire_golden/*.json, each
   {"op", "request_frames_hex", "response_frames_hex"}), one seed per captured request, plus
@@ -425,6 +426,24 @@ def golden_seeds(golden_dir: Path) -> tuple[dict[str, bytes], dict[str, bytes]]:
     return frames, descs
 
 
+def cachegen_seeds() -> dict[str, bytes]:
+    """Mode-2 inputs of the cachegen target (tests/fuzz/cachegen_fuzzer.cc): a small
+    object description, its values, then (position, xor) damage triples."""
+    seeds = {}
+    rng = __import__("random").Random(14)
+    shapes = [  # kv_size-1, layers-1, tokens-1, hidden-1, dtype, bins-4, anchors, anchor bins-4
+        (1, 1, 63, 31, 0, 28, 0, 0), (0, 0, 0, 2, 1, 12, 0, 0), (1, 0, 79, 99, 2, 12, 9, 28),
+        (1, 2, 15, 40, 0, 60, 3, 12), (0, 1, 31, 63, 0, 0, 0, 0),
+    ]
+    for i, (kv, layers, tokens, hidden, dt, bins, anchors, abins) in enumerate(shapes):
+        head = bytes([2, i, kv, layers, tokens, hidden, dt, bins, anchors, abins, 20])
+        n = (kv + 1) * (layers + 1) * (tokens + 1) * (hidden + 1)
+        values = bytes(128 + int(rng.gauss(0, 30)) % 100 for _ in range(n))
+        damage = bytes(rng.randrange(256) for _ in range(3 * (i % 3)))
+        seeds[f"cachegen_{i}"] = head + values + damage
+    return seeds
+
+
 def write(dirpath: Path, seeds: dict[str, bytes]) -> None:
     dirpath.mkdir(parents=True, exist_ok=True)
     for name, data in seeds.items():
@@ -443,6 +462,7 @@ def main() -> int:
     write(args.out / "request", {**flows, **gframes})
     write(args.out / "payload", {**flows, **gframes})
     write(args.out / "descriptor", {**descriptor_seeds(), **gdescs})
+    write(args.out / "cachegen", cachegen_seeds())
     print(f"seeds: {len(flows)} packed flows, {len(gframes)} golden requests, "
           f"{len(descriptor_seeds()) + len(gdescs)} descriptors -> {args.out}")
     return 0

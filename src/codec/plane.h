@@ -1,0 +1,115 @@
+// plane: CacheGen coding of one plane, a [tokens][channels] slice of an object (format
+// v1, docs/compression.md "Plane payload").
+//
+//   scales     tokens x u16    bf16 bit pattern of each token's scale s (>= its absmax)
+//   params     channels x 2    per-channel distribution (center, shape) of normal tokens
+//   params1    channels x 2    the same for anchor tokens (only with anchors)
+//   lengths    streams x u32   byte length of each rANS stream
+//   streams    one per kStreamChannels channels (rans.h)
+//
+// Quantization: M = bins/2 - 1, step = s / M (float32), symbol = clamp(rint(v / step),
+// -M, M) + M, value = (symbol - M) * step. Without anchors v is the input value. With
+// anchors (group G), token t with t % G == 0 is an anchor quantized with anchor bins and
+// its value kept as the reference r; other tokens code v = x - r and decode to
+// r + (symbol - M) * step. All arithmetic is float32, one rounding per operation.
+//
+// Threads: functions are reentrant; a Scratch belongs to one thread at a time.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "codec/codec.h"
+#include "codec/rans.h"
+
+namespace kvd::codec::plane {
+
+struct PlaneSpec {
+  uint32_t tokens = 0;
+  uint32_t channels = 0;
+  Dtype dtype = Dtype::kBfloat16;
+  uint32_t bins = 32;
+  uint32_t anchor_bins = 0;     // used when anchor_group >= 2
+  uint32_t anchor_group = 0;
+  uint32_t stream_channels = 256;
+  bool anchors() const { return anchor_group >= 2; }
+  bool IsAnchor(uint32_t t) const { return anchors() && t % anchor_group == 0; }
+  uint32_t Streams() const { return (channels + stream_channels - 1) / stream_channels; }
+};
+
+inline int Levels(uint32_t bins) { return static_cast<int>(bins / 2) - 1; }
+inline int Alphabet(uint32_t bins) { return 2 * Levels(bins) + 1; }
+
+// Bytes of the payload before the streams.
+uint64_t FixedBytes(const PlaneSpec& spec);
+
+// Reusable per-thread buffers.
+struct Scratch {
+  std::vector<uint8_t> symbols;      // tokens x channels
+  std::vector<uint16_t> scales;      // tokens
+  std::vector<float> row;            // channels
+  std::vector<float> recon;          // channels (anchor values)
+  std::vector<uint32_t> hist;        // 2 classes x channels x 64
+  std::vector<uint8_t> params;       // 2 classes x channels x 2
+  std::vector<EncSymbol> enc;        // 2 classes x channels x 64
+  std::vector<uint16_t> words;
+  std::vector<uint8_t> sym_tables;   // decoding: 2 classes x 32 lanes x 2^P (+ pad)
+  std::vector<uint32_t> fc_tables;   // decoding: 2 classes x 32 lanes x 64
+  std::vector<float> steps;          // decoding: tokens
+};
+
+// Appends the plane's payload to *out. Returns false, appending nothing, when the plane
+// holds a value CacheGen cannot code (NaN or infinity) or would not get smaller; the
+// caller then stores it raw.
+bool Encode(const uint8_t* data, const PlaneSpec& spec, Scratch* scratch, std::vector<uint8_t>* out);
+
+// Decodes a payload into out (tokens x channels in spec.dtype). Checks every length,
+// parameter and scale, and that each stream ends exactly where its states say.
+// `simd`: use the AVX2 decoder when the CPU has it (false: the scalar reference).
+Status Decode(std::span<const uint8_t> payload, const PlaneSpec& spec, Scratch* scratch, uint8_t* out,
+              bool simd = true);
+
+// ---- Internals shared by the decoders (plane_decode*.cc) ----------------------------
+
+// Per-block decoding tables of one token class: for each of 32 lanes a symbol table of
+// 2^prob_bits bytes and 64 (freq | cum << 16) words.
+struct ClassTables {
+  int prob_bits = 0;
+  int levels = 0;               // M
+  const uint8_t* sym = nullptr; // [32][1 << prob_bits]
+  const uint32_t* fc = nullptr; // [32][64]
+};
+
+struct BlockJob {
+  const PlaneSpec* spec;
+  ClassTables cls[2];           // 0: normal tokens, 1: anchors
+  const float* steps;           // per token
+  float* recon;                 // per channel of the plane (anchors)
+  uint32_t channel0;            // first channel of the block
+  int lanes;                    // active lanes (1..32)
+  uint8_t* out;                 // plane output
+};
+
+// Decodes tokens [t0, tokens) of a block with the scalar reference; false when the
+// stream runs out of words.
+bool DecodeBlockScalar(const BlockJob& job, uint32_t t0, uint32_t* states, const uint8_t** words,
+                       const uint8_t* end);
+// AVX2 decoder for a full block (32 lanes): decodes tokens from *t while at least 64
+// bytes of words remain, advancing *t; the caller finishes with the scalar decoder.
+void DecodeBlockAvx2(const BlockJob& job, uint32_t* t, uint32_t* states, const uint8_t** words,
+                     const uint8_t* end);
+bool HaveAvx2();
+
+// The encoder's choice of distribution for a histogram (counts of symbols 0..alphabet-1):
+// the candidate with the fewest coded bits among a few around the histogram's moments.
+void FitChannel(const uint32_t* hist, int alphabet, int prob_bits, uint8_t* center, uint8_t* shape);
+
+// AVX2 quantizer of one token row (plane_encode_avx2.cc), the same arithmetic as the
+// scalar path: loads `channels` values of `dtype` (minus ref when ref != nullptr) into v
+// and returns their absmax, or -1 when one is not finite.
+float LoadRowAvx2(const uint8_t* src, Dtype dtype, uint32_t channels, const float* ref, float* v);
+// Symbols clamp(rint(v / step), -m, m) + m (0 when step is 0) into sym.
+void QuantizeRowAvx2(const float* v, uint32_t channels, float step, int m, uint8_t* sym);
+
+}  // namespace kvd::codec::plane

@@ -1,0 +1,202 @@
+// plane decoder (plane.h): checks the payload, builds each block's tables, runs the AVX2
+// or the scalar reference decoder.
+#include <cstring>
+
+#include "codec/float_bits.h"
+#include "codec/format.h"
+#include "codec/model_core.h"
+#include "codec/plane.h"
+
+namespace kvd::codec::plane {
+namespace {
+
+Status Corrupt(const std::string& why) { return Status::InvalidArgument("cachegen: corrupted plane: " + why); }
+
+template <Dtype D>
+inline void Store(uint8_t* out, size_t index, float v) {
+  if constexpr (D == Dtype::kBfloat16) {
+    const uint16_t h = FloatToBf16(v);
+    memcpy(out + 2 * index, &h, 2);
+  } else if constexpr (D == Dtype::kFloat16) {
+    const uint16_t h = FloatToFp16(v);
+    memcpy(out + 2 * index, &h, 2);
+  } else {
+    memcpy(out + 4 * index, &v, 4);
+  }
+}
+
+template <Dtype D>
+bool ScalarBlock(const BlockJob& job, uint32_t t0, uint32_t* st, const uint8_t** words, const uint8_t* end) {
+  const PlaneSpec& sp = *job.spec;
+  const uint8_t* w = *words;
+  for (uint32_t t = t0; t < sp.tokens; ++t) {
+    const int k = sp.IsAnchor(t) ? 1 : 0;
+    const ClassTables& ct = job.cls[k];
+    const uint32_t mask = (1u << ct.prob_bits) - 1u;
+    const float step = job.steps[t];
+    const size_t row = size_t{t} * sp.channels + job.channel0;
+    for (int j = 0; j < job.lanes; ++j) {
+      uint32_t x = st[j];
+      const uint32_t slot = x & mask;
+      const uint32_t s = ct.sym[(size_t(j) << ct.prob_bits) + slot];
+      const uint32_t fc = ct.fc[size_t(j) * 64 + s];
+      x = (fc & 0xffffu) * (x >> ct.prob_bits) + slot - (fc >> 16);
+      if (x < kRansLow) {
+        if (end - w < 2) return false;
+        x = (x << 16) | format::Get16(w);
+        w += 2;
+      }
+      st[j] = x;
+      float v = static_cast<float>(static_cast<int>(s) - ct.levels) * step;
+      if (sp.anchors()) {
+        float& r = job.recon[job.channel0 + j];
+        if (k == 1) {
+          r = v;
+        } else {
+          v = r + v;
+        }
+      }
+      Store<D>(job.out, row + j, v);
+    }
+  }
+  *words = w;
+  return true;
+}
+
+// Fills one class's tables for the channels of a block from their parameter bytes.
+bool BuildClassTables(const uint8_t* params, int lanes, int alphabet, int prob_bits, uint8_t* sym,
+                      uint32_t* fc) {
+  const size_t slots = size_t{1} << prob_bits;
+  for (int j = 0; j < kLanes; ++j) {
+    uint8_t* st = sym + size_t(j) * slots;
+    uint32_t* f = fc + size_t(j) * 64;
+    if (j >= lanes) {  // inactive lane: never decoded
+      memset(st, 0, slots);
+      memset(f, 0, 64 * sizeof(uint32_t));
+      continue;
+    }
+    uint16_t freq[kMaxAlphabet];
+    if (!BuildFrequencies(params[2 * j], params[2 * j + 1], alphabet, prob_bits, freq)) return false;
+    // Each symbol's run of slots, eight bytes at a time: a store may run past the run's
+    // end, the next symbol's run (or the table's padding) overwrites it.
+    uint32_t cum = 0;
+    for (int s = 0; s < alphabet; ++s) {
+      const uint64_t pattern = 0x0101010101010101ull * static_cast<uint8_t>(s);
+      for (uint32_t i = 0; i < freq[s]; i += 8) memcpy(st + cum + i, &pattern, 8);
+      f[s] = uint32_t{freq[s]} | (cum << 16);
+      cum += freq[s];
+    }
+    for (int s = alphabet; s < 64; ++s) f[s] = 0;
+  }
+  return true;
+}
+
+template <Dtype D>
+Status DecodeTyped(std::span<const uint8_t> payload, const PlaneSpec& sp, Scratch* sc, uint8_t* out, bool simd) {
+  const uint32_t T = sp.tokens, C = sp.channels;
+  const int classes = sp.anchors() ? 2 : 1;
+  const int levels[2] = {Levels(sp.bins), Levels(sp.anchors() ? sp.anchor_bins : sp.bins)};
+  const int alpha[2] = {2 * levels[0] + 1, 2 * levels[1] + 1};
+  const int pbits[2] = {ProbBitsFor(alpha[0]), ProbBitsFor(alpha[1])};
+  const uint64_t fixed = FixedBytes(sp);
+  if (payload.size() < fixed) return Corrupt("payload shorter than its tables");
+  const uint8_t* p = payload.data();
+  // Scales: finite and not negative.
+  sc->steps.resize(T);
+  for (uint32_t t = 0; t < T; ++t) {
+    const uint16_t sb = format::Get16(p + 2 * t);
+    if ((sb & 0x8000u) || (sb & 0x7f80u) == 0x7f80u) return Corrupt("bad scale at token " + std::to_string(t));
+    sc->steps[t] = Bf16ToFloat(sb) / static_cast<float>(levels[sp.IsAnchor(t) ? 1 : 0]);
+  }
+  const uint8_t* params[2] = {p + 2 * size_t{T}, p + 2 * size_t{T} + 2 * size_t{C}};
+  for (int k = 0; k < classes; ++k) {
+    for (uint32_t c = 0; c < C; ++c) {
+      if (!ShapeIsValid(params[k][2 * c + 1])) return Corrupt("bad distribution of channel " + std::to_string(c));
+    }
+  }
+  const uint32_t S = sp.Streams();
+  const uint8_t* lengths = p + fixed - 4 * size_t{S};
+  uint64_t total = fixed;
+  for (uint32_t s = 0; s < S; ++s) {
+    const uint32_t len = format::Get32(lengths + 4 * s);
+    if (len < 4 * kLanes || (len - 4 * kLanes) % 2 != 0) return Corrupt("bad stream length");
+    total += len;
+  }
+  if (total != payload.size()) return Corrupt("stream lengths do not add up to the payload");
+
+  const bool avx2 = simd && HaveAvx2();
+  sc->recon.assign(C, 0.0f);
+  const size_t slots[2] = {size_t{1} << pbits[0], size_t{1} << pbits[1]};
+  sc->sym_tables.resize(kLanes * (slots[0] + slots[1]) + 16);
+  sc->fc_tables.resize(size_t{2} * kLanes * 64);
+  BlockJob job;
+  job.spec = &sp;
+  job.steps = sc->steps.data();
+  job.recon = sc->recon.data();
+  job.out = out;
+  uint8_t* sym_at[2];
+  uint32_t* fc_at[2];
+  for (int k = 0; k < 2; ++k) {
+    sym_at[k] = sc->sym_tables.data() + (k == 0 ? 0 : kLanes * slots[0]);
+    fc_at[k] = sc->fc_tables.data() + size_t(k) * kLanes * 64;
+    job.cls[k].prob_bits = pbits[k];
+    job.cls[k].levels = levels[k];
+    job.cls[k].sym = sym_at[k];
+    job.cls[k].fc = fc_at[k];
+  }
+  const uint8_t* stream = p + fixed;
+  for (uint32_t s = 0; s < S; ++s) {
+    const uint32_t len = format::Get32(lengths + 4 * s);
+    const uint8_t* end = stream + len;
+    uint32_t st[kLanes];
+    for (int j = 0; j < kLanes; ++j) {
+      st[j] = format::Get32(stream + 4 * j);
+      if (st[j] < kRansLow || st[j] >= kRansHigh) return Corrupt("bad stream state");
+    }
+    const uint8_t* w = stream + 4 * kLanes;
+    const uint32_t c0 = s * sp.stream_channels;
+    const uint32_t c1 = c0 + sp.stream_channels < C ? c0 + sp.stream_channels : C;
+    for (uint32_t cb = c0; cb < c1; cb += kLanes) {
+      const int lanes = static_cast<int>(c1 - cb < kLanes ? c1 - cb : kLanes);
+      for (int k = 0; k < classes; ++k) {
+        if (!BuildClassTables(params[k] + 2 * size_t{cb}, lanes, alpha[k], pbits[k], sym_at[k], fc_at[k])) {
+          return Corrupt("bad distribution");
+        }
+      }
+      job.channel0 = cb;
+      job.lanes = lanes;
+      uint32_t t = 0;
+      if (avx2 && lanes == kLanes) DecodeBlockAvx2(job, &t, st, &w, end);
+      if (!ScalarBlock<D>(job, t, st, &w, end)) return Corrupt("stream ends early");
+    }
+    if (w != end) return Corrupt("stream has trailing words");
+    for (int j = 0; j < kLanes; ++j) {
+      if (st[j] != kRansLow) return Corrupt("stream does not end in its initial state");
+    }
+    stream = end;
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+bool DecodeBlockScalar(const BlockJob& job, uint32_t t0, uint32_t* states, const uint8_t** words,
+                       const uint8_t* end) {
+  switch (job.spec->dtype) {
+    case Dtype::kBfloat16: return ScalarBlock<Dtype::kBfloat16>(job, t0, states, words, end);
+    case Dtype::kFloat16: return ScalarBlock<Dtype::kFloat16>(job, t0, states, words, end);
+    default: return ScalarBlock<Dtype::kFloat32>(job, t0, states, words, end);
+  }
+}
+
+Status Decode(std::span<const uint8_t> payload, const PlaneSpec& spec, Scratch* scratch, uint8_t* out,
+              bool simd) {
+  switch (spec.dtype) {
+    case Dtype::kBfloat16: return DecodeTyped<Dtype::kBfloat16>(payload, spec, scratch, out, simd);
+    case Dtype::kFloat16: return DecodeTyped<Dtype::kFloat16>(payload, spec, scratch, out, simd);
+    case Dtype::kFloat32: return DecodeTyped<Dtype::kFloat32>(payload, spec, scratch, out, simd);
+    default: return Status::InvalidArgument("cachegen: plane dtype cannot be quantized");
+  }
+}
+
+}  // namespace kvd::codec::plane

@@ -1,0 +1,140 @@
+// AVX2 plane decoder (plane.h): the 32 lanes of a block as four registers of 8 states.
+// Each register step: two gathers (slot -> symbol, symbol -> freq|cum), the state
+// update, and the renormalisation of the lanes that need a word, which take the next
+// words in lane order (a permutation from a 256-entry table, indexed by the mask of
+// needing lanes). Produces exactly the scalar decoder's output and word consumption.
+// Compiled with target attributes (no global -mavx2); callers check HaveAvx2().
+#include <immintrin.h>
+
+#include <array>
+
+#include "codec/plane.h"
+
+namespace kvd::codec::plane {
+namespace {
+
+// kPerm[m] byte i: for a lane i whose bit is set in m, how many lanes below it also
+// need a word (= which of the loaded words it takes).
+constexpr std::array<uint64_t, 256> MakePerm() {
+  std::array<uint64_t, 256> t{};
+  for (int m = 0; m < 256; ++m) {
+    uint64_t v = 0;
+    int k = 0;
+    for (int i = 0; i < 8; ++i) {
+      if (m & (1 << i)) {
+        v |= static_cast<uint64_t>(k) << (8 * i);
+        ++k;
+      }
+    }
+    t[m] = v;
+  }
+  return t;
+}
+constexpr std::array<uint64_t, 256> kPerm = MakePerm();
+
+#define KVD_AVX2_TARGET __attribute__((target("avx2,f16c,popcnt")))
+
+template <Dtype D>
+KVD_AVX2_TARGET inline void Store8(uint8_t* out, size_t index, __m256 v) {
+  if constexpr (D == Dtype::kBfloat16) {
+    const __m256i b = _mm256_castps_si256(v);
+    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
+    const __m256i r = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(b, _mm256_set1_epi32(0x7fff)), lsb), 16);
+    const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 2 * index), _mm256_castsi256_si128(packed));
+  } else if constexpr (D == Dtype::kFloat16) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 2 * index),
+                     _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  } else {
+    _mm256_storeu_ps(reinterpret_cast<float*>(out + 4 * index), v);
+  }
+}
+
+template <Dtype D>
+KVD_AVX2_TARGET void Block(const BlockJob& job, uint32_t* tp, uint32_t* st, const uint8_t** words,
+                           const uint8_t* end) {
+  const PlaneSpec& sp = *job.spec;
+  __m256i x[4];
+  for (int g = 0; g < 4; ++g) x[g] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(st + 8 * g));
+  const uint8_t* w = *words;
+  uint32_t t = *tp;
+  const __m256i iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  __m256i sym_off[2][4], fc_off[4];
+  for (int g = 0; g < 4; ++g) {
+    const __m256i lane = _mm256_add_epi32(iota, _mm256_set1_epi32(8 * g));
+    fc_off[g] = _mm256_slli_epi32(lane, 6);
+    for (int k = 0; k < 2; ++k) {
+      sym_off[k][g] = _mm256_sll_epi32(lane, _mm_cvtsi32_si128(job.cls[k].prob_bits));
+    }
+  }
+  const __m256i low = _mm256_set1_epi32(static_cast<int>(kRansLow));
+  const __m256i m16 = _mm256_set1_epi32(0xffff);
+  const __m256i mff = _mm256_set1_epi32(0xff);
+  // At most 32 words (64 bytes) per token; each load reads 16 bytes.
+  for (; t < sp.tokens && end - w >= 64; ++t) {
+    const int k = sp.IsAnchor(t) ? 1 : 0;
+    const ClassTables& ct = job.cls[k];
+    const __m128i pb = _mm_cvtsi32_si128(ct.prob_bits);
+    const __m256i mask = _mm256_set1_epi32(static_cast<int>((1u << ct.prob_bits) - 1u));
+    const __m256i lev = _mm256_set1_epi32(ct.levels);
+    const __m256 step = _mm256_set1_ps(job.steps[t]);
+    const int* symt = reinterpret_cast<const int*>(ct.sym);
+    const int* fct = reinterpret_cast<const int*>(ct.fc);
+    const size_t row = size_t{t} * sp.channels + job.channel0;
+    // Decode all four registers first (their gathers overlap), then renormalise them in
+    // lane order: the word pointer is the only thing that chains the registers.
+    __m256i sym[4], xn[4], need[4];
+    int m[4];
+    for (int g = 0; g < 4; ++g) {
+      const __m256i slot = _mm256_and_si256(x[g], mask);
+      sym[g] = _mm256_and_si256(_mm256_i32gather_epi32(symt, _mm256_add_epi32(slot, sym_off[k][g]), 1), mff);
+      const __m256i fc = _mm256_i32gather_epi32(fct, _mm256_add_epi32(sym[g], fc_off[g]), 4);
+      const __m256i f = _mm256_and_si256(fc, m16);
+      const __m256i c = _mm256_srli_epi32(fc, 16);
+      xn[g] = _mm256_add_epi32(_mm256_mullo_epi32(f, _mm256_srl_epi32(x[g], pb)), _mm256_sub_epi32(slot, c));
+      need[g] = _mm256_cmpgt_epi32(low, xn[g]);
+      m[g] = _mm256_movemask_ps(_mm256_castsi256_ps(need[g]));
+    }
+    for (int g = 0; g < 4; ++g) {
+      const __m256i wv = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w)));
+      const __m256i perm = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(&kPerm[m[g]])));
+      const __m256i refill = _mm256_or_si256(_mm256_slli_epi32(xn[g], 16), _mm256_permutevar8x32_epi32(wv, perm));
+      x[g] = _mm256_blendv_epi8(xn[g], refill, need[g]);
+      w += 2 * __builtin_popcount(static_cast<unsigned>(m[g]));
+    }
+    for (int g = 0; g < 4; ++g) {
+      __m256 v = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(sym[g], lev)), step);
+      if (sp.anchors()) {
+        float* r = job.recon + job.channel0 + 8 * g;
+        if (k == 1) {
+          _mm256_storeu_ps(r, v);
+        } else {
+          v = _mm256_add_ps(_mm256_loadu_ps(r), v);
+        }
+      }
+      Store8<D>(job.out, row + 8 * g, v);
+    }
+  }
+  for (int g = 0; g < 4; ++g) _mm256_storeu_si256(reinterpret_cast<__m256i*>(st + 8 * g), x[g]);
+  *words = w;
+  *tp = t;
+}
+
+}  // namespace
+
+bool HaveAvx2() {
+  static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c") &&
+                          __builtin_cpu_supports("popcnt");
+  return has;
+}
+
+void DecodeBlockAvx2(const BlockJob& job, uint32_t* t, uint32_t* states, const uint8_t** words,
+                     const uint8_t* end) {
+  switch (job.spec->dtype) {
+    case Dtype::kBfloat16: return Block<Dtype::kBfloat16>(job, t, states, words, end);
+    case Dtype::kFloat16: return Block<Dtype::kFloat16>(job, t, states, words, end);
+    default: return Block<Dtype::kFloat32>(job, t, states, words, end);
+  }
+}
+
+}  // namespace kvd::codec::plane

@@ -1,0 +1,250 @@
+// plane encoder (plane.h): quantize, fit one distribution per (channel, token class),
+// rANS-encode the streams.
+#include <array>
+#include <cmath>
+#include <cstring>
+
+#include "codec/float_bits.h"
+#include "codec/format.h"
+#include "codec/model_core.h"
+#include "codec/plane.h"
+
+namespace kvd::codec::plane {
+namespace {
+
+inline float LoadValue(const uint8_t* p, Dtype dtype) {
+  uint16_t h;
+  switch (dtype) {
+    case Dtype::kBfloat16:
+      memcpy(&h, p, 2);
+      return Bf16ToFloat(h);
+    case Dtype::kFloat16:
+      memcpy(&h, p, 2);
+      return Fp16ToFloat(h);
+    default: {
+      float f;
+      memcpy(&f, p, 4);
+      return f;
+    }
+  }
+}
+
+// log2(f) for f in [0, 4096], for the encoder's cost estimates only (the format never
+// depends on these floats).
+const std::array<float, 4097>& Log2Table() {
+  static const std::array<float, 4097> table = [] {
+    std::array<float, 4097> t{};
+    t[0] = -64.0f;
+    for (int f = 1; f <= 4096; ++f) t[f] = static_cast<float>(std::log2(static_cast<double>(f)));
+    return t;
+  }();
+  return table;
+}
+
+// Bits to code histogram h with the distribution (center, shape).
+double CostBits(const uint32_t* h, int alphabet, int prob_bits, uint8_t center, uint8_t shape) {
+  uint16_t f[kMaxAlphabet];
+  BuildFrequencies(center, shape, alphabet, prob_bits, f);
+  const auto& lg = Log2Table();
+  double bits = 0;
+  for (int s = 0; s < alphabet; ++s) {
+    if (h[s] != 0) bits += h[s] * (prob_bits - lg[f[s]]);
+  }
+  return bits;
+}
+
+int SigmaIndex(double sigma) {
+  if (sigma <= 0.08) return 0;
+  const int i = static_cast<int>(std::lround(std::log(sigma / 0.08) / std::log(1.1)));
+  return i < 0 ? 0 : (i > kNumSigmas - 1 ? kNumSigmas - 1 : i);
+}
+
+}  // namespace
+
+// Picks the distribution that codes this channel's histogram in the fewest bits among
+// a few candidates around its moments.
+void FitChannel(const uint32_t* h, int alphabet, int prob_bits, uint8_t* center_out, uint8_t* shape_out) {
+  double n = 0, s1 = 0;
+  for (int s = 0; s < alphabet; ++s) {
+    n += h[s];
+    s1 += double(h[s]) * s;
+  }
+  if (n == 0) {
+    *center_out = static_cast<uint8_t>(4 * (alphabet / 2));
+    *shape_out = 0;
+    return;
+  }
+  const double mean = s1 / n;
+  double s2 = 0, s4 = 0;
+  for (int s = 0; s < alphabet; ++s) {
+    const double d = s - mean, d2 = d * d;
+    s2 += h[s] * d2;
+    s4 += h[s] * d2 * d2;
+  }
+  const double var = s2 / n;
+  long c4 = std::lround(4 * mean);
+  if (c4 < 0) c4 = 0;
+  if (c4 > 4 * (alphabet - 1)) c4 = 4 * (alphabet - 1);
+  const uint8_t center = static_cast<uint8_t>(c4);
+  const int sig = SigmaIndex(std::sqrt(var));
+  // Laplace first when the tails are heavy (kurtosis above the two kinds' midpoint).
+  const double kurt = var > 0 ? (s4 / n) / (var * var) : 3.0;
+  const uint8_t first = kurt > 4.5 ? kKindLaplace : kKindGauss;
+  const uint8_t second = first == kKindGauss ? kKindLaplace : kKindGauss;
+  double best = 1e300;
+  uint8_t best_shape = 0;
+  auto consider = [&](uint8_t kind, int si) {
+    if (si < 0 || si >= kNumSigmas) return;
+    const uint8_t shape = static_cast<uint8_t>((kind << 6) | si);
+    const double c = CostBits(h, alphabet, prob_bits, center, shape);
+    if (c < best) {
+      best = c;
+      best_shape = shape;
+    }
+  };
+  // The likelier kind at the moment estimate and one sigma step either side, then the
+  // other kind at the best sigma.
+  consider(first, sig);
+  consider(first, sig - 1);
+  consider(first, sig + 1);
+  consider(second, best_shape & 63);
+  *center_out = center;
+  *shape_out = best_shape;
+}
+
+uint64_t FixedBytes(const PlaneSpec& spec) {
+  return uint64_t{spec.tokens} * 2 + uint64_t{spec.channels} * 2 * (spec.anchors() ? 2 : 1) +
+         uint64_t{spec.Streams()} * 4;
+}
+
+bool Encode(const uint8_t* data, const PlaneSpec& spec, Scratch* sc, std::vector<uint8_t>* out) {
+  const uint32_t T = spec.tokens, C = spec.channels;
+  const uint32_t isz = DtypeBytes(spec.dtype);
+  const int levels[2] = {Levels(spec.bins), Levels(spec.anchors() ? spec.anchor_bins : spec.bins)};
+  const int alpha[2] = {2 * levels[0] + 1, 2 * levels[1] + 1};
+  const int pbits[2] = {ProbBitsFor(alpha[0]), ProbBitsFor(alpha[1])};
+  sc->symbols.resize(size_t{T} * C);
+  sc->scales.resize(T);
+  sc->row.resize(C);
+  sc->recon.assign(C, 0.0f);
+  sc->hist.assign(size_t{2} * C * 64, 0);
+
+  // 1. Quantize, token by token.
+  const bool avx2 = HaveAvx2();
+  for (uint32_t t = 0; t < T; ++t) {
+    const int cls = spec.IsAnchor(t) ? 1 : 0;
+    const uint8_t* src = data + size_t{t} * C * isz;
+    float* v = sc->row.data();
+    const float* ref = spec.anchors() && cls == 0 ? sc->recon.data() : nullptr;
+    float amax = 0;
+    if (avx2) {
+      amax = LoadRowAvx2(src, spec.dtype, C, ref, v);
+    } else {
+      for (uint32_t c = 0; c < C; ++c) {
+        float x = LoadValue(src + size_t{c} * isz, spec.dtype);
+        if (ref) x = x - ref[c];
+        v[c] = x;
+        if (!std::isfinite(x)) {
+          amax = -1;
+          break;
+        }
+        const float a = std::fabs(x);
+        amax = a > amax ? a : amax;
+      }
+    }
+    if (amax < 0) return false;  // NaN or infinity: stored raw
+    const uint16_t sb = FloatToBf16Up(amax);
+    if ((sb & 0x7f80u) == 0x7f80u) return false;  // scale overflows bf16
+    sc->scales[t] = sb;
+    const int m = levels[cls];
+    const float step = Bf16ToFloat(sb) / static_cast<float>(m);
+    uint8_t* sym = sc->symbols.data() + size_t{t} * C;
+    if (avx2) {
+      QuantizeRowAvx2(v, C, step, m, sym);
+    } else {
+      for (uint32_t c = 0; c < C; ++c) {
+        int q = 0;
+        if (step > 0) {
+          q = static_cast<int>(std::nearbyint(v[c] / step));
+          q = q < -m ? -m : (q > m ? m : q);
+        }
+        sym[c] = static_cast<uint8_t>(q + m);
+      }
+    }
+    uint32_t* hist = sc->hist.data() + (static_cast<size_t>(cls) * C) * 64;
+    for (uint32_t c = 0; c < C; ++c) hist[size_t{c} * 64 + sym[c]]++;
+    if (cls == 1) {
+      for (uint32_t c = 0; c < C; ++c) sc->recon[c] = static_cast<float>(static_cast<int>(sym[c]) - m) * step;
+    }
+  }
+
+  // 2. One distribution per (class, channel), and the encoder's symbol tables.
+  const int classes = spec.anchors() ? 2 : 1;
+  sc->params.assign(size_t{2} * C * 2, 0);
+  sc->enc.resize(size_t{2} * C * 64);
+  for (int k = 0; k < classes; ++k) {
+    for (uint32_t c = 0; c < C; ++c) {
+      const uint32_t* h = sc->hist.data() + (static_cast<size_t>(k) * C + c) * 64;
+      uint8_t* prm = sc->params.data() + (static_cast<size_t>(k) * C + c) * 2;
+      FitChannel(h, alpha[k], pbits[k], &prm[0], &prm[1]);
+      uint16_t f[kMaxAlphabet];
+      BuildFrequencies(prm[0], prm[1], alpha[k], pbits[k], f);
+      EncSymbol* e = sc->enc.data() + (static_cast<size_t>(k) * C + c) * 64;
+      uint32_t cum = 0;
+      for (int s = 0; s < alpha[k]; ++s) {
+        e[s] = MakeEncSymbol(cum, f[s], pbits[k]);
+        cum += f[s];
+      }
+    }
+  }
+
+  // 3. Streams, each encoded in reverse decoding order.
+  const size_t base = out->size();
+  const uint32_t S = spec.Streams();
+  out->resize(base + FixedBytes(spec));
+  uint8_t* p = out->data() + base;
+  for (uint32_t t = 0; t < T; ++t) format::Put16(p + 2 * t, sc->scales[t]);
+  p += 2 * size_t{T};
+  for (int k = 0; k < classes; ++k) {
+    memcpy(p, sc->params.data() + static_cast<size_t>(k) * C * 2, size_t{C} * 2);
+    p += size_t{C} * 2;
+  }
+  const size_t lengths_at = base + 2 * size_t{T} + size_t{C} * 2 * classes;
+  const uint64_t raw_bytes = uint64_t{T} * C * isz;
+  for (uint32_t si = 0; si < S; ++si) {
+    const uint32_t c0 = si * spec.stream_channels;
+    const uint32_t c1 = c0 + spec.stream_channels < C ? c0 + spec.stream_channels : C;
+    const size_t cap = size_t{T} * (c1 - c0) + 1;
+    sc->words.resize(cap);
+    uint16_t* w = sc->words.data() + cap;
+    uint32_t x[kLanes];
+    for (int j = 0; j < kLanes; ++j) x[j] = kRansLow;
+    const uint32_t blocks = (c1 - c0 + kLanes - 1) / kLanes;
+    for (uint32_t b = blocks; b-- > 0;) {
+      const uint32_t cb = c0 + b * kLanes;
+      const int lanes = static_cast<int>(c1 - cb < kLanes ? c1 - cb : kLanes);
+      for (uint32_t t = T; t-- > 0;) {
+        const int k = spec.IsAnchor(t) ? 1 : 0;
+        const uint8_t* sym = sc->symbols.data() + size_t{t} * C + cb;
+        const EncSymbol* e = sc->enc.data() + (static_cast<size_t>(k) * C + cb) * 64;
+        for (int j = lanes; j-- > 0;) EncodeStep(&x[j], e[size_t(j) * 64 + sym[j]], &w);
+      }
+    }
+    const size_t nwords = static_cast<size_t>(sc->words.data() + cap - w);
+    const size_t len = 4 * kLanes + 2 * nwords;
+    if (out->size() - base + len >= raw_bytes) {
+      out->resize(base);
+      return false;  // would not get smaller than the raw plane
+    }
+    const size_t at = out->size();
+    out->resize(at + len);
+    uint8_t* q = out->data() + at;
+    for (int j = 0; j < kLanes; ++j) format::Put32(q + 4 * j, x[j]);
+    q += 4 * kLanes;
+    for (size_t i = 0; i < nwords; ++i) format::Put16(q + 2 * i, w[i]);
+    format::Put32(out->data() + lengths_at + 4 * size_t{si}, static_cast<uint32_t>(len));
+  }
+  return true;
+}
+
+}  // namespace kvd::codec::plane

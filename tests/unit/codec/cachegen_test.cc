@@ -1,0 +1,478 @@
+// CacheGen codec (codec.h): exact round trip of the entropy coder (decoded values equal
+// the format's quantizer bit for bit), error bounded by the quantization step, edge
+// cases, anchors, determinism across thread counts, the scalar and AVX2 decoders
+// agreeing, and every way a wrong, corrupted or truncated object is refused.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "codec/codec.h"
+#include "codec/crc32c.h"
+#include "codec/format.h"
+#include "codec/plane.h"
+#include "codec_test_util.h"
+
+namespace kvd::codec {
+namespace {
+
+using ::testing::HasSubstr;
+using test::KvSpec;
+using test::LayoutOf;
+using test::MakeKv;
+
+CachegenOptions Bins(uint32_t b) {
+  CachegenOptions o;
+  o.bins = BinSchedule::Uniform(b);
+  return o;
+}
+
+std::vector<uint8_t> RoundTrip(const ObjectLayout& l, const std::vector<uint8_t>& obj, const CachegenOptions& o,
+                               std::vector<uint8_t>* encoded = nullptr) {
+  auto enc = Encode(l, obj, o);
+  EXPECT_TRUE(enc.ok()) << enc.status().ToString();
+  if (!enc.ok()) return {};
+  std::vector<uint8_t> out(obj.size());
+  const Status st = Decode(*enc, out, &l);
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  if (encoded) *encoded = *enc;
+  return out;
+}
+
+// Decoded planes equal the reference quantizer exactly: nothing the entropy coder
+// dropped or altered, for several bin counts, dtypes and shapes.
+void ExpectExact(const KvSpec& s, uint32_t bins) {
+  const auto l = LayoutOf(s);
+  const auto obj = MakeKv(s);
+  std::vector<uint8_t> enc;
+  const auto out = RoundTrip(l, obj, Bins(bins), &enc);
+  ASSERT_EQ(out.size(), obj.size());
+  auto info = Inspect(enc);
+  ASSERT_TRUE(info.ok());
+  const uint32_t isz = DtypeBytes(s.dtype);
+  const size_t plane = size_t{s.tokens} * s.hidden * isz;
+  for (uint32_t p = 0; p < s.kv_size * s.layers; ++p) {
+    if (info->plane_bins[p] == 0) {  // stored raw (too small to shrink): exact copy
+      ASSERT_EQ(0, memcmp(obj.data() + p * plane, out.data() + p * plane, plane)) << "raw plane " << p;
+      continue;
+    }
+    ASSERT_EQ(info->plane_bins[p], bins);
+    const auto ref = test::ReferencePlane(obj.data() + p * plane, s.dtype, s.tokens, s.hidden, bins);
+    for (size_t i = 0; i < ref.size(); ++i) {
+      std::vector<uint8_t> want(isz);
+      test::StoreAs(s.dtype, ref[i], want.data());
+      ASSERT_EQ(0, memcmp(want.data(), out.data() + p * plane + i * isz, isz))
+          << "plane " << p << " element " << i << " bins " << bins;
+    }
+  }
+}
+
+TEST(CachegenTest, EntropyCoderIsExactAcrossBinsAndDtypes) {
+  for (uint32_t bins : {4u, 8u, 12u, 16u, 32u, 64u}) ExpectExact(KvSpec{}, bins);
+  KvSpec f16;
+  f16.dtype = Dtype::kFloat16;
+  f16.outliers = 0;
+  ExpectExact(f16, 16);
+  KvSpec f32;
+  f32.dtype = Dtype::kFloat32;
+  ExpectExact(f32, 32);
+}
+
+TEST(CachegenTest, EdgeShapesAreExact) {
+  KvSpec one;  // a single token (stored raw: CacheGen's tables would outweigh it)
+  one.tokens = 1;
+  ExpectExact(one, 32);
+  KvSpec few;  // few tokens, still worth coding
+  few.tokens = 9;
+  few.hidden = 512;
+  ExpectExact(few, 16);
+  KvSpec short_chunk;  // shorter than 256 tokens
+  short_chunk.tokens = 100;
+  ExpectExact(short_chunk, 16);
+  KvSpec odd;  // channels not a power of two, a partial 32-lane block
+  odd.hidden = 100;
+  ExpectExact(odd, 32);
+  KvSpec tiny;
+  tiny.hidden = 3;
+  tiny.outliers = 0;
+  ExpectExact(tiny, 16);
+  KvSpec wide;  // more than one stream per plane (256 channels each)
+  wide.hidden = 600;
+  wide.tokens = 64;
+  ExpectExact(wide, 16);
+  KvSpec mla;  // kv_size 1
+  mla.kv_size = 1;
+  mla.layers = 3;
+  ExpectExact(mla, 32);
+}
+
+TEST(CachegenTest, ErrorIsBoundedByHalfAStep) {
+  KvSpec s;
+  s.outliers = 3;  // 100x channels set the per-token scale
+  const auto l = LayoutOf(s);
+  const auto obj = MakeKv(s);
+  for (uint32_t bins : {8u, 16u, 32u}) {
+    const auto out = RoundTrip(l, obj, Bins(bins));
+    const size_t plane = size_t{s.tokens} * s.hidden * 2;
+    for (uint32_t p = 0; p < 2 * s.layers; ++p) {
+      std::vector<float> steps;
+      test::ReferencePlane(obj.data() + p * plane, s.dtype, s.tokens, s.hidden, bins, &steps);
+      for (uint32_t t = 0; t < s.tokens; ++t) {
+        for (uint32_t c = 0; c < s.hidden; ++c) {
+          const size_t at = p * plane + (size_t{t} * s.hidden + c) * 2;
+          const float x = test::LoadAs(s.dtype, obj.data() + at);
+          const float y = test::LoadAs(s.dtype, out.data() + at);
+          // Half a step, plus the rounding of the decoded value to bf16.
+          const float bound = steps[t] * 0.5f * (1 + 1e-6f) + std::fabs(y) * (1.0f / 256);
+          ASSERT_LE(std::fabs(x - y), bound) << "bins " << bins << " plane " << p << " t " << t << " c " << c;
+        }
+      }
+    }
+  }
+}
+
+TEST(CachegenTest, AllZeroTokensDecodeToZero) {
+  KvSpec s;
+  s.tokens = 64;
+  auto obj = MakeKv(s);
+  // Tokens 0, 10 and 63 of every plane are all zeros.
+  const size_t plane = size_t{s.tokens} * s.hidden * 2;
+  for (uint32_t p = 0; p < 2 * s.layers; ++p) {
+    for (uint32_t t : {0u, 10u, 63u}) memset(obj.data() + p * plane + size_t{t} * s.hidden * 2, 0, s.hidden * 2);
+  }
+  const auto l = LayoutOf(s);
+  const auto out = RoundTrip(l, obj, Bins(16));
+  for (uint32_t p = 0; p < 2 * s.layers; ++p) {
+    for (uint32_t t : {0u, 10u, 63u}) {
+      for (uint32_t c = 0; c < s.hidden; ++c) {
+        EXPECT_EQ(test::LoadAs(s.dtype, out.data() + p * plane + (size_t{t} * s.hidden + c) * 2), 0.0f);
+      }
+    }
+  }
+  // A whole object of zeros: every value comes back 0 and the object is tiny.
+  std::vector<uint8_t> zeros(obj.size(), 0);
+  std::vector<uint8_t> enc;
+  const auto zout = RoundTrip(l, zeros, Bins(32), &enc);
+  EXPECT_EQ(zout, zeros);
+  EXPECT_LT(enc.size(), zeros.size() / 20);
+}
+
+TEST(CachegenTest, OutlierChannelsAreReproduced) {
+  KvSpec s;
+  s.outliers = 4;
+  s.outlier_scale = 100;
+  const auto l = LayoutOf(s);
+  const auto obj = MakeKv(s);
+  const auto out = RoundTrip(l, obj, Bins(32));
+  // The outlier channels set the scale, so they come back within 1/30 of their range.
+  const size_t plane = size_t{s.tokens} * s.hidden * 2;
+  for (uint32_t t = 0; t < s.tokens; ++t) {
+    float amax = 0;
+    for (uint32_t c = 0; c < s.hidden; ++c) amax = std::max(amax, std::fabs(test::LoadAs(s.dtype, obj.data() + (t * s.hidden + c) * 2)));
+    for (uint32_t c = 0; c < 4; ++c) {
+      const float x = test::LoadAs(s.dtype, obj.data() + (t * s.hidden + c) * 2);
+      const float y = test::LoadAs(s.dtype, out.data() + (t * s.hidden + c) * 2);
+      EXPECT_LE(std::fabs(x - y), amax / 30 + std::fabs(x) / 128) << t << " " << c;
+    }
+  }
+  (void)plane;
+}
+
+TEST(CachegenTest, NonFinitePlanesAreStoredRawAndComeBackExact) {
+  KvSpec s;
+  auto obj = MakeKv(s);
+  const uint16_t nan = 0x7fc0, inf = 0x7f80;
+  memcpy(obj.data() + 10, &nan, 2);                               // plane 0
+  memcpy(obj.data() + size_t{s.tokens} * s.hidden * 2 * 3 + 8, &inf, 2);  // plane 3
+  const auto l = LayoutOf(s);
+  std::vector<uint8_t> enc;
+  const auto out = RoundTrip(l, obj, Bins(16), &enc);
+  const size_t plane = size_t{s.tokens} * s.hidden * 2;
+  EXPECT_EQ(0, memcmp(obj.data(), out.data(), plane));
+  EXPECT_EQ(0, memcmp(obj.data() + 3 * plane, out.data() + 3 * plane, plane));
+  auto info = Inspect(enc);
+  ASSERT_TRUE(info.ok());
+  EXPECT_EQ(info->plane_bins, (std::vector<uint8_t>{0, 16, 16, 0}));
+}
+
+TEST(CachegenTest, NonFloatGroupsAreStoredRaw) {
+  ObjectLayout l;
+  l.layout_id = 9;
+  l.groups.push_back({2, 2, 256, 64, Dtype::kBfloat16});
+  l.groups.push_back({1, 2, 256, 132, Dtype::kUint8});   // e.g. a DSA indexer page
+  l.groups.push_back({1, 1, 256, 64, Dtype::kFloat8E4m3fn});
+  KvSpec s;
+  s.hidden = 64;
+  auto obj = MakeKv(s);
+  const size_t first = obj.size();
+  std::mt19937 rng(3);
+  obj.resize(l.Bytes());
+  for (size_t i = first; i < obj.size(); ++i) obj[i] = static_cast<uint8_t>(rng());
+  const auto out = RoundTrip(l, obj, Bins(16));
+  EXPECT_EQ(0, memcmp(obj.data() + first, out.data() + first, obj.size() - first));
+}
+
+TEST(CachegenTest, AnchorsRoundTripWithinTheirSteps) {
+  KvSpec s;
+  s.rho = 0.99f;
+  const auto l = LayoutOf(s);
+  const auto obj = MakeKv(s);
+  for (uint32_t g : {2u, 5u, 10u, 256u}) {
+    CachegenOptions o = Bins(16);
+    o.anchor_group = g;
+    o.anchor_bins = 32;
+    std::vector<uint8_t> enc;
+    const auto out = RoundTrip(l, obj, o, &enc);
+    auto info = Inspect(enc);
+    ASSERT_TRUE(info.ok());
+    EXPECT_EQ(info->anchor_group, g);
+    // Anchor tokens are quantized on their own (32 bins): within half their step.
+    const size_t plane = size_t{s.tokens} * s.hidden * 2;
+    for (uint32_t p = 0; p < 2 * s.layers; ++p) {
+      for (uint32_t t = 0; t < s.tokens; t += g) {
+        float amax = 0;
+        for (uint32_t c = 0; c < s.hidden; ++c) amax = std::max(amax, std::fabs(test::LoadAs(s.dtype, obj.data() + p * plane + (t * s.hidden + c) * 2)));
+        for (uint32_t c = 0; c < s.hidden; ++c) {
+          const size_t at = p * plane + (size_t{t} * s.hidden + c) * 2;
+          const float x = test::LoadAs(s.dtype, obj.data() + at), y = test::LoadAs(s.dtype, out.data() + at);
+          ASSERT_LE(std::fabs(x - y), amax / 15 * 0.5f * 1.01f + std::fabs(y) / 256) << g << " " << t;
+        }
+      }
+    }
+    // Every token: never further from the input than the delta's range allows.
+    double err = 0, norm = 0;
+    for (size_t i = 0; i < obj.size() / 2; ++i) {
+      const float x = test::LoadAs(s.dtype, obj.data() + 2 * i), y = test::LoadAs(s.dtype, out.data() + 2 * i);
+      err += double(x - y) * (x - y);
+      norm += double(x) * x;
+    }
+    EXPECT_LT(std::sqrt(err / norm), 0.08) << "anchor group " << g;
+  }
+}
+
+TEST(CachegenTest, OutputDoesNotDependOnThreadCount) {
+  KvSpec s;
+  s.layers = 5;
+  s.hidden = 96;
+  const auto l = LayoutOf(s);
+  const auto obj = MakeKv(s);
+  for (uint32_t g : {0u, 8u}) {
+    CachegenOptions o = Bins(16);
+    o.anchor_group = g;
+    o.threads = 1;
+    auto one = Encode(l, obj, o);
+    ASSERT_TRUE(one.ok());
+    std::vector<uint8_t> d1(obj.size());
+    ASSERT_TRUE(Decode(*one, d1, &l, 1).ok());
+    for (int threads : {2, 3, 8}) {
+      o.threads = threads;
+      auto many = Encode(l, obj, o);
+      ASSERT_TRUE(many.ok());
+      EXPECT_EQ(*one, *many) << threads << " threads";
+      std::vector<uint8_t> dn(obj.size());
+      ASSERT_TRUE(Decode(*one, dn, &l, threads).ok());
+      EXPECT_EQ(d1, dn) << threads << " threads";
+    }
+  }
+}
+
+TEST(CachegenTest, ScalarAndAvx2DecodersAgree) {
+  if (!plane::HaveAvx2()) GTEST_SKIP() << "no AVX2 on this CPU";
+  for (Dtype d : {Dtype::kBfloat16, Dtype::kFloat16, Dtype::kFloat32}) {
+    for (uint32_t g : {0u, 7u}) {
+      KvSpec s;
+      s.dtype = d;
+      s.layers = 1;
+      s.hidden = 200;  // six full blocks and a partial one
+      s.tokens = 77;
+      const auto obj = MakeKv(s);
+      plane::PlaneSpec ps;
+      ps.tokens = s.tokens;
+      ps.channels = s.hidden;
+      ps.dtype = d;
+      ps.bins = 32;
+      ps.anchor_group = g;
+      ps.anchor_bins = g ? 64 : 0;
+      plane::Scratch sc;
+      std::vector<uint8_t> payload;
+      ASSERT_TRUE(plane::Encode(obj.data(), ps, &sc, &payload));
+      const size_t bytes = size_t{s.tokens} * s.hidden * DtypeBytes(d);
+      std::vector<uint8_t> a(bytes), b(bytes);
+      ASSERT_TRUE(plane::Decode(payload, ps, &sc, a.data(), /*simd=*/false).ok());
+      ASSERT_TRUE(plane::Decode(payload, ps, &sc, b.data(), /*simd=*/true).ok());
+      EXPECT_EQ(a, b) << DtypeName(d) << " anchors " << g;
+    }
+  }
+}
+
+TEST(CachegenTest, BinScheduleIsPerLayerAndRecorded) {
+  KvSpec s;
+  s.layers = 12;
+  s.hidden = 32;
+  s.tokens = 32;
+  const auto l = LayoutOf(s);
+  const auto obj = MakeKv(s);
+  CachegenOptions o;
+  o.bins = BinSchedule::Lmcache(12);
+  std::vector<uint8_t> enc;
+  RoundTrip(l, obj, o, &enc);
+  auto info = Inspect(enc);
+  ASSERT_TRUE(info.ok());
+  std::vector<uint8_t> want;
+  for (int l2 = 0; l2 < 12; ++l2) want.push_back(l2 < 10 ? 32 : 16);
+  for (int l2 = 0; l2 < 12; ++l2) want.push_back(l2 < 2 ? 32 : 16);
+  EXPECT_EQ(info->plane_bins, want);
+  // Fewer bins, fewer bytes.
+  auto e32 = Encode(l, obj, Bins(32)), e8 = Encode(l, obj, Bins(8));
+  ASSERT_TRUE(e32.ok() && e8.ok());
+  EXPECT_LT(e8->size(), e32->size());
+}
+
+TEST(CachegenTest, BinScheduleParsesAndRefusesBadSpans) {
+  auto s = BinSchedule::Parse("k=0-10:32,10-:16 v=0-2:32,2-:16");
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  EXPECT_EQ(*s, BinSchedule::Lmcache(32));
+  EXPECT_EQ(s->ToString(), "k=0-10:32,10-:16 v=0-2:32,2-:16");
+  EXPECT_EQ(s->BinsFor(0, 9), 32u);
+  EXPECT_EQ(s->BinsFor(0, 10), 16u);
+  EXPECT_EQ(s->BinsFor(1, 1), 32u);
+  EXPECT_EQ(s->BinsFor(1, 200), 16u);
+  EXPECT_EQ(BinSchedule::Parse("24")->BinsFor(1, 3), 24u);
+  EXPECT_EQ(BinSchedule::Lmcache(6), BinSchedule::Uniform(32));
+  for (const char* bad : {"", "3", "65", "k=0-:16", "k=1-:16 v=0-:16", "k=0-4:16,5-:16 v=0-:16",
+                          "k=0-:2 v=0-:16", "k=0-x:16 v=0-:16", "q=0-:16"}) {
+    EXPECT_FALSE(BinSchedule::Parse(bad).ok()) << bad;
+  }
+}
+
+// ---- Refusals ---------------------------------------------------------------------
+
+class CorruptionTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    s_.tokens = 64;
+    s_.hidden = 64;
+    layout_ = LayoutOf(s_);
+    obj_ = MakeKv(s_);
+    auto e = Encode(layout_, obj_, Bins(16));
+    ASSERT_TRUE(e.ok());
+    enc_ = *e;
+  }
+  Status DecodeBytes(const std::vector<uint8_t>& b) {
+    std::vector<uint8_t> out(obj_.size());
+    return Decode(b, out, &layout_);
+  }
+  KvSpec s_;
+  ObjectLayout layout_;
+  std::vector<uint8_t> obj_, enc_;
+};
+
+TEST_F(CorruptionTest, EveryFlippedByteIsDetected) {
+  for (size_t i = 0; i < enc_.size(); ++i) {
+    auto b = enc_;
+    b[i] ^= static_cast<uint8_t>(1u << (i % 8));
+    const Status st = DecodeBytes(b);
+    ASSERT_FALSE(st.ok()) << "flipped byte " << i << " of " << enc_.size();
+  }
+}
+
+TEST_F(CorruptionTest, TruncatedAndPaddedObjectsAreRefused) {
+  for (size_t n : {size_t{0}, size_t{3}, size_t{47}, size_t{48}, enc_.size() / 2, enc_.size() - 1}) {
+    std::vector<uint8_t> b(enc_.begin(), enc_.begin() + static_cast<long>(n));
+    const Status st = DecodeBytes(b);
+    ASSERT_FALSE(st.ok()) << n;
+  }
+  auto padded = enc_;
+  padded.push_back(0);
+  EXPECT_THAT(DecodeBytes(padded).message(), HasSubstr("truncated or padded"));
+}
+
+// Payload damage behind a recomputed checksum is still caught by the stream checks.
+TEST_F(CorruptionTest, StreamDamageBehindAValidChecksumIsRefused) {
+  auto h = format::ReadHeader(enc_);
+  ASSERT_TRUE(h.ok());
+  const size_t start = h->TablesEnd();
+  int refused = 0, tried = 0;
+  for (size_t i = start; i + format::kTrailerBytes < enc_.size(); i += 7) {
+    auto b = enc_;
+    b[i] ^= 0x5a;
+    format::Put32(b.data() + b.size() - 4, Crc32c(b.data(), b.size() - 4));
+    ++tried;
+    if (!DecodeBytes(b).ok()) ++refused;
+  }
+  // Scale and parameter bytes can decode to other valid values; stream words and
+  // states cannot go unnoticed. Most damage is refused outright.
+  EXPECT_GT(refused, tried * 3 / 4) << refused << " of " << tried;
+}
+
+TEST_F(CorruptionTest, WrongLayoutOrBufferIsRefused) {
+  ObjectLayout other = layout_;
+  other.layout_id = 43;
+  std::vector<uint8_t> out(obj_.size());
+  EXPECT_THAT(Decode(enc_, out, &other).message(), HasSubstr("expected"));
+  other = layout_;
+  other.groups[0].dtype = Dtype::kFloat16;
+  EXPECT_FALSE(Decode(enc_, out, &other).ok());
+  std::vector<uint8_t> small(obj_.size() - 2);
+  EXPECT_THAT(Decode(enc_, small, &layout_).message(), HasSubstr("output buffer"));
+  // Not a CacheGen object at all.
+  EXPECT_THAT(DecodeBytes(obj_).message(), HasSubstr("magic"));
+}
+
+TEST_F(CorruptionTest, HeaderFieldsAreCheckedEvenWithAValidHeaderChecksum) {
+  auto tamper = [&](size_t off, uint8_t v) {
+    auto b = enc_;
+    b[off] = v;
+    auto h = format::ReadHeader(enc_);
+    // Recompute the header CRC over the tampered tables.
+    format::Put32(b.data() + 44, 0);
+    format::Put32(b.data() + 44, Crc32c(b.data(), h->TablesEnd()));
+    return format::ReadHeader(b).status();
+  };
+  EXPECT_THAT(tamper(4, 2).message(), HasSubstr("version"));
+  EXPECT_FALSE(tamper(32, 0).ok());                        // no groups
+  EXPECT_FALSE(tamper(36, 9).ok());                        // plane count
+  EXPECT_FALSE(tamper(format::kHeaderBytes + 16, 99).ok());  // dtype code
+  EXPECT_FALSE(tamper(format::kHeaderBytes + 0, 3).ok());    // kv_size 3
+  const size_t plane0 = format::kHeaderBytes + format::kGroupEntryBytes;
+  EXPECT_FALSE(tamper(plane0, 7).ok());                      // plane mode
+  EXPECT_FALSE(tamper(plane0 + 1, 80).ok());                 // bins
+  EXPECT_FALSE(tamper(plane0 + 4, 1).ok());                  // payload size
+}
+
+TEST(CachegenTest, EncodeRefusesBadInput) {
+  KvSpec s;
+  const auto l = LayoutOf(s);
+  auto obj = MakeKv(s);
+  obj.pop_back();
+  EXPECT_FALSE(Encode(l, obj, Bins(16)).ok());
+  obj.push_back(0);
+  EXPECT_FALSE(Encode(l, obj, Bins(3)).ok());
+  CachegenOptions o = Bins(16);
+  o.anchor_group = 4;
+  o.anchor_bins = 100;
+  EXPECT_FALSE(Encode(l, obj, o).ok());
+  ObjectLayout bad = l;
+  bad.groups[0].kv_size = 3;
+  EXPECT_FALSE(Encode(bad, obj, Bins(16)).ok());
+  EXPECT_FALSE(Encode(ObjectLayout{}, {}, Bins(16)).ok());
+}
+
+TEST(CachegenTest, EncodedSizeIsBounded) {
+  KvSpec s;
+  s.rho = 0;
+  s.outliers = 0;
+  const auto l = LayoutOf(s);
+  std::mt19937 rng(5);
+  std::vector<uint8_t> noise(l.Bytes());
+  for (size_t i = 0; i < noise.size(); i += 2) {
+    // Random finite bf16 values of every magnitude: incompressible planes.
+    uint16_t h = static_cast<uint16_t>(rng());
+    if ((h & 0x7f80) == 0x7f80) h &= 0xbfff;
+    memcpy(&noise[i], &h, 2);
+  }
+  auto e = Encode(l, noise, Bins(64));
+  ASSERT_TRUE(e.ok());
+  EXPECT_LE(e->size(), MaxEncodedBytes(l));
+}
+
+}  // namespace
+}  // namespace kvd::codec
