@@ -12,8 +12,14 @@ namespace {
 
 Status Corrupt(const std::string& why) { return Status::InvalidArgument("cachegen: corrupted plane: " + why); }
 
+// The largest finite value of each output dtype: decoded values saturate there, so a
+// plane never decodes to infinity (fp16 data at 65504 has a bf16 scale of 65536).
+template <Dtype D>
+constexpr float kLimit = D == Dtype::kFloat16 ? 65504.0f : (D == Dtype::kBfloat16 ? 0x1.fep127f : 0x1.fffffep127f);
+
 template <Dtype D>
 inline void Store(uint8_t* out, size_t index, float v) {
+  v = v > kLimit<D> ? kLimit<D> : (v < -kLimit<D> ? -kLimit<D> : v);
   if constexpr (D == Dtype::kBfloat16) {
     const uint16_t h = FloatToBf16(v);
     memcpy(out + 2 * index, &h, 2);

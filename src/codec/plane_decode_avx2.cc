@@ -4,6 +4,7 @@
 // words in lane order (a permutation from a 256-entry table, indexed by the mask of
 // needing lanes). Produces exactly the scalar decoder's output and word consumption.
 // Compiled with target attributes (no global -mavx2); callers check HaveAvx2().
+#include <cpuid.h>
 #include <immintrin.h>
 
 #include <array>
@@ -34,8 +35,13 @@ constexpr std::array<uint64_t, 256> kPerm = MakePerm();
 
 #define KVD_AVX2_TARGET __attribute__((target("avx2,f16c,popcnt")))
 
+// Saturation at the dtype's largest finite value, as the scalar decoder does.
+template <Dtype D>
+constexpr float kLimit8 = D == Dtype::kFloat16 ? 65504.0f : (D == Dtype::kBfloat16 ? 0x1.fep127f : 0x1.fffffep127f);
+
 template <Dtype D>
 KVD_AVX2_TARGET inline void Store8(uint8_t* out, size_t index, __m256 v) {
+  v = _mm256_min_ps(_mm256_max_ps(v, _mm256_set1_ps(-kLimit8<D>)), _mm256_set1_ps(kLimit8<D>));
   if constexpr (D == Dtype::kBfloat16) {
     const __m256i b = _mm256_castps_si256(v);
     const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
@@ -123,8 +129,11 @@ KVD_AVX2_TARGET void Block(const BlockJob& job, uint32_t* tp, uint32_t* st, cons
 }  // namespace
 
 bool HaveAvx2() {
-  static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c") &&
-                          __builtin_cpu_supports("popcnt");
+  static const bool has = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    const bool f16c = __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C) != 0;
+    return f16c && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("popcnt");
+  }();
   return has;
 }
 

@@ -3,6 +3,8 @@
 #include <cstring>
 #include <nlohmann/json.hpp>
 
+#include "l2/codec_serde.h"
+
 namespace kvd::l2 {
 namespace {
 
@@ -46,6 +48,8 @@ struct Known {
 };
 constexpr Known kKnown[] = {
     {"none", &MakeNone},
+    {"cachegen", &MakeCachegenSerde},
+    {"fp8", &MakeFp8Serde},
 };
 
 }  // namespace

@@ -10,8 +10,9 @@
 //      then damaged at positions the remaining bytes choose, checksums recomputed, and
 //      decoded again.
 // Invariants (abort = a finding): Decode never crashes, reads or writes out of bounds
-// (ASan), or allocates more than the limit below; a successful decode of a float object
-// yields only finite values; an undamaged round trip succeeds.
+// (ASan), or allocates more than the limit below; every quantized plane of a successful
+// decode holds only finite values (raw planes are copied as they are); an undamaged
+// round trip succeeds.
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -48,11 +49,17 @@ void FixChecksums(std::vector<uint8_t>* b) {
   format::Put32(b->data() + b->size() - 4, Crc32c(b->data(), b->size() - 4));
 }
 
-bool AllFinite(const ObjectLayout& l, const std::vector<uint8_t>& out) {
+// True when every value of the object (or, with plane_bins, of every plane that was
+// quantized: raw planes are copied verbatim, whatever they hold) is finite.
+bool AllFinite(const ObjectLayout& l, const std::vector<uint8_t>& out,
+               const std::vector<uint8_t>* plane_bins = nullptr) {
   const uint8_t* p = out.data();
+  size_t plane = 0;
   for (const auto& g : l.groups) {
     const uint64_t n = g.Elements();
+    const uint64_t per_plane = uint64_t{g.tokens} * g.hidden;
     for (uint64_t i = 0; i < n; ++i) {
+      if (plane_bins && (*plane_bins)[plane + i / per_plane] == 0) continue;
       float v = 0;
       uint16_t h;
       switch (g.dtype) {
@@ -64,6 +71,7 @@ bool AllFinite(const ObjectLayout& l, const std::vector<uint8_t>& out) {
       if (!std::isfinite(v)) return false;
     }
     p += g.Bytes();
+    plane += uint64_t{g.kv_size} * g.layers;
   }
   return true;
 }
@@ -83,7 +91,9 @@ void DecodeChecked(const std::vector<uint8_t>& enc, bool planes_were_finite) {
   if (info->layout.Bytes() > kMaxRaw) return;
   std::vector<uint8_t> out(info->layout.Bytes());
   const kvd::Status st = Decode(enc, out, &info->layout);
-  if (st.ok() && planes_were_finite) Require(AllFinite(info->layout, out), "decoded a non-finite value");
+  if (st.ok() && planes_were_finite) {
+    Require(AllFinite(info->layout, out, &info->plane_bins), "a quantized plane decoded to a non-finite value");
+  }
 }
 
 class Reader {

@@ -193,6 +193,34 @@ TEST(CachegenTest, NonFinitePlanesAreStoredRawAndComeBackExact) {
   EXPECT_EQ(info->plane_bins, (std::vector<uint8_t>{0, 16, 16, 0}));
 }
 
+// Regression (found by the cachegen fuzzer): fp16 data at +-65504 gets the bf16 scale
+// 65536, and the top symbol decoded to 65536, which is infinity in fp16. Decoded values
+// now saturate at the dtype's largest finite value.
+TEST(CachegenTest, Fp16MaxValueDoesNotDecodeToInfinity) {
+  ObjectLayout l;
+  l.groups.push_back({2, 1, 16, 64, Dtype::kFloat16});
+  std::vector<uint8_t> obj(l.Bytes());
+  for (size_t i = 0; i < obj.size() / 2; ++i) {
+    const float v = i % 3 == 0 ? 65504.0f : (i % 3 == 1 ? -65504.0f : 1000.0f * static_cast<float>(i % 17));
+    test::StoreAs(Dtype::kFloat16, v, obj.data() + 2 * i);
+  }
+  for (uint32_t g : {0u, 4u}) {
+    CachegenOptions o = Bins(16);
+    o.anchor_group = g;
+    const auto out = RoundTrip(l, obj, o);
+    for (size_t i = 0; i < obj.size() / 2; ++i) {
+      const float x = test::LoadAs(Dtype::kFloat16, obj.data() + 2 * i);
+      const float y = test::LoadAs(Dtype::kFloat16, out.data() + 2 * i);
+      ASSERT_TRUE(std::isfinite(y)) << i << " anchors " << g;
+      if (g == 0 && i % 3 != 2) {
+        EXPECT_EQ(y, x) << i;  // the top and bottom symbols, saturated
+      }
+      // Half a step of the (bf16-rounded) scale; deltas span up to twice the range.
+      EXPECT_LE(std::fabs(x - y), (g ? 2 : 1) * 65536.0f / 7 / 2 * 1.01f + 32) << i << " anchors " << g;
+    }
+  }
+}
+
 TEST(CachegenTest, NonFloatGroupsAreStoredRaw) {
   ObjectLayout l;
   l.layout_id = 9;
