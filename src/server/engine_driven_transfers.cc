@@ -10,6 +10,16 @@
 namespace kvd::server {
 namespace {
 
+// A worker names its own model and world size in every key (issue 11, finding 6): objects
+// of one model must never be written or read through another model's instance.
+Status KeyMatchesInstance(const char* op, const wire::CacheKey& key, const Instance& inst) {
+  if (key.model_name == inst.model_name && key.world_size == inst.world_size) return Status::Ok();
+  return Status::InvalidArgument(std::string(op) + ": key names model '" + key.model_name +
+                                 "' world_size " + std::to_string(key.world_size) +
+                                 ", the instance registered '" + inst.model_name + "' " +
+                                 std::to_string(inst.world_size));
+}
+
 std::string PendingId(const wire::CacheKey& key) {
   return key.request_id + "#" + std::to_string(key.start) + ":" + std::to_string(key.end);
 }
@@ -110,6 +120,10 @@ EngineDrivenTransfers::PrepareStore(const wire::EngineDrivenRequest& req) {
     return Status::NotFound("prepare_store: instance " + std::to_string(req.instance_id) +
                             " has no engine-driven context");
   }
+  if (Status st = KeyMatchesInstance("prepare_store", req.key, *inst); !st.ok()) {
+    counters_->store_failures++;
+    return st;
+  }
   auto keys = RequestChunkKeys(*sessions_, config_.chunk_size, req.key, inst->key_namespace);
   if (!keys.ok()) {
     counters_->store_failures++;
@@ -174,6 +188,10 @@ Result<std::vector<wire::ShmSlot>> EngineDrivenTransfers::PrepareRetrieve(
     counters_->retrieve_failures++;
     return Status::NotFound("prepare_retrieve: instance " + std::to_string(req.instance_id) +
                             " has no engine-driven context");
+  }
+  if (Status st = KeyMatchesInstance("prepare_retrieve", req.key, *inst); !st.ok()) {
+    counters_->retrieve_failures++;
+    return st;
   }
   auto keys = RequestChunkKeys(*sessions_, config_.chunk_size, req.key, inst->key_namespace);
   if (!keys.ok()) {

@@ -20,6 +20,7 @@
 #include "common/status.h"
 #include "layout/layout.h"
 #include "transfer/copy_engine.h"
+#include "transfer/shm_mapping.h"
 
 namespace kvd::server {
 
@@ -41,6 +42,11 @@ struct Instance {
   // The client memory this instance maps, one id per segment or device allocation ("shm
   // dev:inode", "cuda <device> <handle>"). No two instances may map the same memory.
   std::vector<std::string> memory_ids;
+  // lmcache-driven: the registration as received (RegistrationFingerprint) and the segment
+  // behind each shared-memory name when it was mapped. A re-registration that matches both
+  // only refreshes liveness; any difference rebuilds the instance.
+  std::string registration;
+  std::vector<std::pair<std::string, transfer::SegmentId>> shm_segments;
   size_t num_mappings = 0;                    // shared-memory segments kvd mapped (CPU)
   uint64_t object_bytes = 0;                  // bytes of one chunk object
   // engine-driven: the slot shape the worker copies.

@@ -6,7 +6,9 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <string>
 #include <thread>
+#include <type_traits>
 
 #include "server/chunk_keys.h"
 #include "transfer/copy_engine.h"
@@ -14,6 +16,87 @@
 #include "transfer/shm_mapping.h"
 
 namespace kvd::server {
+namespace {
+
+// Everything a REGISTER_KV_CACHE says, in one string: two registrations describe the same
+// memory and layout exactly when their fingerprints are equal.
+std::string RegistrationFingerprint(const wire::RegisterKvCacheRequest& req) {
+  std::string s;
+  auto put = [&](const auto& v) {
+    using T = std::decay_t<decltype(v)>;
+    if constexpr (std::is_same_v<T, std::string>) {
+      s += std::to_string(v.size());
+      s += ':';
+      s += v;
+    } else if constexpr (std::is_same_v<T, bool>) {
+      s += v ? 'T' : 'F';
+    } else {
+      s += std::to_string(v);
+    }
+    s += ';';
+  };
+  auto put_opt = [&](const auto& o) {
+    if (o) {
+      put(*o);
+    } else {
+      s += "-;";
+    }
+  };
+  auto put_list = [&](const std::vector<int64_t>& v) {
+    put(static_cast<int64_t>(v.size()));
+    for (int64_t x : v) put(x);
+  };
+  put(req.model_name);
+  put(req.world_size);
+  put(req.engine_type);
+  put(static_cast<int64_t>(req.tensors.size()));
+  for (const auto& t : req.tensors) {
+    put(static_cast<int64_t>(t.memory));
+    put(t.dtype);
+    put_list(t.shape);
+    put_list(t.stride);
+    put(t.storage_offset);
+    put(t.device_uuid);
+    put(t.shm_name);
+    put(t.nbytes);
+    put(t.cuda_device_index);
+    put(t.cuda_mem_handle);
+    put(t.cuda_storage_size);
+    put(t.cuda_storage_offset_bytes);
+    put(t.cuda_event_handle);
+    put(t.cuda_event_sync_required);
+    put(t.raw_ipc_handle);
+    put(t.raw_alloc_offset);
+  }
+  const auto& h = req.layout_hints;
+  put_opt(h.kv_layout);
+  put_opt(h.num_kv_heads);
+  put_opt(h.tokens_per_block);
+  put_opt(h.head_dim);
+  put_opt(h.kv_list_layout);
+  put(static_cast<int64_t>(req.group_infos.size()));
+  for (const auto& g : req.group_infos) {
+    put(g.engine_group_id);
+    put_list(g.layer_indices);
+    put(g.tokens_per_block);
+    put(g.sw_size_tokens);
+    put(g.extra_object_group_tag);
+    put(g.recurrent_state);
+  }
+  return s;
+}
+
+// True when every shared-memory name of the instance still names the segment it mapped
+// (a worker that recreated its segment under the same name gets a new mapping).
+bool SegmentsUnchanged(const Instance& inst) {
+  for (const auto& [name, id] : inst.shm_segments) {
+    auto now = transfer::IdentifySegment(name);
+    if (!now.ok() || !(*now == id)) return false;
+  }
+  return true;
+}
+
+}  // namespace
 
 LmcacheTransfers::LmcacheTransfers(const ServerConfig& config, const Clock* clock,
                                    l1::L1Cache* l1, SessionTable* sessions,
@@ -127,11 +210,12 @@ Status LmcacheTransfers::Register(const wire::RegisterKvCacheRequest& req) {
   if (req.model_name.empty() || req.model_name.find('@') != std::string::npos) {
     return Status::InvalidArgument("model_name must be non-empty and must not contain '@'");
   }
-  if (auto old = registry_->Peek(req.instance_id);
-      old && !old->engine_driven && old->model_name == req.model_name &&
-      old->world_size == req.world_size && old->num_tensors == req.tensors.size()) {
+  const std::string registration = RegistrationFingerprint(req);
+  if (auto old = registry_->Peek(req.instance_id); old && !old->engine_driven &&
+                                                   old->registration == registration &&
+                                                   SegmentsUnchanged(*old)) {
     registry_->Touch(req.instance_id);
-    return Status::Ok();  // re-registration after a recovery: liveness only
+    return Status::Ok();  // the same registration again (after a recovery): liveness only
   }
   const bool on_gpu = std::any_of(req.tensors.begin(), req.tensors.end(), [](const auto& t) {
     return t.memory != wire::TensorMemory::kCpuShm;
@@ -145,6 +229,7 @@ Status LmcacheTransfers::Register(const wire::RegisterKvCacheRequest& req) {
   inst->world_size = req.world_size;
   inst->object_bytes = layout->object_bytes;
   inst->num_tensors = req.tensors.size();
+  inst->registration = registration;
   if (on_gpu) {
     // GPU KV caches (CUDA IPC): the device engine opens them; it refuses a registration
     // that mixes in CPU tensors, and says so when this build or machine has no CUDA.
@@ -176,6 +261,7 @@ Status LmcacheTransfers::Register(const wire::RegisterKvCacheRequest& req) {
       if (!m.ok()) return m.status();
       base_of[name] = m->data();
       inst->memory_ids.push_back("shm " + m->id().ToString());
+      inst->shm_segments.emplace_back(name, m->id());
       mappings.push_back(std::move(m).value());
     }
     std::vector<uint8_t*> bases;

@@ -193,3 +193,67 @@ def test_finding1_allowed_uid_and_prefix_flags(tmp_path):
     finally:
         ok.close()
         other.close()
+
+
+# ---------------------------------------------------------------------------------------
+# Finding 4: re-registration keeps the old mapping
+# ---------------------------------------------------------------------------------------
+
+
+def test_finding4_reregistration_with_another_segment_rebuilds(raw):
+    """A worker that registers again with another segment (same id, model, world size and
+    tensor count) gets a new mapping: its stores read the new segment and its retrieves
+    write into it, never into memory it no longer uses."""
+    old, new = Mapped("reg_old"), Mapped("reg_new")
+    try:
+        old.fill(41)
+        want = new.fill(42)
+        register(raw, 12001, "hostile-rereg", "/" + old.name)
+        assert store(raw, 12001, "hostile-rereg", tokens(40)) == [b"", True]
+        register(raw, 12001, "hostile-rereg", "/" + new.name)  # the worker moved
+        toks = tokens(41)
+        assert store(raw, 12001, "hostile-rereg", toks) == [b"", True]
+        old_before = old.bytes()
+        new.zero()
+        assert retrieve(raw, 12001, "hostile-rereg", toks)[1] is True
+        assert new.bytes() == want, "the store read, or the retrieve wrote, the old segment"
+        assert old.bytes() == old_before, "a retrieve wrote into the segment the worker left"
+    finally:
+        old.close()
+        new.close()
+
+
+# ---------------------------------------------------------------------------------------
+# Finding 6: PREPARE_STORE / PREPARE_RETRIEVE check model and world size
+# ---------------------------------------------------------------------------------------
+
+
+def slots_of(reply) -> list:
+    """The slots of a PREPARE_STORE reply ({context: {slots, chunk_indices}}; refused:
+    no slots)."""
+    return ((reply or {}).get("context") or {}).get("slots") or []
+
+
+def test_finding6_prepare_ops_check_model_and_world_size(raw):
+    """An engine-driven instance of model A cannot prepare slots for model B's keys (it
+    would write objects that B's workers then load) nor read B's objects."""
+    reg = {"instance_id": 13001, "model_name": "hostile-ed-a", "world_size": 1,
+           "block_size": 16, "num_layers": 1, "hidden_dim_size": 16, "dtype_str": "bfloat16",
+           "use_mla": False, "num_physical_slots": 256}
+    raw.registered.append(13001)
+    reply = raw.call(14, reg)
+    assert reply.get("shm_name"), reply
+    toks = tokens(60)
+    other = F.cache_key("hostile-ed-b", 1, 0, toks, 0, CHUNK, F.rid("ed-other"))
+    reply = raw.call(16, other, 13001)
+    assert not slots_of(reply), f"PREPARE_STORE for another model got slots: {reply}"
+    other_ws = F.cache_key("hostile-ed-a", 2, 0, toks, 0, CHUNK, F.rid("ed-ws"))
+    assert not slots_of(raw.call(16, other_ws, 13001))
+    # Control: its own model works, and another model cannot read what it stored.
+    own = F.cache_key("hostile-ed-a", 1, 0, toks, 0, CHUNK, F.rid("ed-own"))
+    reply = raw.call(16, own, 13001)
+    assert slots_of(reply), reply
+    assert raw.call(17, own, 13001) is True
+    b_key = F.cache_key("hostile-ed-b", 1, 0, toks, 0, CHUNK, F.rid("ed-read"))
+    reply = raw.call(18, b_key, 13001)
+    assert reply.get("success") is not True, f"PREPARE_RETRIEVE across models: {reply}"

@@ -476,3 +476,103 @@ TEST_F(KvServiceTest, Finding1TheL1PoolIsNotAClientTensor) {
 
 }  // namespace
 }  // namespace kvd::server
+
+namespace kvd::server {
+namespace {
+
+// Issue 11, finding 4: a re-registration that changes anything rebuilds the instance; the
+// same registration again only refreshes liveness.
+TEST_F(KvServiceTest, Finding4ReRegistrationWithOtherSegmentsRebuildsTheInstance) {
+  FakeWorker a("/kvd_test_f4a"), b("/kvd_test_f4b");
+  a.Fill(1);
+  b.Fill(2);
+  const int64_t bpc = kChunk / kBlock;
+  ASSERT_TRUE(svc_->RegisterKvCache(a.Registration(7, 1)).ok());
+  ASSERT_TRUE(svc_->RegisterKvCache(b.Registration(7, 1)).ok());  // the worker moved to b
+  wire::TransferRequest st{Key(0, 512, 0, 512, 1, "s"), 7, Blocks(0, 2 * bpc), "", 0};
+  ASSERT_TRUE(svc_->Store(st).ok());
+  std::vector<uint8_t> want(FakeWorker::kBlockBytes);
+  std::memcpy(want.data(), b.Block(0, 0, 0), want.size());
+  b.Zero();
+  a.Zero();
+  wire::TransferRequest rt{Key(0, 512, 0, 512, 1, "s"), 7, Blocks(0, 2 * bpc), "", 0};
+  ASSERT_TRUE(svc_->Retrieve(rt).ok());
+  EXPECT_EQ(std::memcmp(b.Block(0, 0, 0), want.data(), want.size()), 0)
+      << "the store read, or the retrieve wrote, the old segment";
+  std::vector<uint8_t> zero(FakeWorker::kBlockBytes, 0);
+  EXPECT_EQ(std::memcmp(a.Block(0, 0, 0), zero.data(), zero.size()), 0);
+  // a is free again: another instance may register it.
+  EXPECT_TRUE(svc_->RegisterKvCache(a.Registration(8, 1)).ok());
+}
+
+TEST_F(KvServiceTest, Finding4AnyDescriptorChangeRebuilds) {
+  FakeWorker a("/kvd_test_f4c");
+  a.Fill(3);
+  const int64_t bpc = kChunk / kBlock;
+  auto reg = a.Registration(9, 1);
+  ASSERT_TRUE(svc_->RegisterKvCache(reg).ok());
+  // Same segment, same tensor count, but the worker now keeps layer 0 where layer 1 was
+  // (storage offsets swapped): the store must gather with the new descriptors.
+  auto swapped = reg;
+  std::swap(swapped.tensors[0].storage_offset, swapped.tensors[1].storage_offset);
+  ASSERT_TRUE(svc_->RegisterKvCache(swapped).ok());
+  ASSERT_TRUE(svc_->Store(wire::TransferRequest{Key(0, 512, 0, 512, 1, "s"), 9, Blocks(0, 2 * bpc), "", 0}).ok());
+  std::vector<uint8_t> layer1(FakeWorker::kBlockBytes);
+  std::memcpy(layer1.data(), a.Block(1, 0, 0), layer1.size());
+  // Back to the original descriptors, then retrieve: the object's layer 0 (read from where
+  // layer 1 lives) lands in layer 0.
+  ASSERT_TRUE(svc_->RegisterKvCache(reg).ok());
+  a.Zero();
+  ASSERT_TRUE(svc_->Retrieve(wire::TransferRequest{Key(0, 512, 0, 512, 1, "s"), 9, Blocks(0, 2 * bpc), "", 0}).ok());
+  EXPECT_EQ(std::memcmp(a.Block(0, 0, 0), layer1.data(), layer1.size()), 0)
+      << "a re-registration with other offsets kept the old layout";
+  // The identical registration again only refreshes liveness.
+  clock_.AdvanceSeconds(10);
+  ASSERT_TRUE(svc_->RegisterKvCache(reg).ok());
+  const auto st = svc_->StatusSnapshot();
+  ASSERT_EQ(st.instances.size(), 1u);
+  EXPECT_DOUBLE_EQ(st.instances[0].idle_seconds, 0.0);
+}
+
+}  // namespace
+}  // namespace kvd::server
+
+namespace kvd::server {
+namespace {
+
+// Issue 11, finding 6: PREPARE_STORE / PREPARE_RETRIEVE check the key's model and world size
+// against the engine-driven instance, as STORE / RETRIEVE do.
+TEST_F(KvServiceTest, Finding6PrepareOpsCheckModelAndWorldSize) {
+  wire::RegisterEngineDrivenRequest reg;
+  reg.instance_id = 40;
+  reg.model_name = "llama";
+  reg.world_size = 1;
+  reg.block_size = 16;
+  reg.num_layers = 1;
+  reg.hidden_dim_size = 16;
+  reg.dtype_str = "bfloat16";
+  ASSERT_TRUE(svc_->RegisterEngineDriven(reg).ok());
+  auto other_model = Key(0, 512, 0, 512, 1, "p1");
+  other_model.model_name = "mistral";
+  auto st = svc_->PrepareStore(wire::EngineDrivenRequest{other_model, 40, ""});
+  EXPECT_EQ(st.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(svc_->l1_stats().staging_objects, 0u);
+  auto other_ws = Key(0, 512, 0, 512, 2, "p2");  // world size 2, rank 0
+  EXPECT_EQ(svc_->PrepareStore(wire::EngineDrivenRequest{other_ws, 40, ""}).status().code(),
+            StatusCode::kInvalidArgument);
+  // Objects of the instance's own model, then a retrieve that names another model.
+  auto own = Key(0, 512, 0, 512, 1, "p3");
+  own.model_name = "llama";
+  ASSERT_TRUE(svc_->PrepareStore(wire::EngineDrivenRequest{own, 40, ""}).ok());
+  ASSERT_TRUE(svc_->CommitStore(wire::EngineDrivenRequest{own, 40, ""}).ok());
+  auto read_other = Key(0, 512, 0, 512, 1, "p4");
+  read_other.model_name = "mistral";
+  EXPECT_EQ(svc_->PrepareRetrieve(wire::EngineDrivenRequest{read_other, 40, ""}).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(svc_->l1_stats().pinned_objects, 0u);
+  auto read_own = Key(0, 512, 0, 512, 1, "p5");
+  EXPECT_TRUE(svc_->PrepareRetrieve(wire::EngineDrivenRequest{read_own, 40, ""}).ok());
+}
+
+}  // namespace
+}  // namespace kvd::server
