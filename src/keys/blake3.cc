@@ -27,10 +27,14 @@ namespace kvd::keys {
 namespace internal {
 namespace {
 
-constexpr Blake3Backend kPortableBackend = {"portable", CompressInPlacePortable, CompressXofPortable,
-                                            HashManyPortable};
-constexpr Blake3Backend kSse41Backend = {"sse4.1", CompressInPlaceSse41, CompressXofSse41, HashManySse41};
-constexpr Blake3Backend kAvx2Backend = {"avx2", CompressInPlaceSse41, CompressXofSse41, HashManyAvx2};
+constexpr Blake3Backend kPortableBackend = {"portable",         CompressInPlacePortable,
+                                            CompressXofPortable, HashManyPortable,
+                                            TokenChainPortable, nullptr};
+constexpr Blake3Backend kSse41Backend = {"sse4.1",      CompressInPlaceSse41, CompressXofSse41,
+                                         HashManySse41, TokenChainSse41,      nullptr};
+// One chain is latency-bound: the row-parallel SSE4.1 compression is the fastest there.
+constexpr Blake3Backend kAvx2Backend = {"avx2",       CompressInPlaceSse41, CompressXofSse41,
+                                        HashManyAvx2, TokenChainSse41,      TokenChains8Avx2};
 
 bool CpuHas(Blake3Impl impl) {
 #if defined(__x86_64__) || defined(__i386__)

@@ -11,6 +11,8 @@
 
 #include <immintrin.h>
 
+#include <cstring>
+
 #define KVD_AVX2 __attribute__((target("avx2"), always_inline)) inline
 #define KVD_AVX2_FN __attribute__((target("avx2")))
 
@@ -135,7 +137,108 @@ KVD_AVX2_FN void HashEight(const uint8_t* input, size_t stride, size_t blocks, c
   for (int i = 0; i < 8; ++i) _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 32 * i), h[i]);
 }
 
+// ---- Eight token chains side by side (token_hash.h) ---------------------------
+
+// dst <- big-endian bytes of n native-order tokens, eight at a time with one vpshufb.
+KVD_AVX2 void CopyTokensBigEndian8(uint8_t* dst, const uint32_t* t, size_t n) {
+  const __m256i swap = _mm256_setr_epi8(3, 2, 1, 0, 7, 6, 5, 4, 11, 10, 9, 8, 15, 14, 13, 12,  //
+                                        3, 2, 1, 0, 7, 6, 5, 4, 11, 10, 9, 8, 15, 14, 13, 12);
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(t + i));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + 4 * i), _mm256_shuffle_epi8(v, swap));
+  }
+  for (; i < n; ++i) StoreBe32(dst + 4 * i, t[i]);
+}
+
+// One compression of eight lanes: h (word i of every lane in h[i]) <- compress(h, m).
+KVD_AVX2 void Compress8(__m256i h[8], __m256i m[16], uint32_t counter, uint32_t block_len,
+                        uint32_t flags) {
+  __m256i v[16];
+  for (int i = 0; i < 8; ++i) v[i] = h[i];
+  for (int i = 0; i < 4; ++i) v[8 + i] = _mm256_set1_epi32(static_cast<int>(kIv[i]));
+  v[12] = _mm256_set1_epi32(static_cast<int>(counter));
+  v[13] = _mm256_setzero_si256();
+  v[14] = _mm256_set1_epi32(static_cast<int>(block_len));
+  v[15] = _mm256_set1_epi32(static_cast<int>(flags));
+  Round8<0>(v, m);
+  Round8<1>(v, m);
+  Round8<2>(v, m);
+  Round8<3>(v, m);
+  Round8<4>(v, m);
+  Round8<5>(v, m);
+  Round8<6>(v, m);
+  for (int i = 0; i < 8; ++i) h[i] = Xor(v[i], v[i + 8]);
+}
+
+// Block `off` of every lane's message (rows of `stride` bytes), transposed into m.
+KVD_AVX2 void LoadBlock8(const uint8_t* rows, size_t stride, size_t off, __m256i m[16]) {
+  for (int i = 0; i < 8; ++i) {
+    m[i] = LoadU(rows + i * stride + off);
+    m[8 + i] = LoadU(rows + i * stride + off + 32);
+  }
+  Transpose8(m);
+  Transpose8(m + 8);
+}
+
+KVD_AVX2 void SetIv8(__m256i h[8]) {
+  for (int i = 0; i < 8; ++i) h[i] = _mm256_set1_epi32(static_cast<int>(kIv[i]));
+}
+
 }  // namespace
+
+KVD_AVX2_FN void TokenChains8Avx2(const uint8_t* const prev[8], const uint32_t* const tokens[8],
+                                  size_t chunk_tokens, size_t num_chunks, uint8_t* const out[8]) {
+  constexpr size_t kStride = 2 * kChunkLen;
+  alignas(32) uint8_t msg[8 * kStride];  // lane l's message at msg + l * kStride
+  const size_t len = 32 + 4 * chunk_tokens;
+  const size_t padded = (len + kBlockLen - 1) / kBlockLen * kBlockLen;
+  for (int l = 0; l < 8; ++l) {
+    std::memcpy(msg + l * kStride, prev[l], 32);
+    std::memset(msg + l * kStride + len, 0, padded - len);
+  }
+  const size_t len0 = len < kChunkLen ? len : kChunkLen;
+  const size_t blocks0 = (len0 + kBlockLen - 1) / kBlockLen;
+  const bool one_chunk = len <= kChunkLen;
+  for (size_t c = 0; c < num_chunks; ++c) {
+    for (int l = 0; l < 8; ++l) {
+      CopyTokensBigEndian8(msg + l * kStride + 32, tokens[l] + c * chunk_tokens, chunk_tokens);
+    }
+    __m256i h0[8], m[16];
+    SetIv8(h0);
+    for (size_t b = 0; b < blocks0; ++b) {
+      const bool last = b + 1 == blocks0;
+      uint32_t flags = (b == 0 ? kChunkStart : 0) | (last ? kChunkEnd : 0);
+      if (last && one_chunk) flags |= kRoot;
+      LoadBlock8(msg, kStride, b * kBlockLen, m);
+      Compress8(h0, m, 0, static_cast<uint32_t>(last ? len0 - b * kBlockLen : kBlockLen), flags);
+    }
+    if (!one_chunk) {
+      const size_t len1 = len - kChunkLen;
+      const size_t blocks1 = (len1 + kBlockLen - 1) / kBlockLen;
+      __m256i h1[8];
+      SetIv8(h1);
+      for (size_t b = 0; b < blocks1; ++b) {
+        const bool last = b + 1 == blocks1;
+        LoadBlock8(msg, kStride, kChunkLen + b * kBlockLen, m);
+        Compress8(h1, m, 1, static_cast<uint32_t>(last ? len1 - b * kBlockLen : kBlockLen),
+                  (b == 0 ? kChunkStart : 0) | (last ? kChunkEnd : 0));
+      }
+      // The parent's message is the two chaining values, already one word per vector.
+      for (int i = 0; i < 8; ++i) {
+        m[i] = h0[i];
+        m[8 + i] = h1[i];
+      }
+      SetIv8(h0);
+      Compress8(h0, m, 0, kBlockLen, kParent | kRoot);
+    }
+    Transpose8(h0);  // h0[l] = lane l's key
+    for (int l = 0; l < 8; ++l) {
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out[l] + 32 * c), h0[l]);
+      _mm256_store_si256(reinterpret_cast<__m256i*>(msg + l * kStride), h0[l]);
+    }
+  }
+}
 
 KVD_AVX2_FN void HashManyAvx2(const uint8_t* input, size_t stride, size_t num_inputs, size_t blocks,
                               const uint32_t key[8], uint64_t counter, bool increment_counter,
@@ -163,6 +266,10 @@ void HashManyAvx2(const uint8_t* input, size_t stride, size_t num_inputs, size_t
                   uint8_t flags_start, uint8_t flags_end, uint8_t* out) {
   HashManyPortable(input, stride, num_inputs, blocks, key, counter, increment_counter, flags,
                    flags_start, flags_end, out);
+}
+void TokenChains8Avx2(const uint8_t* const prev[8], const uint32_t* const tokens[8],
+                      size_t chunk_tokens, size_t num_chunks, uint8_t* const out[8]) {
+  for (int l = 0; l < 8; ++l) TokenChainPortable(prev[l], tokens[l], chunk_tokens, num_chunks, out[l]);
 }
 }  // namespace kvd::keys::internal
 

@@ -62,11 +62,25 @@ using HashManyFn = void (*)(const uint8_t* input, size_t stride, size_t num_inpu
                             const uint32_t key[8], uint64_t counter, bool increment_counter,
                             uint8_t flags, uint8_t flags_start, uint8_t flags_end, uint8_t* out);
 
+// Token-chunk kernels (token_hash.h). A message is prev (32 bytes) || big-endian uint32
+// tokens; the kernels take native-order tokens and handle 1..kMaxOneShotTokens tokens per
+// chunk (messages of at most two BLAKE3 chunks, hashed one-shot).
+inline constexpr size_t kMaxOneShotTokens = (2 * kChunkLen - 32) / 4;  // 504
+// One chain: out + 32 * c receives chunk c's key, c < num_chunks, chained from prev.
+using TokenChainFn = void (*)(const uint8_t prev[32], const uint32_t* tokens, size_t chunk_tokens,
+                              size_t num_chunks, uint8_t* out);
+// Eight independent chains side by side, each of num_chunks chunks (lane l: prev[l],
+// tokens[l], out[l]).
+using TokenChains8Fn = void (*)(const uint8_t* const prev[8], const uint32_t* const tokens[8],
+                                size_t chunk_tokens, size_t num_chunks, uint8_t* const out[8]);
+
 struct Blake3Backend {
   const char* name;
   CompressInPlaceFn compress_in_place;
   CompressXofFn compress_xof;
   HashManyFn hash_many;
+  TokenChainFn token_chain;
+  TokenChains8Fn token_chains8;  // null: no lanes, chains run one after the other
 };
 
 // Portable scalar reference; always available.
@@ -91,6 +105,13 @@ void HashManyAvx2(const uint8_t* input, size_t stride, size_t num_inputs, size_t
                   const uint32_t key[8], uint64_t counter, bool increment_counter, uint8_t flags,
                   uint8_t flags_start, uint8_t flags_end, uint8_t* out);
 
+void TokenChainPortable(const uint8_t prev[32], const uint32_t* tokens, size_t chunk_tokens,
+                        size_t num_chunks, uint8_t* out);
+void TokenChainSse41(const uint8_t prev[32], const uint32_t* tokens, size_t chunk_tokens,
+                     size_t num_chunks, uint8_t* out);
+void TokenChains8Avx2(const uint8_t* const prev[8], const uint32_t* const tokens[8],
+                      size_t chunk_tokens, size_t num_chunks, uint8_t* const out[8]);
+
 // The backend new hashers use (see SetBlake3ImplForTesting).
 const Blake3Backend* ActiveBackend();
 
@@ -104,6 +125,54 @@ inline void StoreLe32(uint8_t* p, uint32_t w) {
   p[1] = static_cast<uint8_t>(w >> 8);
   p[2] = static_cast<uint8_t>(w >> 16);
   p[3] = static_cast<uint8_t>(w >> 24);
+}
+
+inline void StoreBe32(uint8_t* p, uint32_t w) {
+  p[0] = static_cast<uint8_t>(w >> 24);
+  p[1] = static_cast<uint8_t>(w >> 16);
+  p[2] = static_cast<uint8_t>(w >> 8);
+  p[3] = static_cast<uint8_t>(w);
+}
+
+// One-shot BLAKE3 (default mode, 32-byte output) of a message of 1..2 * kChunkLen bytes
+// held in `msg`, which is zero-padded up to the next multiple of kBlockLen: chunk 0, then
+// chunk 1 if there is one, then their parent as the root. `compress` has the signature of
+// CompressInPlaceFn. Used by the portable token-chain kernel and by tests; the SIMD kernels
+// follow the same steps with their own inlined compressions.
+template <typename Compress>
+inline void OneShotUpTo2Chunks(Compress compress, const uint8_t* msg, size_t len, uint8_t out[32]) {
+  uint32_t cv0[8];
+  for (int i = 0; i < 8; ++i) cv0[i] = kIv[i];
+  const size_t len0 = len < kChunkLen ? len : kChunkLen;
+  const bool one_chunk = len <= kChunkLen;
+  const size_t blocks0 = (len0 + kBlockLen - 1) / kBlockLen;
+  for (size_t b = 0; b < blocks0; ++b) {
+    const bool last = b + 1 == blocks0;
+    uint8_t flags = (b == 0 ? kChunkStart : 0) | (last ? kChunkEnd : 0);
+    if (last && one_chunk) flags |= kRoot;
+    const size_t block_len = last ? len0 - b * kBlockLen : kBlockLen;
+    compress(cv0, msg + b * kBlockLen, static_cast<uint8_t>(block_len), 0, flags);
+  }
+  if (!one_chunk) {
+    uint32_t cv1[8];
+    for (int i = 0; i < 8; ++i) cv1[i] = kIv[i];
+    const size_t len1 = len - kChunkLen;
+    const size_t blocks1 = (len1 + kBlockLen - 1) / kBlockLen;
+    for (size_t b = 0; b < blocks1; ++b) {
+      const bool last = b + 1 == blocks1;
+      const uint8_t flags = (b == 0 ? kChunkStart : 0) | (last ? kChunkEnd : 0);
+      const size_t block_len = last ? len1 - b * kBlockLen : kBlockLen;
+      compress(cv1, msg + kChunkLen + b * kBlockLen, static_cast<uint8_t>(block_len), 1, flags);
+    }
+    uint8_t parent[kBlockLen];
+    for (int i = 0; i < 8; ++i) {
+      StoreLe32(parent + 4 * i, cv0[i]);
+      StoreLe32(parent + 32 + 4 * i, cv1[i]);
+    }
+    for (int i = 0; i < 8; ++i) cv0[i] = kIv[i];
+    compress(cv0, parent, static_cast<uint8_t>(kBlockLen), 0, kParent | kRoot);
+  }
+  for (int i = 0; i < 8; ++i) StoreLe32(out + 4 * i, cv0[i]);
 }
 
 }  // namespace kvd::keys::internal

@@ -96,4 +96,20 @@ void HashManyPortable(const uint8_t* input, size_t stride, size_t num_inputs, si
   }
 }
 
+void TokenChainPortable(const uint8_t prev[32], const uint32_t* tokens, size_t chunk_tokens,
+                        size_t num_chunks, uint8_t* out) {
+  alignas(16) uint8_t msg[2 * kChunkLen];
+  const size_t len = 32 + 4 * chunk_tokens;
+  const size_t padded = (len + kBlockLen - 1) / kBlockLen * kBlockLen;
+  for (size_t i = 0; i < 32; ++i) msg[i] = prev[i];
+  for (size_t i = len; i < padded; ++i) msg[i] = 0;
+  for (size_t c = 0; c < num_chunks; ++c) {
+    const uint32_t* t = tokens + c * chunk_tokens;
+    for (size_t i = 0; i < chunk_tokens; ++i) StoreBe32(msg + 32 + 4 * i, t[i]);
+    uint8_t* h = out + 32 * c;
+    OneShotUpTo2Chunks(CompressInPlacePortable, msg, len, h);
+    for (size_t i = 0; i < 32; ++i) msg[i] = h[i];
+  }
+}
+
 }  // namespace kvd::keys::internal

@@ -11,6 +11,8 @@
 
 #include <immintrin.h>
 
+#include <cstring>
+
 #define KVD_SSE41 __attribute__((target("sse4.1"), always_inline)) inline
 #define KVD_SSE41_FN __attribute__((target("sse4.1")))
 
@@ -31,12 +33,14 @@ KVD_SSE41 __m128i Rotr7(__m128i x) { return _mm_or_si128(_mm_srli_epi32(x, 7), _
 // ---- Row-parallel single compression ----------------------------------------
 
 // G on all four columns (or diagonals, after rotating rows) at once.
+// The message word is added to r0 first: r0 is ready before r1, so only one add waits
+// for r1 (a single compression is latency-bound; this is its critical path).
 KVD_SSE41 void MixRows(__m128i& r0, __m128i& r1, __m128i& r2, __m128i& r3, __m128i mx, __m128i my) {
-  r0 = Add(Add(r0, r1), mx);
+  r0 = Add(Add(r0, mx), r1);
   r3 = Rotr16(Xor(r3, r0));
   r2 = Add(r2, r3);
   r1 = Rotr12(Xor(r1, r2));
-  r0 = Add(Add(r0, r1), my);
+  r0 = Add(Add(r0, my), r1);
   r3 = Rotr8(Xor(r3, r0));
   r2 = Add(r2, r3);
   r1 = Rotr7(Xor(r1, r2));
@@ -169,7 +173,157 @@ KVD_SSE41_FN void HashFour(const uint8_t* input, size_t stride, size_t blocks, c
   }
 }
 
+// ---- One-shot token chunks (token_hash.h) ------------------------------------
+
+// dst <- big-endian bytes of n native-order tokens, four at a time with one pshufb.
+KVD_SSE41 void CopyTokensBigEndian(uint8_t* dst, const uint32_t* t, size_t n) {
+  const __m128i swap = _mm_setr_epi8(3, 2, 1, 0, 7, 6, 5, 4, 11, 10, 9, 8, 15, 14, 13, 12);
+  size_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(t + i));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + 4 * i), _mm_shuffle_epi8(v, swap));
+  }
+  for (; i < n; ++i) StoreBe32(dst + 4 * i, t[i]);
+}
+
+KVD_SSE41 __m128i IvLo() {
+  return _mm_setr_epi32(static_cast<int>(kIv[0]), static_cast<int>(kIv[1]), static_cast<int>(kIv[2]),
+                        static_cast<int>(kIv[3]));
+}
+KVD_SSE41 __m128i IvHi() {
+  return _mm_setr_epi32(static_cast<int>(kIv[4]), static_cast<int>(kIv[5]), static_cast<int>(kIv[6]),
+                        static_cast<int>(kIv[7]));
+}
+
+// A compression whose chaining value stays in two registers (lo = words 0-3, hi = 4-7).
+KVD_SSE41 void CompressReg(__m128i& lo, __m128i& hi, const uint8_t* block, uint32_t block_len,
+                           uint64_t counter, uint32_t flags) {
+  uint32_t m[16];
+  for (int i = 0; i < 16; ++i) m[i] = LoadLe32(block + 4 * i);
+  __m128i r0 = lo, r1 = hi, r2 = IvLo();
+  __m128i r3 = _mm_setr_epi32(static_cast<int>(static_cast<uint32_t>(counter)),
+                              static_cast<int>(static_cast<uint32_t>(counter >> 32)),
+                              static_cast<int>(block_len), static_cast<int>(flags));
+  RowRound<0>(r0, r1, r2, r3, m);
+  RowRound<1>(r0, r1, r2, r3, m);
+  RowRound<2>(r0, r1, r2, r3, m);
+  RowRound<3>(r0, r1, r2, r3, m);
+  RowRound<4>(r0, r1, r2, r3, m);
+  RowRound<5>(r0, r1, r2, r3, m);
+  RowRound<6>(r0, r1, r2, r3, m);
+  lo = Xor(r0, r2);
+  hi = Xor(r1, r3);
+}
+
+// Two independent compressions, instruction by instruction side by side, so the second
+// one fills the first one's latency gaps.
+template <int R>
+KVD_SSE41 void RowRound2(__m128i a[4], __m128i b[4], const uint32_t ma[16], const uint32_t mb[16]) {
+  constexpr const uint8_t* s = kSchedule.idx[R];
+  MixRows(a[0], a[1], a[2], a[3], _mm_setr_epi32(ma[s[0]], ma[s[2]], ma[s[4]], ma[s[6]]),
+          _mm_setr_epi32(ma[s[1]], ma[s[3]], ma[s[5]], ma[s[7]]));
+  MixRows(b[0], b[1], b[2], b[3], _mm_setr_epi32(mb[s[0]], mb[s[2]], mb[s[4]], mb[s[6]]),
+          _mm_setr_epi32(mb[s[1]], mb[s[3]], mb[s[5]], mb[s[7]]));
+  a[1] = _mm_shuffle_epi32(a[1], 0x39);
+  a[2] = _mm_shuffle_epi32(a[2], 0x4E);
+  a[3] = _mm_shuffle_epi32(a[3], 0x93);
+  b[1] = _mm_shuffle_epi32(b[1], 0x39);
+  b[2] = _mm_shuffle_epi32(b[2], 0x4E);
+  b[3] = _mm_shuffle_epi32(b[3], 0x93);
+  MixRows(a[0], a[1], a[2], a[3], _mm_setr_epi32(ma[s[8]], ma[s[10]], ma[s[12]], ma[s[14]]),
+          _mm_setr_epi32(ma[s[9]], ma[s[11]], ma[s[13]], ma[s[15]]));
+  MixRows(b[0], b[1], b[2], b[3], _mm_setr_epi32(mb[s[8]], mb[s[10]], mb[s[12]], mb[s[14]]),
+          _mm_setr_epi32(mb[s[9]], mb[s[11]], mb[s[13]], mb[s[15]]));
+  a[1] = _mm_shuffle_epi32(a[1], 0x93);
+  a[2] = _mm_shuffle_epi32(a[2], 0x4E);
+  a[3] = _mm_shuffle_epi32(a[3], 0x39);
+  b[1] = _mm_shuffle_epi32(b[1], 0x93);
+  b[2] = _mm_shuffle_epi32(b[2], 0x4E);
+  b[3] = _mm_shuffle_epi32(b[3], 0x39);
+}
+
+// First block of chunk 0 (counter 0) and of chunk 1 (counter 1) of one message at once.
+KVD_SSE41 void CompressFirstBlocks(__m128i& lo0, __m128i& hi0, const uint8_t* block0, uint32_t flags0,
+                                   __m128i& lo1, __m128i& hi1, const uint8_t* block1,
+                                   uint32_t len1, uint32_t flags1) {
+  uint32_t ma[16], mb[16];
+  for (int i = 0; i < 16; ++i) ma[i] = LoadLe32(block0 + 4 * i);
+  for (int i = 0; i < 16; ++i) mb[i] = LoadLe32(block1 + 4 * i);
+  __m128i a[4] = {IvLo(), IvHi(), IvLo(), _mm_setr_epi32(0, 0, static_cast<int>(kBlockLen),
+                                                          static_cast<int>(flags0))};
+  __m128i b[4] = {IvLo(), IvHi(), IvLo(), _mm_setr_epi32(1, 0, static_cast<int>(len1),
+                                                          static_cast<int>(flags1))};
+  RowRound2<0>(a, b, ma, mb);
+  RowRound2<1>(a, b, ma, mb);
+  RowRound2<2>(a, b, ma, mb);
+  RowRound2<3>(a, b, ma, mb);
+  RowRound2<4>(a, b, ma, mb);
+  RowRound2<5>(a, b, ma, mb);
+  RowRound2<6>(a, b, ma, mb);
+  lo0 = Xor(a[0], a[2]);
+  hi0 = Xor(a[1], a[3]);
+  lo1 = Xor(b[0], b[2]);
+  hi1 = Xor(b[1], b[3]);
+}
+
+// One-shot hash of msg[0, len), 32 <= len <= 2 * kChunkLen, zero-padded to whole blocks.
+KVD_SSE41 void OneShotSse41(const uint8_t* msg, size_t len, uint8_t out[32]) {
+  __m128i lo0, hi0;
+  if (len <= kChunkLen) {
+    lo0 = IvLo();
+    hi0 = IvHi();
+    const size_t blocks = (len + kBlockLen - 1) / kBlockLen;
+    for (size_t b = 0; b < blocks; ++b) {
+      const bool last = b + 1 == blocks;
+      const uint32_t flags = (b == 0 ? kChunkStart : 0) | (last ? kChunkEnd | kRoot : 0);
+      const size_t block_len = last ? len - b * kBlockLen : kBlockLen;
+      CompressReg(lo0, hi0, msg + b * kBlockLen, static_cast<uint32_t>(block_len), 0, flags);
+    }
+  } else {
+    const size_t len1 = len - kChunkLen;
+    const size_t blocks1 = (len1 + kBlockLen - 1) / kBlockLen;
+    __m128i lo1, hi1;
+    CompressFirstBlocks(lo0, hi0, msg, kChunkStart, lo1, hi1, msg + kChunkLen,
+                        static_cast<uint32_t>(blocks1 == 1 ? len1 : kBlockLen),
+                        kChunkStart | (blocks1 == 1 ? kChunkEnd : 0));
+    for (size_t b = 1; b < kBlocksPerChunk; ++b) {
+      CompressReg(lo0, hi0, msg + b * kBlockLen, kBlockLen, 0, b + 1 == kBlocksPerChunk ? kChunkEnd : 0);
+    }
+    for (size_t b = 1; b < blocks1; ++b) {
+      const bool last = b + 1 == blocks1;
+      const size_t block_len = last ? len1 - b * kBlockLen : kBlockLen;
+      CompressReg(lo1, hi1, msg + kChunkLen + b * kBlockLen, static_cast<uint32_t>(block_len), 1,
+                  last ? kChunkEnd : 0);
+    }
+    alignas(16) uint8_t parent[kBlockLen];
+    _mm_store_si128(reinterpret_cast<__m128i*>(parent), lo0);
+    _mm_store_si128(reinterpret_cast<__m128i*>(parent + 16), hi0);
+    _mm_store_si128(reinterpret_cast<__m128i*>(parent + 32), lo1);
+    _mm_store_si128(reinterpret_cast<__m128i*>(parent + 48), hi1);
+    lo0 = IvLo();
+    hi0 = IvHi();
+    CompressReg(lo0, hi0, parent, kBlockLen, 0, kParent | kRoot);
+  }
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(out), lo0);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 16), hi0);
+}
+
 }  // namespace
+
+KVD_SSE41_FN void TokenChainSse41(const uint8_t prev[32], const uint32_t* tokens, size_t chunk_tokens,
+                                  size_t num_chunks, uint8_t* out) {
+  alignas(16) uint8_t msg[2 * kChunkLen];
+  const size_t len = 32 + 4 * chunk_tokens;
+  const size_t padded = (len + kBlockLen - 1) / kBlockLen * kBlockLen;
+  std::memcpy(msg, prev, 32);
+  std::memset(msg + len, 0, padded - len);
+  for (size_t c = 0; c < num_chunks; ++c) {
+    CopyTokensBigEndian(msg + 32, tokens + c * chunk_tokens, chunk_tokens);
+    uint8_t* h = out + 32 * c;
+    OneShotSse41(msg, len, h);
+    std::memcpy(msg, h, 32);
+  }
+}
 
 KVD_SSE41_FN void CompressInPlaceSse41(uint32_t cv[8], const uint8_t block[kBlockLen], uint8_t block_len,
                                        uint64_t counter, uint8_t flags) {
@@ -235,6 +389,10 @@ void HashManySse41(const uint8_t* input, size_t stride, size_t num_inputs, size_
                    uint8_t flags_start, uint8_t flags_end, uint8_t* out) {
   HashManyPortable(input, stride, num_inputs, blocks, key, counter, increment_counter, flags,
                    flags_start, flags_end, out);
+}
+void TokenChainSse41(const uint8_t prev[32], const uint32_t* tokens, size_t chunk_tokens,
+                     size_t num_chunks, uint8_t* out) {
+  TokenChainPortable(prev, tokens, chunk_tokens, num_chunks, out);
 }
 }  // namespace kvd::keys::internal
 

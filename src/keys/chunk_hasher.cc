@@ -3,13 +3,15 @@
 // Stateless and thread-safe; the only heap use is growing the caller's vector.
 #include "keys/chunk_hasher.h"
 
+#include "keys/token_hash.h"
+
 #include <algorithm>
 #include <string>
 
 namespace kvd::keys {
 namespace {
 
-constexpr size_t kEncodeBatchTokens = 256;  // 1 KiB of encoded tokens on the stack
+constexpr size_t kEncodeBatchTokens = 512;  // tokens narrowed on the stack
 constexpr int64_t kMaxToken = int64_t{0xFFFFFFFF};
 
 Status TokenOutOfRange(size_t index, int64_t value) {
@@ -17,36 +19,25 @@ Status TokenOutOfRange(size_t index, int64_t value) {
                                  std::to_string(value) + ", which does not fit in uint32 [0, 2^32)");
 }
 
-// Feeds prev || BE32(tokens) into a fresh hash; on a bad token returns its offset
-// within `tokens` through *bad and false.
+// Checks `tokens` and hashes prev || BE32(tokens) into *result; on a bad token returns
+// its offset within `tokens` through *bad and false.
 bool HashChunkInto(const Hash32& prev, std::span<const int64_t> tokens, Hash32* result, size_t* bad) {
-  Blake3Hasher hasher;
-  hasher.Update(prev.data(), prev.size());
-  uint8_t encoded[kEncodeBatchTokens * 4];
-  for (size_t start = 0; start < tokens.size(); start += kEncodeBatchTokens) {
-    const size_t n = std::min(kEncodeBatchTokens, tokens.size() - start);
-    const int64_t* t = tokens.data() + start;
-    bool ok = true;
-    for (size_t i = 0; i < n; ++i) {
-      const int64_t v = t[i];
-      ok &= (v >= 0) & (v <= kMaxToken);
-      const uint32_t u = static_cast<uint32_t>(v);
-      encoded[4 * i + 0] = static_cast<uint8_t>(u >> 24);
-      encoded[4 * i + 1] = static_cast<uint8_t>(u >> 16);
-      encoded[4 * i + 2] = static_cast<uint8_t>(u >> 8);
-      encoded[4 * i + 3] = static_cast<uint8_t>(u);
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    if (tokens[i] < 0 || tokens[i] > kMaxToken) {
+      *bad = i;
+      return false;
     }
-    if (!ok) {
-      for (size_t i = 0; i < n; ++i) {
-        if (t[i] < 0 || t[i] > kMaxToken) {
-          *bad = start + i;
-          return false;
-        }
-      }
-    }
-    hasher.Update(encoded, 4 * n);
   }
-  *result = hasher.Finalize();
+  // Narrow to uint32 in stack batches; a chunk longer than one batch goes through the
+  // general hasher in token_hash.cc via a heap-free loop of batches.
+  uint32_t narrow[kEncodeBatchTokens];
+  if (tokens.size() <= kEncodeBatchTokens) {
+    for (size_t i = 0; i < tokens.size(); ++i) narrow[i] = static_cast<uint32_t>(tokens[i]);
+    *result = HashTokenChunk(prev, std::span<const uint32_t>(narrow, tokens.size()));
+    return true;
+  }
+  std::vector<uint32_t> all(tokens.begin(), tokens.end());
+  *result = HashTokenChunk(prev, all);
   return true;
 }
 

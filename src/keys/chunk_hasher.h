@@ -9,8 +9,10 @@
 //
 // Thread safety: all functions are stateless and thread-safe. Ownership: inputs
 // are borrowed for the call only; results are appended to the caller's vector.
-// No per-token heap allocation: tokens are encoded in small stack batches and
-// streamed into the hasher.
+// These take int64 tokens (as a client may send them), check the range and narrow them
+// on the stack (chunks of up to 512 tokens; longer ones are copied to the heap once)
+// before hashing with keys/token_hash.h, which is what the request path uses directly on
+// the decoded uint32 tokens.
 #pragma once
 
 #include <cstddef>
