@@ -14,10 +14,6 @@ namespace {
 constexpr size_t kEncodeBatchTokens = 512;  // tokens narrowed on the stack
 constexpr int64_t kMaxToken = int64_t{0xFFFFFFFF};
 
-Status TokenOutOfRange(size_t index, int64_t value) {
-  return Status::InvalidArgument("token at index " + std::to_string(index) + " has value " +
-                                 std::to_string(value) + ", which does not fit in uint32 [0, 2^32)");
-}
 
 // Checks `tokens` and hashes prev || BE32(tokens) into *result; on a bad token returns
 // its offset within `tokens` through *bad and false.
@@ -42,6 +38,11 @@ bool HashChunkInto(const Hash32& prev, std::span<const int64_t> tokens, Hash32* 
 }
 
 }  // namespace
+
+Status TokenOutOfRange(size_t index, int64_t value) {
+  return Status::InvalidArgument("token at index " + std::to_string(index) + " has value " +
+                                 std::to_string(value) + ", which does not fit in uint32 [0, 2^32)");
+}
 
 const Hash32& NoneHash() {
   static const Hash32 none_hash = [] {

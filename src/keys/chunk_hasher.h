@@ -29,6 +29,10 @@ namespace kvd::keys {
 // prefix) followed by token 0 as big-endian uint32, i.e. BLAKE3 of 12 zero bytes.
 const Hash32& NoneHash();
 
+// The error for a token that does not fit in uint32: "token at index <index> has value
+// <value>, which does not fit in uint32 [0, 2^32)".
+Status TokenOutOfRange(size_t index, int64_t value);
+
 // Hash of one chunk: BLAKE3(prev || tokens as big-endian uint32). Fails with
 // InvalidArgument if a token is outside [0, 2^32); `index_base` is added to the
 // position reported in the message.

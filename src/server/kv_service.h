@@ -65,11 +65,11 @@ class KvService {
 
   // LOOKUP, QUERY_PREFETCH_STATUS, FREE_LOOKUP_LOCKS, END_SESSION (see Lookups).
   Status Lookup(const wire::LookupRequest& req) { return lookups_.Lookup(req); }
-  std::optional<int64_t> QueryPrefetchStatus(const std::string& request_id) {
+  std::optional<int64_t> QueryPrefetchStatus(std::string_view request_id) {
     return lookups_.QueryPrefetchStatus(request_id);
   }
   Status FreeLookupLocks(const wire::LookupRequest& req) { return lookups_.FreeLookupLocks(req); }
-  void EndSession(const std::string& request_id) { lookups_.EndSession(request_id); }
+  void EndSession(std::string_view request_id) { lookups_.EndSession(request_id); }
 
   // Engine-driven transfers (see EngineDrivenTransfers).
   Result<std::pair<std::string, uint64_t>> RegisterEngineDriven(

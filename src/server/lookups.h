@@ -30,11 +30,11 @@ class Lookups {
   // no worker registered has 0 hits.
   Status Lookup(const wire::LookupRequest& req);
   // The recorded result, taken once; nullopt when none is pending.
-  std::optional<int64_t> QueryPrefetchStatus(const std::string& request_id);
+  std::optional<int64_t> QueryPrefetchStatus(std::string_view request_id);
   // FREE_LOOKUP_LOCKS: releases the locks a lookup took on a range.
   Status FreeLookupLocks(const wire::LookupRequest& req);
   // END_SESSION.
-  void EndSession(const std::string& request_id);
+  void EndSession(std::string_view request_id);
 
   // Read locks one lookup takes per object slot (one per reader of the object).
   static uint32_t ReadLocksPerSlot(const wire::CacheKey& key, int64_t tp_size);

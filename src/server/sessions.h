@@ -14,12 +14,14 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
 #include "common/clock.h"
 #include "common/status.h"
 #include "keys/chunk_hasher.h"
+#include "wire/messages.h"
 
 namespace kvd::server {
 
@@ -41,19 +43,21 @@ class SessionTable {
   // with other tokens, the hashes are recomputed (never reused for different tokens).
   // `identity` (model, world size, salt) is remembered so END_SESSION can refresh the
   // request's chunks in L1.
-  Result<std::vector<keys::Hash32>> ChunkHashes(const std::string& request_id,
-                                                std::span<const int64_t> tokens,
+  // A token the client sent outside [0, 2^32) within those chunks is an InvalidArgument
+  // naming its index and value.
+  Result<std::vector<keys::Hash32>> ChunkHashes(std::string_view request_id,
+                                                const wire::TokenIds& tokens,
                                                 size_t num_chunks,
                                                 const SessionIdentity& identity = {});
 
   // Lookup results: set by LOOKUP, taken (once) by QUERY_PREFETCH_STATUS.
-  void SetLookupResult(const std::string& request_id, int64_t hit_chunks);
+  void SetLookupResult(std::string_view request_id, int64_t hit_chunks);
   // nullopt: no result pending for this request (the caller answers 0).
-  std::optional<int64_t> TakeLookupResult(const std::string& request_id);
-  std::optional<int64_t> PeekLookupResult(const std::string& request_id);
+  std::optional<int64_t> TakeLookupResult(std::string_view request_id);
+  std::optional<int64_t> PeekLookupResult(std::string_view request_id);
 
   // Removes the session; returns its identity and hashes (for touching them in L1).
-  std::pair<SessionIdentity, std::vector<keys::Hash32>> End(const std::string& request_id);
+  std::pair<SessionIdentity, std::vector<keys::Hash32>> End(std::string_view request_id);
 
   // Drops sessions idle for longer than the TTL; returns how many.
   size_t Expire();
@@ -68,13 +72,18 @@ class SessionTable {
     SessionIdentity identity;
     int64_t last_used_ns = 0;
   };
-  std::shared_ptr<Session> Get(const std::string& request_id, bool create);
+  std::shared_ptr<Session> Get(std::string_view request_id, bool create);
+  // Heterogeneous lookup: find by string_view without building a std::string.
+  struct IdHash {
+    using is_transparent = void;
+    size_t operator()(std::string_view s) const noexcept { return std::hash<std::string_view>{}(s); }
+  };
 
   const Clock* const clock_;
   const uint32_t chunk_size_;
   const int64_t ttl_ns_;
   mutable std::mutex mu_;
-  std::unordered_map<std::string, std::shared_ptr<Session>> sessions_;  // guarded by mu_
+  std::unordered_map<std::string, std::shared_ptr<Session>, IdHash, std::equal_to<>> sessions_;  // guarded by mu_
 };
 
 }  // namespace kvd::server

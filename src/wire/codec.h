@@ -3,7 +3,11 @@
 // Decoders take the payload frames of one request (each frame one msgpack document),
 // bound every size before allocating (see DecodeLimits), read maps by field name
 // (unknown keys ignored, defaulted fields filled) and return a typed request or an
-// InvalidArgument Status that says which field was wrong. They never throw.
+// InvalidArgument Status that says which field was wrong. They never throw. The request
+// path's decoders (op frame, STORE/RETRIEVE/LOOKUP/engine-driven keys, scalar frames) read
+// each frame in one streaming pass, token arrays straight into CacheKey::token_ids, and
+// allocate nothing but the request's own buffers; views they return (request ids) point
+// into the payload frames and live as long as those.
 // Encoders produce exactly one reply frame. Stateless; safe from any thread.
 #pragma once
 
@@ -40,8 +44,9 @@ Result<int64_t> DecodeInstanceId(Frames payloads);                  // unregiste
 Result<TransferRequest> DecodeStore(Frames payloads);
 Result<TransferRequest> DecodeRetrieve(Frames payloads);
 Result<LookupRequest> DecodeLookup(Frames payloads);                // also free_lookup_locks
-Result<std::string> DecodeRequestId(Frames payloads);               // query/end_session
-Result<std::pair<std::string, double>> DecodeWaitPrefetch(Frames payloads);
+// query/end_session: the request id, a view into the payload frame.
+Result<std::string_view> DecodeRequestId(Frames payloads);
+Result<std::pair<std::string_view, double>> DecodeWaitPrefetch(Frames payloads);
 Result<std::optional<int64_t>> DecodePing(Frames payloads);
 Result<bool> DecodeClear(Frames payloads);                          // force flag
 Result<RegisterEngineDrivenRequest> DecodeRegisterEngineDriven(Frames payloads);

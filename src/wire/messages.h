@@ -4,11 +4,94 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
+#include <initializer_list>
+#include <memory>
 #include <optional>
+#include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace kvd::wire {
+
+// A request's token ids as the chunk hash reads them: native-order uint32 values in one
+// flat buffer, filled by the decoder in one pass (no zero fill, no int64 copy). The client
+// may send any int64; values outside [0, 2^32) are kept truncated in the buffer and the
+// first of them is remembered (index and value), so that hashing a range that contains it
+// fails with the value the client sent, while tokens beyond the hashed range stay
+// harmless, as before. Plain value: copyable, movable; not thread-safe to mutate.
+class TokenIds {
+ public:
+  struct OutOfRange {
+    size_t index = 0;
+    int64_t value = 0;
+  };
+
+  TokenIds() = default;
+  TokenIds(std::initializer_list<int64_t> values) {
+    for (int64_t v : values) push_back(v);
+  }
+  TokenIds(const TokenIds& other) { *this = other; }
+  TokenIds(TokenIds&& other) noexcept { *this = std::move(other); }
+  TokenIds& operator=(const TokenIds& other) {
+    if (this != &other) {
+      uint32_t* dst = ResizeUninitialized(other.size_);
+      if (other.size_) std::memcpy(dst, other.data_.get(), other.size_ * sizeof(uint32_t));
+      out_of_range_ = other.out_of_range_;
+    }
+    return *this;
+  }
+  TokenIds& operator=(TokenIds&& other) noexcept {
+    data_ = std::move(other.data_);
+    size_ = std::exchange(other.size_, 0);
+    capacity_ = std::exchange(other.capacity_, 0);
+    out_of_range_ = std::exchange(other.out_of_range_, std::nullopt);
+    return *this;
+  }
+
+  size_t size() const { return size_; }
+  bool empty() const { return size_ == 0; }
+  const uint32_t* data() const { return data_.get(); }
+  std::span<const uint32_t> span() const { return {data_.get(), size_}; }
+  uint32_t operator[](size_t i) const { return data_[i]; }
+  uint32_t& operator[](size_t i) { return data_[i]; }
+  const std::optional<OutOfRange>& first_out_of_range() const { return out_of_range_; }
+
+  void push_back(int64_t v) {
+    if (size_ == capacity_) Grow(size_ == 0 ? 16 : 2 * size_);
+    if ((v < 0 || v > int64_t{0xFFFFFFFF}) && !out_of_range_) out_of_range_ = OutOfRange{size_, v};
+    data_[size_++] = static_cast<uint32_t>(v);
+  }
+  // For decoders: makes the buffer n tokens long with unspecified contents (no zero
+  // fill; the caller writes all n) and forgets any out-of-range note.
+  uint32_t* ResizeUninitialized(size_t n) {
+    if (n > capacity_) {
+      data_.reset(new uint32_t[n]);  // default-initialised: not zeroed
+      capacity_ = n;
+    }
+    size_ = n;
+    out_of_range_.reset();
+    return data_.get();
+  }
+  // For decoders: token `index` was `value`, outside [0, 2^32); the first one is kept.
+  void NoteOutOfRange(size_t index, int64_t value) {
+    if (!out_of_range_ || index < out_of_range_->index) out_of_range_ = OutOfRange{index, value};
+  }
+
+ private:
+  void Grow(size_t capacity) {
+    std::unique_ptr<uint32_t[]> bigger(new uint32_t[capacity]);
+    if (size_) std::memcpy(bigger.get(), data_.get(), size_ * sizeof(uint32_t));
+    data_ = std::move(bigger);
+    capacity_ = capacity;
+  }
+
+  std::unique_ptr<uint32_t[]> data_;
+  size_t size_ = 0;
+  size_t capacity_ = 0;
+  std::optional<OutOfRange> out_of_range_;
+};
 
 // IPCCacheServerKey: a token range of one request. request_id, request_configs and
 // num_kv_readers are not part of the cache identity.
@@ -16,7 +99,7 @@ struct CacheKey {
   std::string model_name;
   int64_t world_size = 0;
   std::optional<int64_t> worker_id;  // nullopt for scheduler lookups
-  std::vector<int64_t> token_ids;    // from position 0 up to at least `end`
+  TokenIds token_ids;                // from position 0 up to at least `end`
   int64_t start = 0;
   int64_t end = 0;
   std::string request_id;

@@ -7,26 +7,29 @@ namespace {
 
 using D = Dispatch;
 
+// Dispatch: registrations run on the connection's lane, not on the socket thread (mapping
+// segments, building layouts, pinning L1 for a first GPU registration or tearing an
+// engine down can take far longer than the ~1 ms the socket thread may spend on one op).
 // Payload counts follow the RequestClient contract of lmcache 0.5.6
 // (lmcache/v1/multiprocess/transport/base.py); ids follow its frozen table
 // (transport/zmq_impl/wire.py). Id 11 is retired there and is kept here only so an
 // older client gets an answer instead of silence.
 constexpr std::array kOps = {
-    OpInfo{Op::kRegisterKvCache, "register_kv_cache", 1, 7, 7, D::kInline, true},
-    OpInfo{Op::kUnregisterKvCache, "unregister_kv_cache", 2, 1, 1, D::kInline, true},
+    OpInfo{Op::kRegisterKvCache, "register_kv_cache", 1, 7, 7, D::kInstanceLane, true},
+    OpInfo{Op::kUnregisterKvCache, "unregister_kv_cache", 2, 1, 1, D::kInstanceLane, true},
     OpInfo{Op::kRegisterQCache, "register_q_cache", 3, 7, 7, D::kInline, false},
     OpInfo{Op::kUnregisterQCache, "unregister_q_cache", 4, 1, 1, D::kInline, false},
     OpInfo{Op::kStoreQ, "store_q", 5, 4, 4, D::kInstanceLane, false},
     OpInfo{Op::kStore, "store", 6, 4, 4, D::kInstanceLane, true},
     OpInfo{Op::kRetrieve, "retrieve", 7, 4, 5, D::kInstanceLane, true},
-    OpInfo{Op::kLookup, "lookup", 8, 1, 2, D::kPool, true},
+    OpInfo{Op::kLookup, "lookup", 8, 1, 2, D::kInlineUnlessLong, true},
     OpInfo{Op::kQueryPrefetchStatus, "query_prefetch_status", 9, 1, 1, D::kInline, true},
     OpInfo{Op::kWaitPrefetchStatus, "wait_prefetch_status", 10, 1, 2, D::kInline, true},
     OpInfo{Op::kQueryPrefetchLookupHits, "query_prefetch_lookup_hits", 11, 1, 1, D::kInline, true},
-    OpInfo{Op::kFreeLookupLocks, "free_lookup_locks", 12, 1, 2, D::kPool, true},
-    OpInfo{Op::kEndSession, "end_session", 13, 1, 2, D::kPool, true},
-    OpInfo{Op::kRegisterEngineDrivenContext, "register_kv_cache_engine_driven_context", 14, 1, 1, D::kInline, true},
-    OpInfo{Op::kUnregisterEngineDrivenContext, "unregister_kv_cache_engine_driven_context", 15, 1, 1, D::kInline, true},
+    OpInfo{Op::kFreeLookupLocks, "free_lookup_locks", 12, 1, 2, D::kInlineUnlessLong, true},
+    OpInfo{Op::kEndSession, "end_session", 13, 1, 2, D::kInline, true},
+    OpInfo{Op::kRegisterEngineDrivenContext, "register_kv_cache_engine_driven_context", 14, 1, 1, D::kInstanceLane, true},
+    OpInfo{Op::kUnregisterEngineDrivenContext, "unregister_kv_cache_engine_driven_context", 15, 1, 1, D::kInstanceLane, true},
     OpInfo{Op::kPrepareStore, "prepare_store", 16, 2, 2, D::kInstanceLane, true},
     OpInfo{Op::kCommitStore, "commit_store", 17, 2, 3, D::kInstanceLane, true},
     OpInfo{Op::kPrepareRetrieve, "prepare_retrieve", 18, 2, 2, D::kInstanceLane, true},
@@ -34,7 +37,7 @@ constexpr std::array kOps = {
     OpInfo{Op::kClear, "clear", 20, 0, 1, D::kPool, true},
     OpInfo{Op::kGetChunkSize, "get_chunk_size", 21, 0, 0, D::kInline, true},
     OpInfo{Op::kPing, "ping", 22, 0, 1, D::kInline, true},
-    OpInfo{Op::kReportBlockAllocation, "report_block_allocation", 23, 3, 3, D::kInline, true},
+    OpInfo{Op::kReportBlockAllocation, "report_block_allocation", 23, 3, 3, D::kInlineUnlessLong, true},
     OpInfo{Op::kNoop, "noop", 24, 0, 0, D::kInline, true},
     OpInfo{Op::kCbRegisterRope, "cb_register_rope", 25, 7, 8, D::kInline, false},
     OpInfo{Op::kCbUnregisterRope, "cb_unregister_rope", 26, 1, 1, D::kInline, false},

@@ -54,9 +54,11 @@ enum class Op : uint8_t {
   kCbReorderPlan,
 };
 
-// Where a handler runs: inline on the socket thread (cheap, no blocking), on the
-// per-instance transfer lane (keeps one worker's transfers in order) or on the pool.
-enum class Dispatch : uint8_t { kInline, kInstanceLane, kPool };
+// Where a handler runs: inline on the socket thread (cheap, bounded, never blocking), on
+// the per-connection lane (keeps one worker's transfers and registrations in order, off
+// the socket thread), on the pool, or inline when its payload is short and on the pool
+// otherwise (lookups: their cost grows with the token list).
+enum class Dispatch : uint8_t { kInline, kInstanceLane, kPool, kInlineUnlessLong };
 
 struct OpInfo {
   Op op;

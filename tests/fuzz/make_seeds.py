@@ -3,8 +3,9 @@
 
     make_seeds.py OUT_DIR [--golden tests/wire_golden]
 
-creates OUT_DIR/request/, OUT_DIR/payload/, OUT_DIR/descriptor/ and OUT_DIR/cachegen/
-(small object descriptions for the CacheGen decoder target; see cachegen_seeds) from:
+creates OUT_DIR/request/, OUT_DIR/payload/, OUT_DIR/stream/, OUT_DIR/descriptor/ and
+OUT_DIR/cachegen/ (small object descriptions for the CacheGen decoder target; see
+cachegen_seeds) from:
 
 * frames captured from the real lmcache 0.5.6 client (tests/wire_golden/*.json, each
   {"op", "request_frames_hex", "response_frames_hex"}), one seed per captured request, plus
@@ -444,6 +445,45 @@ def cachegen_seeds() -> dict[str, bytes]:
     return seeds
 
 
+def stream_seeds() -> dict[str, bytes]:
+    """Keys whose token arrays use every integer encoding (fixint, uint8..64, int8..64 with
+    positive and negative values, out-of-uint32 values, a non-integer element, a nested
+    container), duplicate and non-string map keys, deep nesting in an unknown field, and
+    truncated documents: the streaming decoders' edge cases (target "stream")."""
+    def key(tokens: bytes, n: int, extra: bytes = b"", pairs: int = 7) -> bytes:
+        body = (pack("model_name") + pack("m") + pack("world_size") + pack(1) +
+                pack("worker_id") + pack(0) + pack("token_ids") + b"\xdc" + struct.pack(">H", n) +
+                tokens + pack("start") + pack(0) + pack("end") + pack(n) +
+                pack("request_id") + pack("r") + extra)
+        return b"\xde" + struct.pack(">H", pairs) + body
+    ints = (b"\x05" + b"\xcc\xff" + b"\xcd\x12\x34" + b"\xce\x89\xab\xcd\xef" +
+            b"\xcf" + struct.pack(">Q", 7) + b"\xd0\x7f" + b"\xd1\x00\x10" +
+            b"\xd2\x00\x00\x01\x00" + b"\xd3" + struct.pack(">q", 1 << 20))
+    neg = b"\xff" + b"\xd0\x80" + b"\xd3" + struct.pack(">q", -(1 << 40))
+    big = b"\xcf" + struct.pack(">Q", 1 << 33) + b"\xcf" + struct.pack(">Q", (1 << 64) - 1)
+    bad = b"\xc3" + b"\x91\x01" + b"\xa1x"
+    deep = pack("request_configs") + b"\x91" * 20 + b"\xc0"
+    dup = pack("token_ids") + b"\x90"
+    nonstr_key = b"\x01" + pack("v")
+    out = {}
+    cases = {
+        "ints": key(ints, 10), "neg": key(ints + neg, 13), "big": key(ints + big, 12),
+        "bad": key(ints + bad, 13), "deep": key(ints, 10, deep, 8),
+        "dup": key(ints, 10, dup, 8), "nonstr": key(ints, 10, nonstr_key, 8),
+        "short": key(ints, 11), "trailing": key(ints, 10) + b"\xc0",
+    }
+    for name, k in cases.items():
+        for opname, extra in (("lookup", [pack(2)]), ("store", [pack(1), pack([[1, 2]]), pack(b"")]),
+                              ("retrieve", [pack(1), pack([1, 2, -3]), pack(b""), pack(0)]),
+                              ("prepare_store", [pack(9)])):
+            msg = [pack(1), pack(opname), k, *extra]
+            out[f"stream_{name}_{opname}"] = FRAME_SEP.join(msg)
+    for i in range(1, 6):  # truncated key documents
+        cut = key(ints, 10)[: i * 9]
+        out[f"stream_cut{i}"] = FRAME_SEP.join([pack(1), pack("lookup"), cut])
+    return out
+
+
 def write(dirpath: Path, seeds: dict[str, bytes]) -> None:
     dirpath.mkdir(parents=True, exist_ok=True)
     for name, data in seeds.items():
@@ -461,6 +501,7 @@ def main() -> int:
     gframes, gdescs = golden_seeds(args.golden)
     write(args.out / "request", {**flows, **gframes})
     write(args.out / "payload", {**flows, **gframes})
+    write(args.out / "stream", {**flows, **gframes, **stream_seeds()})
     write(args.out / "descriptor", {**descriptor_seeds(), **gdescs})
     write(args.out / "cachegen", cachegen_seeds())
     print(f"seeds: {len(flows)} packed flows, {len(gframes)} golden requests, "
