@@ -164,10 +164,17 @@ class ServiceStats final : public kvd::http::StatsSource {
     s.latency_bounds.assign(kvd::server::RequestMetrics::kLatencyBounds.begin(),
                             kvd::server::RequestMetrics::kLatencyBounds.end());
     for (auto& o : metrics.Snapshot()) {
+      std::vector<kvd::http::PhaseView> phases;
+      for (auto& p : o.phases) phases.push_back({std::move(p.name), std::move(p.buckets), p.sum_seconds});
       s.ops.push_back({std::move(o.name), o.requests, o.in_flight, std::move(o.buckets),
-                       o.latency_sum_seconds});
+                       o.latency_sum_seconds, std::move(phases), o.refused});
     }
     s.unknown_ops = metrics.unknown_ops();
+    auto loop = metrics.Loop();
+    s.loop = {loop.iterations,          std::move(loop.buckets),
+              loop.sum_seconds,         loop.longest_wall_seconds,
+              loop.longest_cpu_seconds, loop.longest_inline_wall_seconds,
+              loop.longest_inline_cpu_seconds, std::move(loop.longest_inline_op)};
     return s;
   }
 
@@ -190,6 +197,7 @@ class ServiceStats final : public kvd::http::StatsSource {
     try {
       zmq::socket_t sock(ctx_, zmq::socket_type::dealer);
       sock.set(zmq::sockopt::linger, 0);
+      if (probe_endpoint_.find('[') != std::string::npos) sock.set(zmq::sockopt::ipv6, 1);
       sock.connect(probe_endpoint_);
       const std::string uid = kvd::wire::EncodeInt(++probe_uid_);
       const std::string op = kvd::wire::EncodeInt(kvd::wire::InfoOf(kvd::wire::Op::kNoop).legacy_id);

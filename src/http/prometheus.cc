@@ -176,6 +176,55 @@ std::string RenderPrometheus(const Snapshot& s, const std::string& version) {
     w.Value("kvd_request_duration_seconds_sum{op=\"" + op + "\"}", o.latency_sum_seconds);
     w.Value("kvd_request_duration_seconds_count{op=\"" + op + "\"}", cum);
   }
+  w.Header("kvd_request_phase_seconds", "histogram",
+           "Server time per request in each phase (decode, hash, index, copy), per operation.");
+  for (const auto& o : s.ops) {
+    const std::string op = Escape(o.name);
+    for (const auto& ph : o.phases) {
+      const std::string labels = "op=\"" + op + "\",phase=\"" + Escape(ph.name) + "\"";
+      uint64_t cum = 0;
+      for (size_t i = 0; i < ph.buckets.size(); ++i) {
+        cum += ph.buckets[i];
+        const std::string le = i < s.latency_bounds.size() ? Bound(s.latency_bounds[i]) : "+Inf";
+        w.Value("kvd_request_phase_seconds_bucket{" + labels + ",le=\"" + le + "\"}", cum);
+      }
+      w.Value("kvd_request_phase_seconds_sum{" + labels + "}", ph.sum_seconds);
+      w.Value("kvd_request_phase_seconds_count{" + labels + "}", cum);
+    }
+  }
+  w.Header("kvd_requests_refused_total", "counter",
+           "Requests answered with a failure without running: their connection had too many "
+           "bytes of requests queued.");
+  for (const auto& o : s.ops) {
+    w.Value("kvd_requests_refused_total{op=\"" + Escape(o.name) + "\"}", o.refused);
+  }
+  w.Header("kvd_request_loop_wakeup_seconds", "histogram",
+           "Wall time of one wake-up of the request loop's thread (reading, inline requests, "
+           "sending replies): how long it kept every client waiting.");
+  {
+    uint64_t cum = 0;
+    for (size_t i = 0; i < s.loop.buckets.size(); ++i) {
+      cum += s.loop.buckets[i];
+      const std::string le = i < s.latency_bounds.size() ? Bound(s.latency_bounds[i]) : "+Inf";
+      w.Value("kvd_request_loop_wakeup_seconds_bucket{le=\"" + le + "\"}", cum);
+    }
+    w.Value("kvd_request_loop_wakeup_seconds_sum", s.loop.sum_seconds);
+    w.Value("kvd_request_loop_wakeup_seconds_count", cum);
+  }
+  w.Header("kvd_request_loop_longest_wakeup_seconds", "gauge",
+           "Longest wake-up of the request loop's thread since start, by wall clock and by the "
+           "thread's CPU time.");
+  w.Value("kvd_request_loop_longest_wakeup_seconds{clock=\"wall\"}", s.loop.longest_wall_seconds);
+  w.Value("kvd_request_loop_longest_wakeup_seconds{clock=\"cpu\"}", s.loop.longest_cpu_seconds);
+  w.Header("kvd_request_loop_longest_inline_seconds", "gauge",
+           "Longest single request the request loop's thread ran itself since start (every other "
+           "client waited that long), by wall clock and by the thread's CPU time; op is the "
+           "operation of the longest by wall clock.");
+  const std::string inline_op = Escape(s.loop.longest_inline_op);
+  w.Value("kvd_request_loop_longest_inline_seconds{clock=\"wall\",op=\"" + inline_op + "\"}",
+          s.loop.longest_inline_wall_seconds);
+  w.Value("kvd_request_loop_longest_inline_seconds{clock=\"cpu\",op=\"" + inline_op + "\"}",
+          s.loop.longest_inline_cpu_seconds);
   return w.Take();
 }
 

@@ -56,12 +56,33 @@ struct InstanceView {
   bool pinged = false;
 };
 
+// Server time of one phase (decode, hash, index, copy) of an op's requests.
+struct PhaseView {
+  std::string name;
+  std::vector<uint64_t> buckets;  // per latency bucket, not cumulative; bounds in Snapshot
+  double sum_seconds = 0;
+};
+
 struct OpView {
   std::string name;
   uint64_t requests = 0;
   uint64_t in_flight = 0;
   std::vector<uint64_t> buckets;  // per latency bucket, not cumulative; bounds in Snapshot
   double latency_sum_seconds = 0;
+  std::vector<PhaseView> phases;  // phases the op's requests went through
+  uint64_t refused = 0;           // answered with a failure unread (connection queue bound)
+};
+
+// The request loop's thread: how long each wake-up kept every client waiting.
+struct LoopView {
+  uint64_t iterations = 0;
+  std::vector<uint64_t> buckets;  // wall time per wake-up, per latency bucket, not cumulative
+  double sum_seconds = 0;
+  double longest_wall_seconds = 0;
+  double longest_cpu_seconds = 0;
+  double longest_inline_wall_seconds = 0;  // the longest request run on the loop's thread
+  double longest_inline_cpu_seconds = 0;
+  std::string longest_inline_op;
 };
 
 struct Snapshot {
@@ -76,6 +97,7 @@ struct Snapshot {
   std::vector<double> latency_bounds;  // upper bounds (s) of OpView::buckets; +Inf implied
   std::vector<OpView> ops;             // ops that have seen requests
   uint64_t unknown_ops = 0;
+  LoopView loop;
 
   uint64_t total_requests() const {
     uint64_t n = 0;

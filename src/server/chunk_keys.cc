@@ -1,5 +1,9 @@
 #include "server/chunk_keys.h"
 
+#include <optional>
+
+#include "server/request_phases.h"
+
 namespace kvd::server {
 
 l1::ChunkKey MakeChunkKey(const std::string& model, const std::string& key_namespace,
@@ -21,9 +25,11 @@ Result<std::vector<l1::ChunkKey>> RequestChunkKeys(SessionTable& sessions, int64
                                    std::to_string(key.end) + ") is not aligned to chunk size " +
                                    std::to_string(c));
   }
+  std::optional<ScopedPhase> hash_phase(std::in_place, Phase::kHash);
   auto hashes = sessions.ChunkHashes(
       key.request_id, key.token_ids, static_cast<size_t>(key.end / c),
       SessionIdentity{key.model_name, key.world_size, key.cache_salt, key_namespace});
+  hash_phase.reset();
   if (!hashes.ok()) return hashes.status();
   std::vector<l1::ChunkKey> out;
   out.reserve(static_cast<size_t>((key.end - key.start) / c));

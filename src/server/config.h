@@ -28,6 +28,12 @@ struct ServerConfig {
   // workers start pinging at their first transfer). Must be >= the reap timeout.
   double worker_registration_grace_seconds = 3600;
   double session_ttl_seconds = 600;
+  // Per-connection memory bounds of the socket loop (see zmq_server.h): requests read but
+  // not yet answered may hold this many bytes of frames (0: twice the largest legal
+  // frame), and ZMQ keeps at most this many unread requests / unsent replies per peer.
+  uint64_t max_queued_bytes_per_connection = 0;
+  int zmq_rcvhwm = 1000;
+  int zmq_sndhwm = 100000;
   std::string log_level = "info";
   // Which transfer paths the server serves (--supported-transfer-mode): "auto" (both; kvd's
   // default), "lmcache_driven" (STORE/RETRIEVE into registered KV tensors) or

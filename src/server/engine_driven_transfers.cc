@@ -6,6 +6,7 @@
 
 #include "layout/layout.h"
 #include "server/chunk_keys.h"
+#include "server/request_phases.h"
 
 namespace kvd::server {
 namespace {
@@ -133,6 +134,7 @@ EngineDrivenTransfers::PrepareStore(const wire::EngineDrivenRequest& req) {
   pending.started_ns = clock_->NowNanos();
   std::vector<wire::ShmSlot> slots;
   std::vector<int64_t> indices;
+  ScopedPhase index_phase(Phase::kIndex);
   for (size_t i = 0; i < keys->size(); ++i) {
     auto r = l1_->ReserveWrite((*keys)[i], static_cast<uint32_t>(inst->world_size),
                                static_cast<uint32_t>(*req.key.worker_id), inst->object_bytes);
@@ -202,6 +204,7 @@ Result<std::vector<wire::ShmSlot>> EngineDrivenTransfers::PrepareRetrieve(
   pending.slot = static_cast<uint32_t>(*req.key.worker_id);
   pending.started_ns = clock_->NowNanos();
   std::vector<wire::ShmSlot> slots;
+  ScopedPhase index_phase(Phase::kIndex);
   for (size_t i = 0; i < keys->size(); ++i) {
     auto pin = l1_->PinForRead((*keys)[i], pending.slot);
     if (!pin.ok() || pin->size() != inst->object_bytes) {

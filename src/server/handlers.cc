@@ -2,6 +2,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include "server/request_phases.h"
+
 namespace kvd::server {
 namespace {
 
@@ -9,11 +11,54 @@ using wire::Op;
 
 std::string Fail(const wire::OpInfo& op, std::string_view client, const Status& st,
                  std::string reply) {
-  spdlog::warn("{} from {}: {}", op.name, client, st.ToString());
+  spdlog::warn("{} from {}: {}", op.name, ClientTag(client), st.ToString());
   return reply;
 }
 
+// Runs a decoder, counting its time as the request's decode phase.
+template <typename Decoder>
+auto Decoded(Decoder decode, wire::Frames p) {
+  ScopedPhase phase(Phase::kDecode);
+  return decode(p);
+}
+
 }  // namespace
+
+std::string ClientTag(std::string_view identity) {
+  static const char* kHex = "0123456789abcdef";
+  std::string s = "client-";
+  for (unsigned char c : identity.substr(0, 8)) {
+    s += kHex[c >> 4];
+    s += kHex[c & 15];
+  }
+  return s;
+}
+
+std::string FailureReply(const KvService& svc, const wire::OpInfo& op) {
+  switch (op.op) {
+    case Op::kGetChunkSize:
+      return wire::EncodeInt(svc.chunk_size());
+    case Op::kPing:
+    case Op::kCommitStore:
+    case Op::kCommitRetrieve:
+      return wire::EncodeBool(false);
+    case Op::kStore:
+    case Op::kRetrieve:
+      return wire::EncodeHandleAndOk("", false);
+    case Op::kQueryPrefetchStatus:
+    case Op::kQueryPrefetchLookupHits:
+    case Op::kWaitPrefetchStatus:
+      return wire::EncodeInt(0);
+    case Op::kRegisterEngineDrivenContext:
+      return wire::EncodeRegisterEngineDrivenResponse("", 0);
+    case Op::kPrepareStore:
+      return wire::EncodePrepareStoreResponse(std::nullopt, {});
+    case Op::kPrepareRetrieve:
+      return wire::EncodePrepareRetrieveResponse(false, {});
+    default:
+      return wire::EncodeNil();
+  }
+}
 
 std::string HandleRequest(KvService& svc, const wire::OpInfo& op, wire::Frames p,
                           std::string_view client) {
@@ -25,19 +70,19 @@ std::string HandleRequest(KvService& svc, const wire::OpInfo& op, wire::Frames p
     case Op::kGetExperimental:
       return wire::EncodeStrList({});
     case Op::kPing: {
-      auto id = wire::DecodePing(p);
+      auto id = Decoded(wire::DecodePing, p);
       if (!id.ok()) return Fail(op, client, id.status(), wire::EncodeBool(false));
       svc.Ping(*id);
       return wire::EncodeBool(true);
     }
     case Op::kClear: {
-      auto force = wire::DecodeClear(p);
+      auto force = Decoded(wire::DecodeClear, p);
       if (!force.ok()) return Fail(op, client, force.status(), wire::EncodeNil());
       svc.Clear();
       return wire::EncodeNil();
     }
     case Op::kRegisterKvCache: {
-      auto req = wire::DecodeRegisterKvCache(p);
+      auto req = Decoded(wire::DecodeRegisterKvCache, p);
       if (!req.ok()) return Fail(op, client, req.status(), wire::EncodeNil());
       if (Status st = svc.RegisterKvCache(*req); !st.ok()) {
         return Fail(op, client, st, wire::EncodeNil());
@@ -46,13 +91,13 @@ std::string HandleRequest(KvService& svc, const wire::OpInfo& op, wire::Frames p
     }
     case Op::kUnregisterKvCache:
     case Op::kUnregisterEngineDrivenContext: {
-      auto id = wire::DecodeInstanceId(p);
+      auto id = Decoded(wire::DecodeInstanceId, p);
       if (!id.ok()) return Fail(op, client, id.status(), wire::EncodeNil());
       if (Status st = svc.Unregister(*id); !st.ok()) spdlog::debug("{}: {}", op.name, st.ToString());
       return wire::EncodeNil();
     }
     case Op::kStore: {
-      auto req = wire::DecodeStore(p);
+      auto req = Decoded(wire::DecodeStore, p);
       if (!req.ok()) return Fail(op, client, req.status(), wire::EncodeHandleAndOk("", false));
       // CPU transfers are complete when the reply is sent: an empty event handle tells
       // the client there is no device work to wait for. GPU transfers return the event
@@ -63,7 +108,7 @@ std::string HandleRequest(KvService& svc, const wire::OpInfo& op, wire::Frames p
       return wire::EncodeHandleAndOk(event, true);
     }
     case Op::kRetrieve: {
-      auto req = wire::DecodeRetrieve(p);
+      auto req = Decoded(wire::DecodeRetrieve, p);
       if (!req.ok()) return Fail(op, client, req.status(), wire::EncodeHandleAndOk("", false));
       std::string event;
       Status st = svc.Retrieve(*req, &event);
@@ -71,69 +116,69 @@ std::string HandleRequest(KvService& svc, const wire::OpInfo& op, wire::Frames p
       return wire::EncodeHandleAndOk(event, true);
     }
     case Op::kLookup: {
-      auto req = wire::DecodeLookup(p);
+      auto req = Decoded(wire::DecodeLookup, p);
       if (!req.ok()) return Fail(op, client, req.status(), wire::EncodeNil());
       if (Status st = svc.Lookup(*req); !st.ok()) return Fail(op, client, st, wire::EncodeNil());
       return wire::EncodeNil();
     }
     case Op::kQueryPrefetchStatus:
     case Op::kQueryPrefetchLookupHits: {
-      auto id = wire::DecodeRequestId(p);
+      auto id = Decoded(wire::DecodeRequestId, p);
       if (!id.ok()) return Fail(op, client, id.status(), wire::EncodeInt(0));
       // Lookups complete before their ack, so a result is always final: unknown → 0.
       return wire::EncodeInt(svc.QueryPrefetchStatus(*id).value_or(0));
     }
     case Op::kWaitPrefetchStatus: {
-      auto req = wire::DecodeWaitPrefetch(p);
+      auto req = Decoded(wire::DecodeWaitPrefetch, p);
       if (!req.ok()) return Fail(op, client, req.status(), wire::EncodeInt(0));
       return wire::EncodeInt(svc.QueryPrefetchStatus(req->first).value_or(0));
     }
     case Op::kFreeLookupLocks: {
-      auto req = wire::DecodeLookup(p);
+      auto req = Decoded(wire::DecodeLookup, p);
       if (!req.ok()) return Fail(op, client, req.status(), wire::EncodeNil());
       if (Status st = svc.FreeLookupLocks(*req); !st.ok()) return Fail(op, client, st, wire::EncodeNil());
       return wire::EncodeNil();
     }
     case Op::kEndSession: {
-      auto id = wire::DecodeRequestId(p);
+      auto id = Decoded(wire::DecodeRequestId, p);
       if (!id.ok()) return Fail(op, client, id.status(), wire::EncodeNil());
       svc.EndSession(*id);
       return wire::EncodeNil();
     }
     case Op::kReportBlockAllocation: {
-      auto req = wire::DecodeReportBlockAllocation(p);
+      auto req = Decoded(wire::DecodeReportBlockAllocation, p);
       if (!req.ok()) return Fail(op, client, req.status(), wire::EncodeNil());
       return wire::EncodeNil();  // observability only
     }
     case Op::kRegisterEngineDrivenContext: {
-      auto req = wire::DecodeRegisterEngineDriven(p);
+      auto req = Decoded(wire::DecodeRegisterEngineDriven, p);
       if (!req.ok()) return Fail(op, client, req.status(), wire::EncodeRegisterEngineDrivenResponse("", 0));
       auto r = svc.RegisterEngineDriven(*req);
       if (!r.ok()) return Fail(op, client, r.status(), wire::EncodeRegisterEngineDrivenResponse("", 0));
       return wire::EncodeRegisterEngineDrivenResponse(r->first, r->second);
     }
     case Op::kPrepareStore: {
-      auto req = wire::DecodeEngineDriven(p);
+      auto req = Decoded(wire::DecodeEngineDriven, p);
       if (!req.ok()) return Fail(op, client, req.status(), wire::EncodePrepareStoreResponse(std::nullopt, {}));
       auto r = svc.PrepareStore(*req);
       if (!r.ok()) return Fail(op, client, r.status(), wire::EncodePrepareStoreResponse(std::nullopt, {}));
       return wire::EncodePrepareStoreResponse(r->first, r->second);
     }
     case Op::kCommitStore: {
-      auto req = wire::DecodeEngineDriven(p);
+      auto req = Decoded(wire::DecodeEngineDriven, p);
       if (!req.ok()) return Fail(op, client, req.status(), wire::EncodeBool(false));
       if (Status st = svc.CommitStore(*req); !st.ok()) return Fail(op, client, st, wire::EncodeBool(false));
       return wire::EncodeBool(true);
     }
     case Op::kPrepareRetrieve: {
-      auto req = wire::DecodeEngineDriven(p);
+      auto req = Decoded(wire::DecodeEngineDriven, p);
       if (!req.ok()) return Fail(op, client, req.status(), wire::EncodePrepareRetrieveResponse(false, {}));
       auto r = svc.PrepareRetrieve(*req);
       if (!r.ok()) return Fail(op, client, r.status(), wire::EncodePrepareRetrieveResponse(false, {}));
       return wire::EncodePrepareRetrieveResponse(true, *r);
     }
     case Op::kCommitRetrieve: {
-      auto req = wire::DecodeEngineDriven(p);
+      auto req = Decoded(wire::DecodeEngineDriven, p);
       if (!req.ok()) return Fail(op, client, req.status(), wire::EncodeBool(false));
       if (Status st = svc.CommitRetrieve(*req); !st.ok()) return Fail(op, client, st, wire::EncodeBool(false));
       return wire::EncodeBool(true);

@@ -6,11 +6,13 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <type_traits>
 
 #include "server/chunk_keys.h"
+#include "server/request_phases.h"
 #include "transfer/copy_engine.h"
 #include "transfer/cuda/ipc_handles.h"
 #include "transfer/shm_mapping.h"
@@ -322,6 +324,7 @@ Status LmcacheTransfers::Store(const wire::TransferRequest& req, std::string* ev
   auto held = std::make_shared<std::vector<l1::WriteReservation>>();
   std::vector<transfer::ChunkTask> tasks;
   uint64_t bytes = 0;
+  std::optional<ScopedPhase> index_phase(std::in_place, Phase::kIndex);
   for (int64_t i = 0; i < n; ++i) {
     // A chunk whose blocks are all the engine's null block holds no KV (e.g. align-mode
     // Mamba chunks before the last state): storing it would serve garbage to a later hit.
@@ -341,6 +344,8 @@ Status LmcacheTransfers::Store(const wire::TransferRequest& req, std::string* ev
     }
   }
   const size_t stored = tasks.size();
+  index_phase.reset();
+  ScopedPhase copy_phase(Phase::kCopy);  // the copy, and the commit when it runs inline
   Status st = Submit(
       inst, transfer::CopyDirection::kGather, req, std::move(tasks),
       [held](const Status& done) {
@@ -392,6 +397,7 @@ Status LmcacheTransfers::Retrieve(const wire::TransferRequest& req, std::string*
   // The pins belong to the copy's completion, which drops them once the copy is done.
   auto held = std::make_shared<std::vector<l1::ReadPin>>();
   held->reserve(n);
+  std::optional<ScopedPhase> index_phase(std::in_place, Phase::kIndex);
   for (int64_t i = 0; i < n; ++i) {
     auto pin = l1_->PinForRead((*keys)[i], slot);
     if (!pin.ok()) {
@@ -413,6 +419,8 @@ Status LmcacheTransfers::Retrieve(const wire::TransferRequest& req, std::string*
     if (skip >= config_.chunk_size) continue;  // the whole chunk is the engine's already
     tasks.push_back({i, const_cast<uint8_t*>((*held)[i].data()), std::max<int64_t>(skip, 0)});
   }
+  index_phase.reset();
+  ScopedPhase copy_phase(Phase::kCopy);
   Status st = Submit(
       inst, transfer::CopyDirection::kScatter, req, std::move(tasks),
       [held](const Status&) { held->clear(); }, event_handle);

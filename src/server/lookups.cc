@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "server/chunk_keys.h"
+#include "server/request_phases.h"
 
 namespace kvd::server {
 
@@ -35,15 +36,19 @@ Status Lookups::Lookup(const wire::LookupRequest& req) {
     sessions_->SetLookupResult(key.request_id, 0);
     return keys.status();
   }
-  size_t hits = l1_->LookupPrefixAndLock(*keys, static_cast<uint32_t>(key.world_size),
-                                         ReadLocksPerSlot(key, req.tp_size));
+  size_t hits;
+  {
+    ScopedPhase index(Phase::kIndex);
+    hits = l1_->LookupPrefixAndLock(*keys, static_cast<uint32_t>(key.world_size),
+                                    ReadLocksPerSlot(key, req.tp_size));
+  }
   counters_->lookup_chunks += keys->size();
   counters_->hit_chunks += hits;
   sessions_->SetLookupResult(key.request_id, static_cast<int64_t>(hits));
   return Status::Ok();
 }
 
-std::optional<int64_t> Lookups::QueryPrefetchStatus(const std::string& request_id) {
+std::optional<int64_t> Lookups::QueryPrefetchStatus(std::string_view request_id) {
   return sessions_->TakeLookupResult(request_id);
 }
 
@@ -52,20 +57,31 @@ Status Lookups::FreeLookupLocks(const wire::LookupRequest& req) {
   if (!ns.registered || !ns.agreed) return Status::Ok();  // the lookup locked nothing
   auto keys = RequestChunkKeys(*sessions_, config_.chunk_size, req.key, ns.key_namespace);
   if (!keys.ok()) return keys.status();
+  ScopedPhase index(Phase::kIndex);
   l1_->ReleaseReadLocksAllSlots(*keys, ReadLocksPerSlot(req.key, req.tp_size));
   return Status::Ok();
 }
 
-void Lookups::EndSession(const std::string& request_id) {
+void Lookups::EndSession(std::string_view request_id) {
   auto [identity, hashes] = sessions_->End(request_id);
   if (hashes.empty()) return;
-  std::vector<l1::ChunkKey> keys;
-  keys.reserve(hashes.size());
-  for (const auto& h : hashes) {
-    keys.push_back(MakeChunkKey(identity.model_name, identity.key_namespace, identity.world_size,
-                                identity.cache_salt, h));
+  ScopedPhase index(Phase::kIndex);
+  // Keys are built in this thread's scratch vector, whose elements (and their strings'
+  // buffers) are reused: ending sessions allocates nothing once the scratch has grown.
+  // Same keys as MakeChunkKey builds.
+  thread_local std::vector<l1::ChunkKey> keys;
+  if (keys.size() < hashes.size()) keys.resize(hashes.size());
+  for (size_t i = 0; i < hashes.size(); ++i) {
+    keys[i].model_name.assign(identity.model_name);
+    if (!identity.key_namespace.empty()) {
+      keys[i].model_name += '@';
+      keys[i].model_name += identity.key_namespace;
+    }
+    keys[i].world_size = static_cast<int32_t>(identity.world_size);
+    keys[i].cache_salt.assign(identity.cache_salt);
+    keys[i].chunk_hash = hashes[i];
   }
-  l1_->Touch(keys);
+  l1_->Touch(std::span<const l1::ChunkKey>(keys.data(), hashes.size()));
 }
 
 }  // namespace kvd::server

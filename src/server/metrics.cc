@@ -33,6 +33,76 @@ void RequestMetrics::Record(wire::Op op, double seconds) {
   Finish(p, static_cast<int64_t>(seconds * 1e9));
 }
 
+namespace {
+
+size_t BucketOf(int64_t ns) {
+  const double s = static_cast<double>(ns) * 1e-9;
+  size_t b = 0;
+  while (b < RequestMetrics::kLatencyBounds.size() && s > RequestMetrics::kLatencyBounds[b]) ++b;
+  return b;
+}
+
+void RaiseTo(std::atomic<int64_t>& max, int64_t v) {
+  int64_t cur = max.load(std::memory_order_relaxed);
+  while (v > cur && !max.compare_exchange_weak(cur, v, std::memory_order_relaxed)) {
+  }
+}
+
+}  // namespace
+
+void RequestMetrics::Histogram::Add(int64_t ns) {
+  buckets[BucketOf(ns)].fetch_add(1, std::memory_order_relaxed);
+  sum_ns.fetch_add(static_cast<uint64_t>(ns > 0 ? ns : 0), std::memory_order_relaxed);
+  count.fetch_add(1, std::memory_order_relaxed);
+}
+
+std::vector<uint64_t> RequestMetrics::Histogram::Buckets() const {
+  std::vector<uint64_t> out;
+  out.reserve(buckets.size());
+  for (const auto& b : buckets) out.push_back(b.load(std::memory_order_relaxed));
+  return out;
+}
+
+void RequestMetrics::RecordPhases(wire::Op op, const PhaseTotals& phases) {
+  PerOp& p = ops_[Index(op)];
+  for (size_t i = 0; i < kNumPhases; ++i) {
+    if (phases.ns[i] > 0) p.phases[i].Add(phases.ns[i]);
+  }
+}
+
+void RequestMetrics::CountRefused(wire::Op op) {
+  ops_[Index(op)].refused.fetch_add(1, std::memory_order_relaxed);
+}
+
+void RequestMetrics::RecordLoopIteration(int64_t wall_ns, int64_t cpu_ns) {
+  loop_.Add(wall_ns);
+  RaiseTo(loop_longest_wall_ns_, wall_ns);
+  RaiseTo(loop_longest_cpu_ns_, cpu_ns);
+}
+
+void RequestMetrics::RecordInline(wire::Op op, int64_t wall_ns, int64_t cpu_ns) {
+  // Called from the loop's thread only, so the op and the maximum stay consistent.
+  if (wall_ns > inline_longest_wall_ns_.load(std::memory_order_relaxed)) {
+    inline_longest_op_.store(static_cast<int>(op), std::memory_order_relaxed);
+    inline_longest_wall_ns_.store(wall_ns, std::memory_order_relaxed);
+  }
+  RaiseTo(inline_longest_cpu_ns_, cpu_ns);
+}
+
+RequestMetrics::LoopSnapshot RequestMetrics::Loop() const {
+  LoopSnapshot s;
+  s.iterations = loop_.count.load(std::memory_order_relaxed);
+  s.buckets = loop_.Buckets();
+  s.sum_seconds = static_cast<double>(loop_.sum_ns.load(std::memory_order_relaxed)) * 1e-9;
+  s.longest_wall_seconds = static_cast<double>(loop_longest_wall_ns_.load()) * 1e-9;
+  s.longest_cpu_seconds = static_cast<double>(loop_longest_cpu_ns_.load()) * 1e-9;
+  s.longest_inline_wall_seconds = static_cast<double>(inline_longest_wall_ns_.load()) * 1e-9;
+  s.longest_inline_cpu_seconds = static_cast<double>(inline_longest_cpu_ns_.load()) * 1e-9;
+  const int op = inline_longest_op_.load();
+  if (op >= 0) s.longest_inline_op = std::string(wire::InfoOf(static_cast<wire::Op>(op)).name);
+  return s;
+}
+
 void RequestMetrics::Finish(PerOp& p, int64_t ns) {
   const double s = static_cast<double>(ns) * 1e-9;
   size_t b = 0;
@@ -57,6 +127,13 @@ std::vector<RequestMetrics::OpSnapshot> RequestMetrics::Snapshot() const {
     s.buckets.reserve(p.buckets.size());
     for (const auto& b : p.buckets) s.buckets.push_back(b.load(std::memory_order_relaxed));
     s.latency_sum_seconds = static_cast<double>(p.sum_ns.load(std::memory_order_relaxed)) * 1e-9;
+    s.refused = p.refused.load(std::memory_order_relaxed);
+    for (size_t i = 0; i < kNumPhases; ++i) {
+      const Histogram& h = p.phases[i];
+      if (h.count.load(std::memory_order_relaxed) == 0) continue;
+      s.phases.push_back({kPhaseNames[i], h.Buckets(),
+                          static_cast<double>(h.sum_ns.load(std::memory_order_relaxed)) * 1e-9});
+    }
     out.push_back(std::move(s));
   }
   return out;

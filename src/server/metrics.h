@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "server/request_phases.h"
 #include "wire/ops.h"
 
 namespace kvd::server {
@@ -26,12 +27,32 @@ class RequestMetrics {
       0.025,   0.05,     0.1,     0.25,   0.5,     1.0,    2.5,   5.0,    10.0};
   static constexpr size_t kMaxOps = 64;
 
+  struct PhaseSnapshot {
+    std::string name;                 // "decode", "hash", "index", "copy"
+    std::vector<uint64_t> buckets;    // per bucket (NOT cumulative); size kLatencyBounds + 1
+    double sum_seconds = 0;
+  };
   struct OpSnapshot {
     std::string name;                 // wire op name, e.g. "store"
     uint64_t requests = 0;            // completed requests
     uint64_t in_flight = 0;           // begun, not yet completed
     std::vector<uint64_t> buckets;    // per bucket (NOT cumulative); size kLatencyBounds + 1
     double latency_sum_seconds = 0;
+    std::vector<PhaseSnapshot> phases;  // phases this op's requests went through
+    uint64_t refused = 0;             // refused unread: its connection had too much queued
+  };
+  // The socket thread's loop: time from a wake-up to the next wait (wall clock, and the
+  // thread's CPU time), i.e. how long one wake-up kept every client waiting.
+  struct LoopSnapshot {
+    uint64_t iterations = 0;
+    std::vector<uint64_t> buckets;    // wall time per iteration, per bucket (NOT cumulative)
+    double sum_seconds = 0;
+    double longest_wall_seconds = 0;
+    double longest_cpu_seconds = 0;
+    // The longest single request run on the loop's thread (an inline op).
+    double longest_inline_wall_seconds = 0;
+    double longest_inline_cpu_seconds = 0;
+    std::string longest_inline_op;    // its op name ("" before the first)
   };
 
   // Returns the start time to hand to End.
@@ -48,17 +69,41 @@ class RequestMetrics {
   // requests themselves).
   void Record(wire::Op op, double seconds);
 
+  // Server time per phase of one completed request (phases with 0 ns did not occur).
+  void RecordPhases(wire::Op op, const PhaseTotals& phases);
+  // A request refused without being run (per-connection queue bound).
+  void CountRefused(wire::Op op);
+  // One wake-up of the socket loop, and one request run inline during a wake-up.
+  void RecordLoopIteration(int64_t wall_ns, int64_t cpu_ns);
+  void RecordInline(wire::Op op, int64_t wall_ns, int64_t cpu_ns);
+  LoopSnapshot Loop() const;
+
  private:
+  struct Histogram {
+    std::atomic<uint64_t> count{0};
+    std::atomic<uint64_t> sum_ns{0};
+    std::array<std::atomic<uint64_t>, kLatencyBounds.size() + 1> buckets{};
+    void Add(int64_t ns);
+    std::vector<uint64_t> Buckets() const;
+  };
   struct PerOp {
     std::atomic<uint64_t> requests{0};
     std::atomic<uint64_t> begun{0};
     std::atomic<uint64_t> sum_ns{0};
+    std::atomic<uint64_t> refused{0};
     std::array<std::atomic<uint64_t>, kLatencyBounds.size() + 1> buckets{};
+    std::array<Histogram, kNumPhases> phases{};
   };
   void Finish(PerOp& p, int64_t ns);
 
   std::array<PerOp, kMaxOps> ops_{};
   std::atomic<uint64_t> unknown_ops_{0};
+  Histogram loop_;
+  std::atomic<int64_t> loop_longest_wall_ns_{0};
+  std::atomic<int64_t> loop_longest_cpu_ns_{0};
+  std::atomic<int64_t> inline_longest_wall_ns_{0};
+  std::atomic<int64_t> inline_longest_cpu_ns_{0};
+  std::atomic<int> inline_longest_op_{-1};  // op of inline_longest_wall_ns_
 };
 
 }  // namespace kvd::server

@@ -2,218 +2,240 @@
 
 #include <spdlog/spdlog.h>
 #include <sys/eventfd.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
 
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
 
 #include "server/handlers.h"
-#include "server/metrics.h"
+#include "server/request_phases.h"
 #include "wire/codec.h"
 
 namespace kvd::server {
-
-// ---- TaskPool ------------------------------------------------------------------------
-
-TaskPool::TaskPool(int threads) {
-  for (int i = 0; i < std::max(1, threads); ++i) threads_.emplace_back([this] { WorkerLoop(); });
-}
-
-TaskPool::~TaskPool() {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    stopping_ = true;
-  }
-  cv_.notify_all();
-  for (auto& t : threads_) t.join();
-}
-
-void TaskPool::Post(std::function<void()> task) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    queue_.push_back(std::move(task));
-  }
-  cv_.notify_one();
-}
-
-void TaskPool::PostToLane(const std::string& lane, std::function<void()> task,
-                          size_t max_parallel) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    Lane& l = lanes_[lane];
-    l.max_parallel = std::max<size_t>(1, max_parallel);
-    l.tasks.push_back(std::move(task));
-    if (l.runners >= l.max_parallel) return;  // a runner of the lane will pick it up
-    ++l.runners;
-    ++l.queued;
-    queue_.push_back([this, lane] { RunLane(lane); });
-  }
-  cv_.notify_one();
-}
-
-void TaskPool::RunLane(const std::string& lane) {
-  std::function<void()> task;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    Lane& l = lanes_[lane];
-    --l.queued;
-    task = std::move(l.tasks.front());
-    l.tasks.pop_front();
-  }
-  task();
-  bool again = false;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = lanes_.find(lane);
-    Lane& l = it->second;
-    if (l.tasks.size() > l.queued) {
-      // Back to the end of the queue: other lanes' tasks go first.
-      again = true;
-      ++l.queued;
-      queue_.push_back([this, lane] { RunLane(lane); });
-    } else if (--l.runners == 0 && l.tasks.empty()) {
-      lanes_.erase(it);  // idle lanes cost nothing
-    }
-  }
-  if (again) cv_.notify_one();
-}
-
-void TaskPool::WorkerLoop() {
-  for (;;) {
-    std::function<void()> task;
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
-      if (queue_.empty()) return;  // stopping and drained
-      task = std::move(queue_.front());
-      queue_.pop_front();
-    }
-    task();
-  }
-}
-
-// ---- ZmqServer -----------------------------------------------------------------------
-
 namespace {
 
-std::string ClientTag(const std::string& identity) {
-  static const char* kHex = "0123456789abcdef";
-  std::string s = "client-";
-  for (unsigned char c : identity.substr(0, 8)) {
-    s += kHex[c >> 4];
-    s += kHex[c & 15];
-  }
-  return s;
+int64_t WallNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
 }
 
+int64_t ThreadCpuNs() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return int64_t{ts.tv_sec} * 1'000'000'000 + ts.tv_nsec;
+}
+
+std::string_view View(const zmq::message_t& m) {
+  return {static_cast<const char*>(m.data()), m.size()};
+}
+
+// An answered request: the envelope frames it came with and its reply frame.
+struct Reply {
+  zmq::message_t identity, uid, op, body;
+  uint64_t queued_bytes = 0;  // bytes it held against its connection's bound (lane requests)
+};
+
+struct StringHash {
+  using is_transparent = void;
+  size_t operator()(std::string_view s) const noexcept { return std::hash<std::string_view>{}(s); }
+};
+
 }  // namespace
+
+uint64_t ZmqServer::MaxFrameBytes() {
+  const wire::DecodeLimits limits;
+  // Token array: a 5-byte array header and elements of at most 9 bytes (int64); the other
+  // fields of a key (names, ids, unknown fields the decoder skips) get 4 MiB.
+  return 5 + 9 * uint64_t{limits.max_array} + (4u << 20);
+}
 
 struct ZmqServer::Impl {
   const ServerConfig config;
   KvService* service;
   RequestMetrics* metrics;  // not owned
+  const uint64_t max_queued_bytes;
   zmq::context_t ctx{1};
   zmq::socket_t socket{ctx, zmq::socket_type::router};
   int wake_fd = -1;
-  std::mutex out_mu;
-  std::deque<std::vector<std::string>> outbox;  // guarded by out_mu
   std::unique_ptr<TaskPool> pool;
 
-  Impl(const ServerConfig& c, KvService* s, RequestMetrics* m) : config(c), service(s), metrics(m) {
+  std::mutex out_mu;
+  std::vector<Reply> outbox;  // guarded by out_mu: replies of lane/pool tasks
+
+  // Socket thread only.
+  std::vector<Reply> sending;                  // replies of this wake-up
+  std::vector<zmq::message_t> frames;          // the request being read
+  std::vector<std::string_view> payload_views;
+  std::unordered_map<std::string, uint64_t, StringHash, std::equal_to<>> queued_bytes;
+  int64_t last_refusal_log_ns = 0;
+
+  Impl(const ServerConfig& c, KvService* s, RequestMetrics* m)
+      : config(c),
+        service(s),
+        metrics(m),
+        max_queued_bytes(c.max_queued_bytes_per_connection > 0 ? c.max_queued_bytes_per_connection
+                                                               : 2 * MaxFrameBytes()) {
     wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    int threads = c.max_workers > 0
-                      ? c.max_workers
-                      : std::clamp(static_cast<int>(std::thread::hardware_concurrency()), 2, 16);
+    const int threads = c.max_workers > 0
+                            ? c.max_workers
+                            : std::clamp(static_cast<int>(std::thread::hardware_concurrency()), 2, 16);
     pool = std::make_unique<TaskPool>(threads);
     socket.set(zmq::sockopt::linger, 0);
-    socket.set(zmq::sockopt::rcvhwm, 0);
-    socket.set(zmq::sockopt::sndhwm, 0);
+    socket.set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(MaxFrameBytes()));
+    socket.set(zmq::sockopt::rcvhwm, c.zmq_rcvhwm);
+    socket.set(zmq::sockopt::sndhwm, c.zmq_sndhwm);
+    // An IPv6 host ("::", "::1", ...) needs ZMQ_IPV6 (and "::" then takes IPv4 too); an
+    // IPv4 host keeps a plain IPv4 socket.
+    if (c.host.find(':') != std::string::npos) socket.set(zmq::sockopt::ipv6, 1);
+    sending.reserve(kMaxReadsPerWake);
+    frames.reserve(16);
+    payload_views.reserve(16);
   }
   ~Impl() {
     pool.reset();
     if (wake_fd >= 0) close(wake_fd);
   }
 
-  void Reply(std::vector<std::string> frames) {
+  // From a pool thread: hands a finished reply to the loop and wakes it.
+  void PostReply(Reply r) {
     {
       std::lock_guard<std::mutex> lock(out_mu);
-      outbox.push_back(std::move(frames));
+      outbox.push_back(std::move(r));
     }
     uint64_t one = 1;
     (void)!write(wake_fd, &one, sizeof(one));
   }
 
-  void FlushOutbox() {
+  // Socket thread: moves finished replies into this wake-up's batch.
+  void TakeOutbox() {
     uint64_t n;
     (void)!read(wake_fd, &n, sizeof(n));
-    std::deque<std::vector<std::string>> out;
     {
       std::lock_guard<std::mutex> lock(out_mu);
-      out.swap(outbox);
+      for (auto& r : outbox) sending.push_back(std::move(r));
+      outbox.clear();
     }
-    for (auto& frames : out) Send(frames);
+    for (const auto& r : sending) {
+      if (r.queued_bytes == 0) continue;
+      auto it = queued_bytes.find(View(r.identity));
+      if (it == queued_bytes.end()) continue;
+      it->second -= std::min(it->second, r.queued_bytes);
+      if (it->second == 0) queued_bytes.erase(it);
+    }
   }
 
-  void Send(const std::vector<std::string>& frames) {
-    try {
-      for (size_t i = 0; i < frames.size(); ++i) {
-        auto flags = i + 1 < frames.size() ? zmq::send_flags::sndmore : zmq::send_flags::none;
-        socket.send(zmq::buffer(frames[i]), flags);
+  void SendAll() {
+    for (auto& r : sending) {
+      try {
+        socket.send(r.identity, zmq::send_flags::sndmore);
+        socket.send(r.uid, zmq::send_flags::sndmore);
+        socket.send(r.op, zmq::send_flags::sndmore);
+        socket.send(r.body, zmq::send_flags::none);
+      } catch (const zmq::error_t& e) {
+        spdlog::warn("could not send a reply: {}", e.what());
       }
-    } catch (const zmq::error_t& e) {
-      spdlog::warn("could not send a reply: {}", e.what());
     }
+    sending.clear();
   }
 
-  void OnRequest(std::vector<zmq::message_t>& msg) {
+  // Socket thread: queues the reply to frames[0..2] (moved out of `frames`).
+  void ReplyInline(std::string_view body) {
+    sending.push_back(Reply{std::move(frames[0]), std::move(frames[1]), std::move(frames[2]),
+                            zmq::message_t(body.data(), body.size()), 0});
+  }
+
+  // Runs one request's handler on the calling thread; returns its reply frame.
+  std::string Run(const wire::OpInfo& info, wire::Frames payloads, std::string_view identity,
+                  int64_t began) {
+    ResetPhases();
+    std::string reply;
+    try {
+      reply = HandleRequest(*service, info, payloads, identity);
+    } catch (const std::exception& e) {
+      spdlog::error("{} from {}: internal error: {}", info.name, ClientTag(identity), e.what());
+      reply = wire::EncodeNil();
+    }
+    metrics->RecordPhases(info.op, TakePhases());
+    metrics->End(info.op, began);
+    return reply;
+  }
+
+  void OnRequest() {
     // [identity, uid, op, payload...]
-    if (msg.size() < 3) {
+    if (frames.size() < 3) {
       spdlog::warn("dropping a message of {} frame(s): expected [uid, op, payload...]",
-                   msg.size() == 0 ? 0 : msg.size() - 1);
+                   frames.empty() ? 0 : frames.size() - 1);
       return;
     }
-    std::string identity = msg[0].to_string();
-    std::string uid = msg[1].to_string();
-    std::string opf = msg[2].to_string();
-    auto op = wire::DecodeOp(opf);
+    auto op = wire::DecodeOp(View(frames[2]));
     if (!op.ok()) {
       metrics->CountUnknownOp();
-      spdlog::warn("request from {}: {}; replying nil", ClientTag(identity), op.status().ToString());
-      Send({identity, uid, opf, wire::EncodeNil()});
+      spdlog::warn("request from {}: {}; replying nil", ClientTag(View(frames[0])),
+                   op.status().ToString());
+      ReplyInline(wire::EncodeNil());
       return;
     }
-    const wire::OpInfo* info = *op;
-    auto payloads = std::make_shared<std::vector<std::string>>();
-    payloads->reserve(msg.size() - 3);
-    for (size_t i = 3; i < msg.size(); ++i) payloads->push_back(msg[i].to_string());
-    const int64_t began = metrics->Begin(info->op);
-    auto run = [this, info, identity, uid, opf, payloads, began]() {
-      std::vector<std::string_view> views(payloads->begin(), payloads->end());
-      std::string reply;
-      try {
-        reply = HandleRequest(*service, *info, views, ClientTag(identity));
-      } catch (const std::exception& e) {
-        spdlog::error("{} from {}: internal error: {}", info->name, ClientTag(identity), e.what());
-        reply = wire::EncodeNil();
-      }
-      metrics->End(info->op, began);
-      return std::vector<std::string>{identity, uid, opf, std::move(reply)};
-    };
-    switch (info->dispatch) {
-      case wire::Dispatch::kInline:
-        Send(run());
-        break;
-      case wire::Dispatch::kInstanceLane:
-        pool->PostToLane(identity, [this, run] { Reply(run()); });
-        break;
-      case wire::Dispatch::kPool:
-        // Per-connection lane, as wide as the pool: a client's requests still run in
-        // parallel, but a flooding client cannot push everyone else's behind its backlog.
-        pool->PostToLane(identity + "/pool", [this, run] { Reply(run()); }, pool->threads());
-        break;
+    const wire::OpInfo& info = **op;
+    uint64_t payload_bytes = 0;
+    for (size_t i = 3; i < frames.size(); ++i) payload_bytes += frames[i].size();
+    wire::Dispatch dispatch = info.dispatch;
+    if (dispatch == wire::Dispatch::kInlineUnlessLong) {
+      dispatch = payload_bytes <= kInlinePayloadBytes ? wire::Dispatch::kInline : wire::Dispatch::kPool;
     }
+    const int64_t began = metrics->Begin(info.op);
+
+    if (dispatch == wire::Dispatch::kInline) {
+      payload_views.clear();
+      for (size_t i = 3; i < frames.size(); ++i) payload_views.push_back(View(frames[i]));
+      const int64_t wall0 = WallNs(), cpu0 = ThreadCpuNs();
+      const std::string reply = Run(info, payload_views, View(frames[0]), began);
+      metrics->RecordInline(info.op, WallNs() - wall0, ThreadCpuNs() - cpu0);
+      ReplyInline(reply);
+      return;
+    }
+
+    // Lane or pool: counted against the connection until its reply is taken back.
+    const std::string_view identity = View(frames[0]);
+    auto it = queued_bytes.find(identity);
+    const uint64_t queued = it == queued_bytes.end() ? 0 : it->second;
+    if (queued > 0 && queued + payload_bytes > max_queued_bytes) {
+      metrics->CountRefused(info.op);
+      metrics->End(info.op, began);
+      const int64_t now = WallNs();
+      if (now - last_refusal_log_ns > 1'000'000'000) {  // at most one line a second
+        last_refusal_log_ns = now;
+        spdlog::warn("{} from {}: refused, the connection already has {} bytes of requests "
+                     "queued (bound {})", info.name, ClientTag(identity), queued, max_queued_bytes);
+      }
+      ReplyInline(FailureReply(*service, info));
+      return;
+    }
+    if (it == queued_bytes.end()) it = queued_bytes.emplace(std::string(identity), 0).first;
+    it->second += payload_bytes;
+    const std::string lane = dispatch == wire::Dispatch::kInstanceLane ? std::string(identity)
+                                                                       : std::string(identity) + "/pool";
+    const size_t width = dispatch == wire::Dispatch::kInstanceLane ? 1 : pool->threads();
+    pool->PostToLane(
+        lane,
+        [this, &info, began, payload_bytes, request = std::move(frames)]() mutable {
+          std::vector<std::string_view> views;
+          views.reserve(request.size() - 3);
+          for (size_t i = 3; i < request.size(); ++i) views.push_back(View(request[i]));
+          const std::string reply = Run(info, views, View(request[0]), began);
+          PostReply(Reply{std::move(request[0]), std::move(request[1]), std::move(request[2]),
+                          zmq::message_t(reply.data(), reply.size()), payload_bytes});
+        },
+        width);
+    frames = std::vector<zmq::message_t>();  // moved from: make it a valid empty vector again
+    frames.reserve(16);
   }
 };
 
@@ -238,28 +260,33 @@ void ZmqServer::Run(const std::atomic<bool>& stop) {
       {s.socket.handle(), 0, ZMQ_POLLIN, 0},
       {nullptr, s.wake_fd, ZMQ_POLLIN, 0},
   };
-  std::vector<zmq::message_t> msg;
-  while (!stop.load()) {
+  while (!stop.load(std::memory_order_relaxed)) {
     try {
       zmq::poll(items, 2, std::chrono::milliseconds(100));
     } catch (const zmq::error_t& e) {
       if (e.num() == EINTR) continue;
       throw;
     }
-    if (items[1].revents & ZMQ_POLLIN) s.FlushOutbox();
+    const int64_t wall0 = WallNs();
+    const int64_t cpu0 = ThreadCpuNs();
+    if (items[1].revents & ZMQ_POLLIN) s.TakeOutbox();
     if (items[0].revents & ZMQ_POLLIN) {
-      // Drain what is waiting, bounded so replies are never starved.
-      for (int i = 0; i < 256; ++i) {
-        msg.clear();
-        auto r = zmq::recv_multipart(s.socket, std::back_inserter(msg), zmq::recv_flags::dontwait);
+      for (int i = 0; i < kMaxReadsPerWake; ++i) {
+        s.frames.clear();
+        auto r = zmq::recv_multipart(s.socket, std::back_inserter(s.frames), zmq::recv_flags::dontwait);
         if (!r) break;
-        s.OnRequest(msg);
+        s.OnRequest();
       }
+    }
+    s.SendAll();
+    if (items[0].revents | items[1].revents) {
+      s.metrics->RecordLoopIteration(WallNs() - wall0, ThreadCpuNs() - cpu0);
     }
   }
   // Stop accepting; let queued transfers finish and deliver their replies.
   s.pool.reset();
-  s.FlushOutbox();
+  s.TakeOutbox();
+  s.SendAll();
   // Let those replies leave before the socket closes (linger is 0 while serving).
   s.socket.set(zmq::sockopt::linger, 2000);
 }

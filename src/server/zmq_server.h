@@ -1,68 +1,67 @@
-// ZmqServer: the socket loop. One ROUTER socket, one thread that owns it; handlers run
-// inline (cheap ops), on a per-connection lane (a worker's transfers stay in order) or
-// on the pool, and hand their reply frames back through a queue that wakes the loop
-// (an eventfd polled beside the socket). Only the loop thread touches the socket.
+// ZmqServer: the socket loop. One ROUTER socket and one thread that owns it.
+//
+// Each wake-up (poll on the socket and an eventfd) the loop takes the replies the pool
+// finished, reads up to kMaxReadsPerWake requests and then sends every reply it has in one
+// go (replies batched per wake-up). Short operations (PING, QUERY, END_SESSION,
+// GET_CHUNK_SIZE, lookups of short prompts, ...: Dispatch::kInline, kInlineUnlessLong in
+// the op table) run to completion right there; transfers and registrations go to the
+// connection's lane on the TaskPool (a worker's requests stay in order, off the socket
+// thread), long lookups and CLEAR to a per-connection pool lane as wide as the pool.
+// Request frames are moved, never copied: a lane task owns the zmq messages it was
+// handed and its reply reuses them for the envelope.
+//
+// Memory bounds per connection: frames larger than MaxFrameBytes() are refused by ZMQ
+// (ZMQ_MAXMSGSIZE: the connection is dropped); at most ZMQ_RCVHWM requests wait unread in
+// ZMQ; and requests read but not yet answered may hold at most
+// max_queued_bytes_per_connection bytes of frames: beyond that a request is answered at
+// once with its op's failure reply (counted as refused) and its frames are freed. A single
+// request larger than the bound is still accepted when nothing else of its connection is
+// queued.
+//
+// Steady state of PING / QUERY_PREFETCH_STATUS / END_SESSION: no heap allocation on the
+// socket thread (frames are received into reused storage, replies are small messages,
+// request ids are views); see bench/alloc_bench.cc.
 //
 // Frames in: [identity, uid, op, payload...]; out: [identity, uid, op, reply] with uid
-// and op echoed byte for byte and exactly one reply frame.
+// and op echoed byte for byte and exactly one reply frame. Only the loop thread touches
+// the socket. Thread-safety: Bind and Run from one thread; the destructor after Run
+// returned.
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
-#include <deque>
-#include <functional>
-#include <map>
+#include <cstddef>
+#include <cstdint>
 #include <memory>
-#include <mutex>
-#include <string>
-#include <thread>
-#include <vector>
 
 #include "common/status.h"
 #include "server/config.h"
 #include "server/kv_service.h"
 #include "server/metrics.h"
+#include "server/task_pool.h"
 
 namespace kvd::server {
 
-// A fixed set of threads running queued tasks, with optional lanes. Tasks posted to one
-// lane start in posting order, at most `max_parallel` of them at a time (1: one after the
-// other, in order); lanes run concurrently. A lane never has more than max_parallel entries
-// in the shared queue, so lanes are served round-robin: a client flooding its own lane
-// delays another lane's next task by at most a few tasks, not by its whole backlog.
-class TaskPool {
- public:
-  explicit TaskPool(int threads);
-  ~TaskPool();  // runs every queued task, then joins
-  void Post(std::function<void()> task);
-  void PostToLane(const std::string& lane, std::function<void()> task, size_t max_parallel = 1);
-  size_t threads() const { return threads_.size(); }
-
- private:
-  struct Lane {
-    std::deque<std::function<void()>> tasks;
-    size_t runners = 0;  // lane runners queued or running (<= max_parallel)
-    size_t queued = 0;   // of which still in queue_ (invariant: queued <= tasks.size())
-    size_t max_parallel = 1;
-  };
-  void RunLane(const std::string& lane);
-  void WorkerLoop();
-
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::function<void()>> queue_;   // guarded by mu_
-  std::map<std::string, Lane> lanes_;         // guarded by mu_
-  bool stopping_ = false;                     // guarded by mu_
-  std::vector<std::thread> threads_;
-};
-
 class ZmqServer {
  public:
-  // `metrics` (not owned) records per-op counts and latency; it must outlive the server.
+  // Requests whose payload frames add up to at most this many bytes run inline where the
+  // op table says kInlineUnlessLong (a LOOKUP of up to ~13-21K tokens: decoding and
+  // hashing them takes well under 1 ms).
+  static constexpr size_t kInlinePayloadBytes = 64 << 10;
+  // Requests read per wake-up before the loop sends what it has.
+  static constexpr int kMaxReadsPerWake = 256;
+
+  // The largest frame kvd accepts (ZMQ_MAXMSGSIZE): a cache key holding the largest token
+  // array the decoders take (DecodeLimits::max_array elements of at most 9 bytes each)
+  // plus its strings. Every legal request's frames are smaller.
+  static uint64_t MaxFrameBytes();
+
+  // `metrics` (not owned) records per-op counts, latency, phases and the loop's wake-ups;
+  // it must outlive the server.
   ZmqServer(const ServerConfig& config, KvService* service, RequestMetrics* metrics);
   ~ZmqServer();
 
-  // Binds the socket; a clear error if the address is taken or invalid.
+  // Binds the socket (IPv6 addresses such as "::" and "::1" too); a clear error if the
+  // address is taken or invalid.
   Status Bind();
   // Serves until `stop` becomes true; then stops accepting, lets queued work finish and
   // sends its replies.

@@ -69,8 +69,10 @@ inline Snapshot SampleSnapshot() {
   s.instances.push_back({17, false, "llama\"3", 2, "2 groups: ...", 1 << 20, 1.5, true});
   s.sessions = 3;
   s.latency_bounds = {0.001, 0.01, 0.1};
-  s.ops.push_back({"store", 10, 1, {6, 3, 1, 0}, 0.02});
-  s.ops.push_back({"lookup", 4, 0, {0, 0, 0, 4}, 1.0});
+  s.ops.push_back({"store", 10, 1, {6, 3, 1, 0}, 0.02,
+                   {{"decode", {10, 0, 0, 0}, 0.001}, {"copy", {2, 7, 1, 0}, 0.015}}, 2});
+  s.ops.push_back({"lookup", 4, 0, {0, 0, 0, 4}, 1.0, {}, 0});
+  s.loop = {50, {45, 4, 1, 0}, 0.03, 0.02, 0.004, 0.0005, 0.0002, "lookup"};
   return s;
 }
 

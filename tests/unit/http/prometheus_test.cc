@@ -56,6 +56,24 @@ TEST(Prometheus, PerOpHistogramIsCumulativeAndConsistent) {
   EXPECT_EQ(m["kvd_request_duration_seconds_bucket{op=\"lookup\",le=\"+Inf\"}"], "4");
 }
 
+TEST(Prometheus, PhaseSeriesExplainWhereARequestsTimeWent) {
+  auto m = Parse(RenderPrometheus(SampleSnapshot(), "1.2.3"));
+  EXPECT_EQ(m["kvd_request_phase_seconds_bucket{op=\"store\",phase=\"decode\",le=\"0.001\"}"], "10");
+  EXPECT_EQ(m["kvd_request_phase_seconds_bucket{op=\"store\",phase=\"copy\",le=\"0.001\"}"], "2");
+  EXPECT_EQ(m["kvd_request_phase_seconds_bucket{op=\"store\",phase=\"copy\",le=\"0.01\"}"], "9");
+  EXPECT_EQ(m["kvd_request_phase_seconds_bucket{op=\"store\",phase=\"copy\",le=\"+Inf\"}"], "10");
+  EXPECT_EQ(m["kvd_request_phase_seconds_count{op=\"store\",phase=\"copy\"}"], "10");
+  EXPECT_EQ(std::stod(m["kvd_request_phase_seconds_sum{op=\"store\",phase=\"copy\"}"]), 0.015);
+  // Phases an op never went through have no series.
+  EXPECT_EQ(m.count("kvd_request_phase_seconds_count{op=\"store\",phase=\"hash\"}"), 0u);
+  EXPECT_EQ(m.count("kvd_request_phase_seconds_count{op=\"lookup\",phase=\"decode\"}"), 0u);
+  EXPECT_EQ(m["kvd_requests_refused_total{op=\"store\"}"], "2");
+  EXPECT_EQ(m["kvd_request_loop_wakeup_seconds_count"], "50");
+  EXPECT_EQ(std::stod(m["kvd_request_loop_longest_wakeup_seconds{clock=\"wall\"}"]), 0.02);
+  EXPECT_EQ(std::stod(m["kvd_request_loop_longest_wakeup_seconds{clock=\"cpu\"}"]), 0.004);
+  EXPECT_EQ(std::stod(m["kvd_request_loop_longest_inline_seconds{clock=\"wall\",op=\"lookup\"}"]), 0.0005);
+}
+
 TEST(Prometheus, EveryFamilyHasHelpAndTypeOnce) {
   std::string text = RenderPrometheus(SampleSnapshot(), "v");
   std::istringstream in(text);

@@ -2,7 +2,7 @@
 // "one flooding client stalls everyone": pool ops used to share one FIFO, so a client with
 // thousands of requests queued delayed another client's LOOKUP by its whole backlog
 // (1.5–2.4 s measured with tests/integration/test_faults.py's flood at window 1024).
-#include "server/zmq_server.h"
+#include "server/task_pool.h"
 
 #include <gtest/gtest.h>
 
