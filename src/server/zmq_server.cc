@@ -271,11 +271,16 @@ void ZmqServer::Run(const std::atomic<bool>& stop) {
     const int64_t cpu0 = ThreadCpuNs();
     if (items[1].revents & ZMQ_POLLIN) s.TakeOutbox();
     if (items[0].revents & ZMQ_POLLIN) {
+      int64_t last_send = WallNs();
       for (int i = 0; i < kMaxReadsPerWake; ++i) {
         s.frames.clear();
         auto r = zmq::recv_multipart(s.socket, std::back_inserter(s.frames), zmq::recv_flags::dontwait);
         if (!r) break;
         s.OnRequest();
+        if (s.sending.size() >= kSendAfterReplies || WallNs() - last_send >= kSendAfterInlineNs) {
+          s.SendAll();
+          last_send = WallNs();
+        }
       }
     }
     s.SendAll();

@@ -44,11 +44,16 @@ namespace kvd::server {
 class ZmqServer {
  public:
   // Requests whose payload frames add up to at most this many bytes run inline where the
-  // op table says kInlineUnlessLong (a LOOKUP of up to ~13-21K tokens: decoding and
-  // hashing them takes well under 1 ms).
-  static constexpr size_t kInlinePayloadBytes = 64 << 10;
+  // op table says kInlineUnlessLong: a LOOKUP of up to ~3-5K tokens, some 30-60 us of
+  // decoding and hashing. Longer ones go to the pool, whose threads run them in parallel.
+  static constexpr size_t kInlinePayloadBytes = 16 << 10;
   // Requests read per wake-up before the loop sends what it has.
   static constexpr int kMaxReadsPerWake = 256;
+  // Replies are sent early, within a wake-up, once inline work since the last send took
+  // this long or this many replies are waiting: batching must not delay a reply by more
+  // than a few inline requests.
+  static constexpr int64_t kSendAfterInlineNs = 100'000;
+  static constexpr size_t kSendAfterReplies = 64;
 
   // The largest frame kvd accepts (ZMQ_MAXMSGSIZE): a cache key holding the largest token
   // array the decoders take (DecodeLimits::max_array elements of at most 9 bytes each)
