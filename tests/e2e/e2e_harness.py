@@ -194,7 +194,7 @@ class CacheServer:
 
 
 def vllm_settings(model: str, block_size: int, server: CacheServer | None = None,
-                  mode: str = "lmcache_driven", heartbeat: float = 1.0,
+                  mode: str = "lmcache_driven", heartbeat: float = 2.0,
                   connector_extra: dict | None = None, engine_args: dict | None = None,
                   kv_cache_memory_bytes: int = 64 << 20, max_model_len: int = 4096) -> dict:
     """Settings for vllm_worker.py: no connector when `server` is None."""
@@ -203,8 +203,11 @@ def vllm_settings(model: str, block_size: int, server: CacheServer | None = None
                "connector": None, "engine_args": dict(engine_args or {})}
     if server is not None:
         s["connector"] = {"host": "127.0.0.1", "port": server.port, "mode": mode}
+        # The adapters ping every `heartbeat` seconds and give up on a ping after as
+        # long; a failed load is recomputed (vLLM's default, "fail", fails the request).
         s["connector_extra"] = {"lmcache.mp.heartbeat_interval": heartbeat,
                                 "lmcache.mp.mq_timeout": 60.0, **(connector_extra or {})}
+        s["kv_load_failure_policy"] = "recompute"
     return s
 
 

@@ -58,8 +58,9 @@ PROMPTS = _prompts()
 # Known failures of the reference server (not of kvd), kept as tests.
 LMCACHE_CROSS_BLOCK_SIZE = (
     "lmcache 0.5.6 reads vLLM-CPU's [NB, NH, BS, 2*HS] cache as BS rows of [K|V] (format 12, "
-    "NL_X_NB_NH_BS_CS) while vLLM keeps BS key rows then BS value rows per block and head: "
-    "its objects depend on the block size, so another block size loads wrong KV")
+    "NL_X_NB_NH_BS_CS) while vLLM's CPU kernels keep a key half ([HS][BS] with the VEC "
+    "kernels) and a value half per block and head: its objects depend on the block size, so "
+    "another block size loads wrong KV")
 
 
 @pytest.fixture(scope="session")
@@ -139,7 +140,7 @@ def scenario(request, model_dir, baselines, start_server, start_vllm, server_kin
     mode = request.param
     server = start_server()
     log: dict = {"mode": mode, "server": server_kind}
-    heartbeat = 1.0
+    heartbeat = 2.0
 
     def proc(bs: int, name: str) -> tuple[VllmProcess, Run]:
         p = start_vllm(vllm_settings(model_dir, bs, server, mode, heartbeat=heartbeat),

@@ -15,7 +15,8 @@ stdout (vLLM's own logs go to the same streams; the prefix tells them apart):
 Settings: model (folder), block_size, kv_cache_memory_bytes, max_model_len, and
 `connector`: null (no KV connector) or {"host", "port", "mode"} for LMCacheMPConnector
 (mode: lmcache_driven | engine_driven | auto), plus `connector_extra` (more
-kv_connector_extra_config keys) and `engine_args` (more LLM keyword arguments).
+kv_connector_extra_config keys), `kv_load_failure_policy` (recompute | fail) and
+`engine_args` (more LLM keyword arguments).
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ def build_llm(s: dict):
             "kv_connector": "LMCacheMPConnector",
             "kv_role": "kv_both",
             "kv_connector_extra_config": extra,
+            "kv_load_failure_policy": s.get("kv_load_failure_policy", "fail"),
         }
     kwargs.update(s.get("engine_args", {}))
     return LLM(**kwargs)
