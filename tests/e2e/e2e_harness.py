@@ -277,9 +277,14 @@ class VllmProcess:
         r = self.call({"op": "generate", "prompts": prompts, "max_tokens": max_tokens})
         return r["outputs"], r["num_cached_tokens"]
 
-    def reset_prefix_cache(self) -> None:
-        if not self.call({"op": "reset_prefix_cache"})["ok"]:
-            raise VllmError("reset_prefix_cache refused")
+    def reset_prefix_cache(self, timeout: float = 120.0) -> None:
+        """vLLM refuses while blocks are held, e.g. by a finished request whose store the
+        server has not completed yet: retried until it succeeds."""
+        deadline = time.monotonic() + timeout
+        while not self.call({"op": "reset_prefix_cache"})["ok"]:
+            if time.monotonic() > deadline:
+                raise VllmError(f"reset_prefix_cache refused for {timeout}s")
+            time.sleep(0.5)
 
     def metrics(self) -> dict[str, float]:
         return self.call({"op": "metrics"})["metrics"]
