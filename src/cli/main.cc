@@ -131,11 +131,11 @@ class ServiceStats final : public kvd::http::StatsSource {
     return {};
   }
 
-  kvd::http::Snapshot Collect(bool detailed) override {
+  kvd::http::Snapshot Collect() override {
     kvd::http::Snapshot s;
     s.uptime_seconds = static_cast<double>(Now() - started_) * 1e-9;
     s.chunk_size = cfg_.chunk_size;
-    const kvd::l1::L1Stats l1 = svc_->l1_stats(detailed);
+    const kvd::l1::L1Stats l1 = svc_->l1_stats();
     s.l1 = {l1.capacity_bytes, l1.used_bytes,      l1.entries,    l1.locked_entries,
             l1.resident_objects, l1.staging_objects, l1.pinned_objects, l1.evictions,
             l1.evicted_bytes};

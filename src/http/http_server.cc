@@ -81,7 +81,7 @@ HttpServer::HttpServer(HttpOptions options, StatsSource* source)
     }
   });
   svr.Get("/status", [this](const httplib::Request&, httplib::Response& res) {
-    Snapshot s = source_->Collect(/*detailed=*/true);
+    Snapshot s = source_->Collect();
     Health h = source_->CheckHealth();
     SendJson(res, 200, StatusJson(s, h, options_.version));
   });
@@ -110,7 +110,7 @@ HttpServer::HttpServer(HttpOptions options, StatsSource* source)
       return;
     }
     NoStore(res);
-    res.set_content(RenderPrometheus(source_->Collect(/*detailed=*/false), options_.version),
+    res.set_content(RenderPrometheus(source_->Collect(), options_.version),
                     "text/plain; version=0.0.4; charset=utf-8");
   });
   svr.Get("/api/timeseries", [this](const httplib::Request& req, httplib::Response& res) {
@@ -188,7 +188,7 @@ void HttpServer::Stop() {
 }
 
 void HttpServer::SampleNow() {
-  series_.Add(Sample::From(source_->Collect(/*detailed=*/false), UnixMillis(), MonoSeconds()));
+  series_.Add(Sample::From(source_->Collect(), UnixMillis(), MonoSeconds()));
 }
 
 void HttpServer::SamplerLoop() {

@@ -110,9 +110,9 @@ class StatsSource {
  public:
   virtual ~StatsSource() = default;
   virtual Health CheckHealth() = 0;
-  // detailed: also count locked L1 entries, which walks the cache table (for /status;
-  // the per-second sampler and /metrics use the O(1) form).
-  virtual Snapshot Collect(bool detailed) = 0;
+  // Copies counters out; takes no lock the request path needs for longer than a few
+  // microseconds (safe for /status, /metrics and the per-second sampler alike).
+  virtual Snapshot Collect() = 0;
   // Drops every L1 entry (POST /clear-cache). Returns the number of entries removed.
   virtual uint64_t ClearCache() = 0;
 };

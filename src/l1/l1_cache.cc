@@ -1,67 +1,48 @@
+// L1Cache: construction, handles, writes, pins and the per-shard helpers. Eviction and
+// Clear are in l1_cache_evict.cc, lookup locks and their expiry in l1_cache_locks.cc.
 #include "l1/l1_cache.h"
 
-#include <algorithm>
 #include <cmath>
+#include <random>
 #include <utility>
-#include <vector>
 
 #include <spdlog/spdlog.h>
 
+#include "l1/l1_cache_locks.h"
+
 namespace kvd::l1 {
-namespace detail {
-
-struct Slot {
-  SlotState state = SlotState::kEmpty;
-  uint32_t read_locks = 0;      // meaningful only while now < read_deadline
-  uint32_t pins = 0;            // live ReadPins on this slot
-  uint64_t offset = 0;          // pool offset (staging, resident)
-  uint64_t size = 0;            // requested size (staging, resident)
-  uint64_t writer = 0;          // token of the owning reservation (staging only, else 0)
-  int64_t write_deadline = 0;   // staging only
-  bool copy_in_flight = false;  // staging only: the write lock does not expire
-  int64_t read_deadline = 0;
-};
-
-struct Entry {
-  explicit Entry(const ChunkKey& k, uint32_t num_slots) : key(k), slots(num_slots) {}
-  ChunkKey key;
-  std::vector<Slot> slots;
-  uint32_t handles = 0;   // live WriteReservations and ReadPins referring to this entry
-  bool in_table = true;   // false: detached, destroyed with its last handle
-};
-
-}  // namespace detail
-
 namespace {
 
-using detail::Entry;
-using detail::Slot;
-
-EntryId IdOf(const Entry* e) { return reinterpret_cast<EntryId>(e); }
-Entry* FromId(EntryId id) { return reinterpret_cast<Entry*>(id); }
+using detail::EntryRec;
+using detail::GlobalRef;
+using detail::kNoRef;
+using detail::kNoUnit;
+using detail::LocalOf;
+using detail::SlotRec;
+using detail::StagingKey;
 
 int64_t SecondsToNanos(double s) { return static_cast<int64_t>(std::llround(s * 1e9)); }
 
-bool ReadLocked(const Slot& s, int64_t now) { return s.read_locks > 0 && now < s.read_deadline; }
-bool WriteLocked(const Slot& s, int64_t now) {
-  return s.state == SlotState::kStaging && (s.copy_in_flight || now < s.write_deadline);
-}
-
-bool Complete(const Entry& e) {
-  for (const Slot& s : e.slots) {
-    if (s.state != SlotState::kResident) return false;
-  }
-  return true;
-}
-
 std::string ShortKey(const ChunkKey& key) {
   static const char* kHex = "0123456789abcdef";
-  std::string hex;
+  std::string hex = "ns" + std::to_string(key.ns) + "/";
   for (int i = 0; i < 6; ++i) {
     hex.push_back(kHex[key.chunk_hash[i] >> 4]);
     hex.push_back(kHex[key.chunk_hash[i] & 15]);
   }
-  return key.model_name + "/" + std::to_string(key.world_size) + "/" + hex;
+  return hex;
+}
+
+// Applies a slot transition from object_state.h; an illegal one is a bug, logged and refused.
+bool Transition(SlotRec& s, SlotEvent event) {
+  auto next = NextSlotState(s.state, event);
+  if (!next) {
+    spdlog::error("l1: illegal slot transition: {} on a {} slot", SlotEventName(event),
+                  SlotStateName(s.state));
+    return false;
+  }
+  s.state = *next;
+  return true;
 }
 
 }  // namespace
@@ -71,6 +52,31 @@ const char* SlotStateName(SlotState state) {
     case SlotState::kEmpty: return "empty";
     case SlotState::kStaging: return "staging";
     case SlotState::kResident: return "resident";
+    case SlotState::kEvicting: return "evicting";
+  }
+  return "unknown";
+}
+
+const char* SlotEventName(SlotEvent event) {
+  switch (event) {
+    case SlotEvent::kReserve: return "reserve";
+    case SlotEvent::kCommit: return "commit";
+    case SlotEvent::kAbort: return "abort";
+    case SlotEvent::kReclaim: return "reclaim";
+    case SlotEvent::kEvict: return "evict";
+    case SlotEvent::kFree: return "free";
+  }
+  return "unknown";
+}
+
+const char* LockEventName(LockEvent event) {
+  switch (event) {
+    case LockEvent::kWriteBegin: return "write-begin";
+    case LockEvent::kWriteEnd: return "write-end";
+    case LockEvent::kHoldBegin: return "hold-begin";
+    case LockEvent::kHoldEnd: return "hold-end";
+    case LockEvent::kPinBegin: return "pin-begin";
+    case LockEvent::kPinEnd: return "pin-end";
   }
   return "unknown";
 }
@@ -80,7 +86,7 @@ const char* SlotStateName(SlotState state) {
 
 WriteReservation::WriteReservation(WriteReservation&& other) noexcept
     : cache_(std::exchange(other.cache_, nullptr)),
-      entry_(std::exchange(other.entry_, nullptr)),
+      ref_(other.ref_),
       slot_(other.slot_),
       token_(other.token_),
       data_(std::exchange(other.data_, nullptr)),
@@ -91,7 +97,7 @@ WriteReservation& WriteReservation::operator=(WriteReservation&& other) noexcept
   if (this != &other) {
     Abort();
     cache_ = std::exchange(other.cache_, nullptr);
-    entry_ = std::exchange(other.entry_, nullptr);
+    ref_ = other.ref_;
     slot_ = other.slot_;
     token_ = other.token_;
     data_ = std::exchange(other.data_, nullptr);
@@ -107,23 +113,31 @@ bool WriteReservation::Commit() {
   if (cache_ == nullptr) return false;
   L1Cache* cache = std::exchange(cache_, nullptr);
   data_ = nullptr;
-  return cache->CommitWrite(std::exchange(entry_, nullptr), slot_, token_);
+  return cache->CommitWrite(ref_, slot_, token_);
 }
 
 void WriteReservation::Abort() {
   if (cache_ == nullptr) return;
   L1Cache* cache = std::exchange(cache_, nullptr);
   data_ = nullptr;
-  cache->AbortWrite(std::exchange(entry_, nullptr), slot_, token_);
+  cache->AbortWrite(ref_, slot_, token_);
 }
 
 bool WriteReservation::MarkCopyInFlight() {
-  return cache_ != nullptr && cache_->MarkCopyInFlight(entry_, slot_, token_);
+  return cache_ != nullptr && cache_->MarkCopyInFlight(ref_, slot_, token_);
+}
+
+size_t CommitInReverse(std::span<WriteReservation> reservations) {
+  size_t committed = 0;
+  for (size_t i = reservations.size(); i-- > 0;) {
+    if (reservations[i].valid() && reservations[i].Commit()) ++committed;
+  }
+  return committed;
 }
 
 ReadPin::ReadPin(ReadPin&& other) noexcept
     : cache_(std::exchange(other.cache_, nullptr)),
-      entry_(std::exchange(other.entry_, nullptr)),
+      ref_(other.ref_),
       slot_(other.slot_),
       data_(std::exchange(other.data_, nullptr)),
       offset_(other.offset_),
@@ -133,7 +147,7 @@ ReadPin& ReadPin::operator=(ReadPin&& other) noexcept {
   if (this != &other) {
     Release();
     cache_ = std::exchange(other.cache_, nullptr);
-    entry_ = std::exchange(other.entry_, nullptr);
+    ref_ = other.ref_;
     slot_ = other.slot_;
     data_ = std::exchange(other.data_, nullptr);
     offset_ = other.offset_;
@@ -148,14 +162,18 @@ void ReadPin::Release() {
   if (cache_ == nullptr) return;
   L1Cache* cache = std::exchange(cache_, nullptr);
   data_ = nullptr;
-  cache->Unpin(std::exchange(entry_, nullptr), slot_);
+  cache->Unpin(ref_);
+}
+
+void ReleaseInReverse(std::vector<ReadPin>& pins) {
+  for (size_t i = pins.size(); i-- > 0;) pins[i].Release();
+  pins.clear();
 }
 
 // ---------------------------------------------------------------------------------------------
 // Construction
 
-Result<std::unique_ptr<L1Cache>> L1Cache::Create(const L1CacheOptions& options,
-                                                 std::unique_ptr<EvictionPolicy> policy) {
+Result<std::unique_ptr<L1Cache>> L1Cache::Create(const L1CacheOptions& options) {
   if (options.clock == nullptr) return Status::InvalidArgument("L1 cache needs a clock");
   if (!(options.read_ttl_seconds > 0) || !(options.write_ttl_seconds > 0)) {
     return Status::InvalidArgument("L1 read and write TTLs must be positive");
@@ -166,138 +184,142 @@ Result<std::unique_ptr<L1Cache>> L1Cache::Create(const L1CacheOptions& options,
   if (!(options.eviction_ratio > 0 && options.eviction_ratio <= 1)) {
     return Status::InvalidArgument("L1 eviction ratio must be in (0, 1]");
   }
+  auto policy = eviction::CanonicalPolicyName(options.eviction_policy);
+  if (!policy) {
+    return Status::InvalidArgument("unknown eviction policy '" + options.eviction_policy + "'");
+  }
   MemoryPoolOptions pool_options;
   pool_options.capacity_bytes = options.capacity_bytes;
   pool_options.align = options.align;
   pool_options.shm_name = options.shm_name;
   auto pool = MemoryPool::Create(pool_options);
   if (!pool.ok()) return pool.status();
-  if (policy == nullptr) policy = MakeLruPolicy();
+  auto alloc = SizeClassAllocator::Create((*pool)->capacity(), options.align);
+  if (!alloc.ok()) return alloc.status();
   return std::unique_ptr<L1Cache>(
-      new L1Cache(options, std::move(pool).value(), std::move(policy)));
+      new L1Cache(options, std::move(pool).value(), std::move(alloc).value(), *policy));
 }
 
 L1Cache::L1Cache(const L1CacheOptions& options, std::unique_ptr<MemoryPool> pool,
-                 std::unique_ptr<EvictionPolicy> policy)
+                 std::unique_ptr<SizeClassAllocator> alloc, std::string policy_name)
     : clock_(options.clock),
       read_ttl_ns_(SecondsToNanos(options.read_ttl_seconds)),
       write_ttl_ns_(SecondsToNanos(options.write_ttl_seconds)),
       eviction_watermark_(options.eviction_watermark),
       eviction_ratio_(options.eviction_ratio),
+      policy_name_(std::move(policy_name)),
+      seed_((uint64_t{std::random_device{}()} << 32) ^ std::random_device{}()),
       listener_(options.listener),
       pool_(std::move(pool)),
-      policy_(std::move(policy)) {}
+      alloc_(std::move(alloc)),
+      quotas_(options.eviction_watermark, options.eviction_ratio),
+      locks_(std::make_unique<Locks>()) {
+  shards_.reserve(detail::kShards);
+  for (uint32_t i = 0; i < detail::kShards; ++i) {
+    auto sh = std::make_unique<Shard>(i, seed_);
+    MutexLock lock(&sh->mu);
+    sh->policy = eviction::MakePolicy(policy_name_, {sh.get(), &policy_clock_, &quotas_});
+    shards_.push_back(std::move(sh));
+  }
+}
 
 L1Cache::~L1Cache() {
-  std::lock_guard<std::mutex> lock(mu_);
-  size_t live = detached_.size();
-  for (const auto& [key, entry] : table_) live += entry->handles > 0 ? 1 : 0;
-  if (live > 0) {
-    spdlog::error("l1: cache destroyed while {} entries still have live handles", live);
+  uint64_t detached = 0;
+  for (const auto& sh : shards_) detached += sh->counters.detached.Get();
+  if (detached > 0) {
+    spdlog::error("l1: cache destroyed while {} removed entries still have live handles",
+                  detached);
   }
 }
 
 // ---------------------------------------------------------------------------------------------
-// Helpers (mu_ held)
+// Per-shard helpers (shard mutex held)
 
-L1Cache::Entry* L1Cache::FindLocked(const ChunkKey& key) const {
-  auto it = table_.find(key);
-  return it == table_.end() ? nullptr : it->second.get();
+void L1Cache::PublishCandidateLocked(Shard& sh) {
+  auto c = sh.policy->Victim();
+  if (!c) {
+    sh.candidate.store(detail::kNoCandidate, std::memory_order_relaxed);
+    return;
+  }
+  const uint32_t stamp = policy_clock_.load(std::memory_order_relaxed) - c->age;
+  sh.candidate.store(uint64_t{c->priority} << 32 | stamp, std::memory_order_relaxed);
 }
 
-bool L1Cache::EvictableLocked(const Entry& entry, int64_t now) const {
-  if (!entry.in_table) return false;
-  for (const Slot& s : entry.slots) {
-    if (s.pins > 0 || ReadLocked(s, now) || WriteLocked(s, now)) return false;
+bool L1Cache::ApplyLock(Shard& sh, uint32_t local, LockEvent event) {
+  EntryRec* e = sh.Rec(local);
+  auto change = e->locks.Apply(event);
+  if (!change) return false;
+  if (e->in_table()) {
+    if (*change == ListChange::kBecameLocked) {
+      sh.policy->Hold(local);
+      sh.counters.locked_entries.Add(1);
+    } else if (*change == ListChange::kBecameEvictable) {
+      sh.policy->Release(local);
+      sh.counters.locked_entries.Add(-1);
+    }
   }
   return true;
 }
 
-uint64_t L1Cache::FreeSlotMemoryLocked(Entry& entry, uint32_t slot) {
-  Slot& s = entry.slots[slot];
-  const uint64_t bytes = pool_->AllocatedSize(s.offset);
-  if (!pool_->Free(s.offset)) {
-    spdlog::error("l1: slot {} of {} had no live allocation at offset {}", slot,
-                  ShortKey(entry.key), s.offset);
+uint64_t L1Cache::FreeSlotLocked(Shard& sh, EntryRec* e, uint32_t slot, SlotEvent how) {
+  SlotRec& s = e->slots()[slot];
+  const SlotState before = s.state;
+  if (!Transition(s, how)) return 0;
+  if (how == SlotEvent::kEvict) Transition(s, SlotEvent::kFree);
+  uint64_t bytes = 0;
+  if (s.unit != kNoUnit) {
+    bytes = uint64_t{alloc_->ClassUnits(s.cls)} * alloc_->align();
+    alloc_->Free(s.unit, s.cls);
+    quotas_.AddUsage(e->hook.group, -static_cast<int64_t>(bytes));
+    if (before == SlotState::kResident) sh.counters.resident_objects.Add(-1);
+    if (before == SlotState::kStaging) sh.counters.staging_objects.Add(-1);
   }
-  if (s.state == SlotState::kResident) --counters_.resident_objects;
-  if (s.state == SlotState::kStaging) --counters_.staging_objects;
-  if (s.copy_in_flight) --counters_.copies_in_flight;
-  s.copy_in_flight = false;
-  s.state = SlotState::kEmpty;
-  s.writer = 0;
-  s.offset = 0;
-  s.size = 0;
-  s.read_locks = 0;
+  s.unit = kNoUnit;
+  s.cls = 0;
   return bytes;
 }
 
-void L1Cache::RemoveFromTableLocked(Entry* entry, bool tell_policy) {
-  if (tell_policy) policy_->OnRemove(IdOf(entry));
-  auto it = table_.find(entry->key);
-  entry->in_table = false;
-  if (entry->handles > 0) {
-    detached_.emplace(entry, std::move(it->second));
+void L1Cache::EraseStagingLocked(Shard& sh,
+                                 std::unordered_map<uint64_t, detail::StagingRec>::iterator it) {
+  if (it->second.copy_in_flight) sh.counters.copies_in_flight.Add(-1);
+  sh.staging.erase(it);
+}
+
+void L1Cache::UnindexLocked(Shard& sh, uint32_t local, bool evicted) {
+  EntryRec* e = sh.Rec(local);
+  sh.Erase(local);
+  if (evicted) sh.policy->Evicted(local); else sh.policy->Erase(local);
+  if (e->locks.locked()) sh.counters.locked_entries.Add(-1);
+  e->flags &= ~detail::kInTable;
+  sh.counters.entries.Add(-1);
+  if (e->handles > 0 || e->locks.locked()) {
+    e->flags |= detail::kDetached;  // counted until its record is freed
+    sh.counters.detached.Add(1);
+  } else if (!sh.FreeRecord(local)) {
+    spdlog::error("l1: entry record {} freed twice", local);
   }
-  table_.erase(it);  // destroys the entry unless it moved to detached_
 }
 
-void L1Cache::RemoveIfEmptyLocked(Entry* entry) {
-  if (!entry->in_table) return;
-  for (const Slot& s : entry->slots) {
-    if (s.state != SlotState::kEmpty) return;
+void L1Cache::RemoveIfEmptyLocked(Shard& sh, uint32_t local) {
+  EntryRec* e = sh.Rec(local);
+  if (!e->in_table()) return;
+  for (uint32_t i = 0; i < e->num_slots; ++i) {
+    if (e->slots()[i].state != SlotState::kEmpty) return;
   }
-  RemoveFromTableLocked(entry, /*tell_policy=*/true);
+  UnindexLocked(sh, local, /*evicted=*/false);
 }
 
-void L1Cache::DropHandleLocked(Entry* entry) {
-  --entry->handles;
-  if (!entry->in_table && entry->handles == 0) detached_.erase(entry);
-}
-
-void L1Cache::NotifyRemovedLocked(RemovalCause cause) {
-  if (removed_complete_.empty()) return;
-  if (listener_ != nullptr) listener_->OnEntriesRemoved(removed_complete_, cause);
-  removed_complete_.clear();
-}
-
-uint64_t L1Cache::EvictLocked(Entry* entry) {
-  if (listener_ != nullptr && Complete(*entry)) removed_complete_.push_back(entry->key);
-  uint64_t freed = 0;
-  for (uint32_t i = 0; i < entry->slots.size(); ++i) {
-    const Slot& s = entry->slots[i];
-    if (s.state == SlotState::kEmpty) continue;
-    if (s.state == SlotState::kStaging) {
-      ++counters_.reclaimed_writes;
-      spdlog::info("l1: evicting expired staging slot {} of {} (writer gone?)", i,
-                   ShortKey(entry->key));
-    }
-    freed += FreeSlotMemoryLocked(*entry, i);
+void L1Cache::MaybeFreeRecordLocked(Shard& sh, uint32_t local) {
+  EntryRec* e = sh.Rec(local);
+  // Only detached records wait here: one in the index is alive, and one neither in the index
+  // nor detached was already freed (by UnindexLocked) and must not be freed twice.
+  if (!(e->flags & detail::kDetached) || e->handles > 0 || e->locks.locked()) return;
+  // A cleared entry kept its resident memory only for its pins; the last one frees it.
+  for (uint32_t i = 0; i < e->num_slots; ++i) {
+    if (e->slots()[i].state == SlotState::kResident) FreeSlotLocked(sh, e, i, SlotEvent::kEvict);
   }
-  ++counters_.evictions;
-  counters_.evicted_bytes += freed;
-  RemoveFromTableLocked(entry, /*tell_policy=*/false);
-  return freed;
-}
-
-std::optional<uint64_t> L1Cache::AllocateLocked(uint64_t size, const Entry* exclude,
-                                                int64_t now) {
-  std::optional<uint64_t> offset = pool_->Allocate(size);
-  if (offset || size > pool_->capacity()) return offset;
-  size_t evicted = 0;
-  uint64_t freed = 0;
-  policy_->ForEachCandidate([&](EntryId id) {
-    Entry* victim = FromId(id);
-    if (victim == exclude || !EvictableLocked(*victim, now)) return EvictionPolicy::Verdict::kSkip;
-    freed += EvictLocked(victim);
-    ++evicted;
-    offset = pool_->Allocate(size);
-    return offset ? EvictionPolicy::Verdict::kEvictedAndStop : EvictionPolicy::Verdict::kEvicted;
-  });
-  NotifyRemovedLocked(RemovalCause::kEvicted);
-  spdlog::debug("l1: allocation of {} bytes evicted {} entries ({} bytes), {}", size, evicted,
-                freed, offset ? "fits now" : "still does not fit");
-  return offset;
+  sh.counters.detached.Add(-1);
+  if (!sh.FreeRecord(local)) spdlog::error("l1: entry record {} freed twice", local);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -312,332 +334,347 @@ Result<WriteReservation> L1Cache::ReserveWrite(const ChunkKey& key, uint32_t num
     return Status::InvalidArgument("slot " + std::to_string(slot) + " >= num_slots " +
                                    std::to_string(num_slots));
   }
-  std::lock_guard<std::mutex> lock(mu_);
-  const int64_t now = clock_->NowNanos();
-  Entry* entry = FindLocked(key);
-  if (entry != nullptr) {
-    if (entry->slots.size() != num_slots) {
-      return Status::InvalidArgument("entry exists with " + std::to_string(entry->slots.size()) +
-                                     " slots, not " + std::to_string(num_slots));
-    }
-    Slot& s = entry->slots[slot];
-    if (s.state == SlotState::kResident) {
-      ++counters_.write_conflicts;
-      return Status::AlreadyExists("object is already resident");
-    }
-    if (s.state == SlotState::kStaging) {
-      if (WriteLocked(s, now)) {
-        ++counters_.write_conflicts;
-        return Status::AlreadyExists("object is being written by another writer");
+  if (key.ns >= namespaces_.size()) {
+    return Status::InvalidArgument("namespace " + std::to_string(key.ns) + " was never interned");
+  }
+  auto cls = alloc_->ClassFor(size);
+  if (!cls.ok()) {
+    write_exhausted_.fetch_add(1, std::memory_order_relaxed);
+    return cls.status();
+  }
+  const uint64_t digest = ChunkKeyDigest(key, seed_);
+  Shard& sh = ShardFor(digest);
+  uint32_t local = kNoRef;
+  const uint64_t token = next_token_.fetch_add(1, std::memory_order_relaxed);
+
+  // 1. Claim the slot (create the entry if needed): it is STAGING without memory from here,
+  //    so a second writer is refused and the entry is off the evictable list.
+  {
+    MutexLock lock(&sh.mu);
+    const int64_t now = clock_->NowNanos();
+    local = sh.Find(key, digest);
+    if (local != kNoRef) {
+      EntryRec* e = sh.Rec(local);
+      if (e->num_slots != num_slots) {
+        return Status::InvalidArgument("entry exists with " + std::to_string(e->num_slots) +
+                                       " slots, not " + std::to_string(num_slots));
       }
-      spdlog::info("l1: reclaiming staging slot {} of {} whose write lock expired", slot,
-                   ShortKey(key));
-      ++counters_.reclaimed_writes;
-      FreeSlotMemoryLocked(*entry, slot);
+      if (e->handles == EntryLocks::kMax) {
+        return Status::ResourceExhausted("too many handles on one L1 entry");
+      }
+      SlotRec& s = e->slots()[slot];
+      if (s.state == SlotState::kResident) {
+        sh.counters.write_conflicts.Add(1);
+        return Status::AlreadyExists("object is already resident");
+      }
+      if (s.state == SlotState::kStaging) {
+        auto it = sh.staging.find(StagingKey(local, slot));
+        if (it != sh.staging.end() && WriteLockHolds(it->second, now)) {
+          sh.counters.write_conflicts.Add(1);
+          return Status::AlreadyExists("object is being written by another writer");
+        }
+        spdlog::info("l1: reclaiming staging slot {} of {} whose write lock expired", slot,
+                     ShortKey(key));
+        sh.counters.reclaimed_writes.Add(1);
+        FreeSlotLocked(sh, e, slot, SlotEvent::kReclaim);
+        if (it != sh.staging.end()) EraseStagingLocked(sh, it);
+        ApplyLock(sh, local, LockEvent::kWriteEnd);
+      }
+    } else {
+      auto created = sh.NewRecord(static_cast<uint16_t>(num_slots));
+      if (!created) {
+        write_exhausted_.fetch_add(1, std::memory_order_relaxed);
+        return Status::ResourceExhausted(
+            "L1 shard full, or more than 16 distinct slot counts (world sizes) in use");
+      }
+      local = *created;
+      EntryRec* e = sh.Rec(local);
+      e->ns = key.ns;
+      e->chunk_hash = key.chunk_hash;
+      e->flags = detail::kInTable;
+      e->hook.group = GroupOf(key.ns);
+      sh.Insert(local, digest);
+      sh.counters.entries.Add(1);
+      sh.policy->Insert(local);
     }
+    EntryRec* e = sh.Rec(local);
+    Transition(e->slots()[slot], SlotEvent::kReserve);
+    ApplyLock(sh, local, LockEvent::kWriteBegin);
+    sh.staging[StagingKey(local, slot)] = {token, now + write_ttl_ns_};
+    ++e->handles;
+    PublishCandidateLocked(sh);
   }
 
-  std::optional<uint64_t> offset = AllocateLocked(size, entry, now);
-  if (!offset) {
-    ++counters_.write_exhausted;
-    if (entry != nullptr) RemoveIfEmptyLocked(entry);  // e.g. it only held the reclaimed slot
+  // 2. Memory, evicting if needed (no shard lock held: eviction locks other shards).
+  const uint32_t gref = GlobalRef(sh.id(), local);
+  std::optional<uint32_t> unit = AllocateEvicting(*cls, gref);
+
+  // 3. Attach the memory, or undo the claim.
+  MutexLock lock(&sh.mu);
+  EntryRec* e = sh.Rec(local);
+  SlotRec& s = e->slots()[slot];
+  auto it = sh.staging.find(StagingKey(local, slot));
+  const bool still_ours = it != sh.staging.end() && it->second.token == token;
+  if (!unit || !still_ours) {
+    if (unit) alloc_->Free(*unit, *cls);
+    if (still_ours) {
+      Transition(s, SlotEvent::kAbort);
+      EraseStagingLocked(sh, it);
+      ApplyLock(sh, local, LockEvent::kWriteEnd);
+    }
+    --e->handles;
+    RemoveIfEmptyLocked(sh, local);
+    MaybeFreeRecordLocked(sh, local);
+    PublishCandidateLocked(sh);
+    write_exhausted_.fetch_add(1, std::memory_order_relaxed);
+    if (!still_ours) return Status::ResourceExhausted("write lock expired while waiting for memory");
     return Status::ResourceExhausted("no room for " + std::to_string(size) +
                                      " bytes in L1 even after eviction");
   }
-
-  if (entry == nullptr) {
-    auto owned = std::make_unique<Entry>(key, num_slots);
-    entry = owned.get();
-    table_.emplace(key, std::move(owned));
-    policy_->OnInsert(IdOf(entry));
-  } else {
-    policy_->OnAccess(IdOf(entry));
-  }
-  Slot& s = entry->slots[slot];
-  s.state = SlotState::kStaging;
-  ++counters_.staging_objects;
-  s.offset = *offset;
-  s.size = size;
-  s.writer = next_token_++;
-  s.write_deadline = now + write_ttl_ns_;
-  ++entry->handles;
-  ++counters_.reservations;
-  return WriteReservation(this, entry, slot, s.writer, pool_->At(*offset), *offset, size);
+  s.unit = *unit;
+  s.cls = *cls;
+  const uint64_t reserved = uint64_t{alloc_->ClassUnits(*cls)} * alloc_->align();
+  quotas_.AddUsage(e->hook.group, static_cast<int64_t>(reserved));
+  sh.counters.staging_objects.Add(1);
+  sh.counters.reservations.Add(1);
+  const uint64_t offset = uint64_t{*unit} * alloc_->align();
+  return WriteReservation(this, gref, slot, token, pool_->At(offset), offset, size);
 }
 
-bool L1Cache::CommitWrite(Entry* entry, uint32_t slot, uint64_t token) {
-  std::lock_guard<std::mutex> lock(mu_);
-  Slot& s = entry->slots[slot];
+bool L1Cache::CommitWrite(uint32_t gref, uint32_t slot, uint64_t token) {
+  Shard& sh = ShardOfRef(gref);
+  const uint32_t local = LocalOf(gref);
+  MutexLock lock(&sh.mu);
+  EntryRec* e = sh.Rec(local);
+  auto it = sh.staging.find(StagingKey(local, slot));
   bool committed = false;
-  if (s.state == SlotState::kStaging && s.writer == token) {
-    if (entry->in_table) {
-      s.state = SlotState::kResident;
-      --counters_.staging_objects;
-      ++counters_.resident_objects;
-      if (s.copy_in_flight) --counters_.copies_in_flight;
-      s.copy_in_flight = false;
-      s.writer = 0;
-      policy_->OnAccess(IdOf(entry));
-      ++counters_.commits;
+  if (it != sh.staging.end() && it->second.token == token) {
+    EraseStagingLocked(sh, it);
+    if (e->in_table()) {
+      Transition(e->slots()[slot], SlotEvent::kCommit);
+      sh.counters.staging_objects.Add(-1);
+      sh.counters.resident_objects.Add(1);
+      sh.counters.commits.Add(1);
       committed = true;
-      if (listener_ != nullptr && Complete(*entry)) listener_->OnEntryComplete(entry->key);
+      if (listener_ != nullptr && Complete(e)) listener_->OnEntryComplete(e->key());
     } else {
       spdlog::debug("l1: commit of slot {} of {} after the cache was cleared; discarded", slot,
-                    ShortKey(entry->key));
-      FreeSlotMemoryLocked(*entry, slot);
-      ++counters_.aborts;
+                    ShortKey(e->key()));
+      FreeSlotLocked(sh, e, slot, SlotEvent::kEvict);
+      sh.counters.aborts.Add(1);
     }
+    ApplyLock(sh, local, LockEvent::kWriteEnd);
   } else {
     spdlog::warn("l1: commit of slot {} of {} failed: write lock expired and the slot was "
-                 "reclaimed", slot, ShortKey(entry->key));
-    ++counters_.aborts;
+                 "reclaimed", slot, ShortKey(e->key()));
+    sh.counters.aborts.Add(1);
   }
-  DropHandleLocked(entry);
+  --e->handles;
+  MaybeFreeRecordLocked(sh, local);
+  PublishCandidateLocked(sh);
   return committed;
 }
 
-bool L1Cache::MarkCopyInFlight(Entry* entry, uint32_t slot, uint64_t token) {
-  std::lock_guard<std::mutex> lock(mu_);
-  Slot& s = entry->slots[slot];
-  if (s.state != SlotState::kStaging || s.writer != token) return false;  // taken back
-  if (!s.copy_in_flight) {
+void L1Cache::AbortWrite(uint32_t gref, uint32_t slot, uint64_t token) {
+  Shard& sh = ShardOfRef(gref);
+  const uint32_t local = LocalOf(gref);
+  MutexLock lock(&sh.mu);
+  EntryRec* e = sh.Rec(local);
+  auto it = sh.staging.find(StagingKey(local, slot));
+  if (it != sh.staging.end() && it->second.token == token) {
+    EraseStagingLocked(sh, it);
+    FreeSlotLocked(sh, e, slot, e->in_table() ? SlotEvent::kAbort : SlotEvent::kEvict);
+    ApplyLock(sh, local, LockEvent::kWriteEnd);
+  }
+  sh.counters.aborts.Add(1);
+  --e->handles;
+  RemoveIfEmptyLocked(sh, local);
+  MaybeFreeRecordLocked(sh, local);
+  PublishCandidateLocked(sh);
+}
+
+bool L1Cache::MarkCopyInFlight(uint32_t gref, uint32_t slot, uint64_t token) {
+  Shard& sh = ShardOfRef(gref);
+  const uint32_t local = LocalOf(gref);
+  MutexLock lock(&sh.mu);
+  auto it = sh.staging.find(StagingKey(local, slot));
+  if (it == sh.staging.end() || it->second.token != token) return false;  // taken back
+  if (!it->second.copy_in_flight) {
     // Still this reservation's (even if its write lock expired, nobody took the memory yet).
-    s.copy_in_flight = true;
-    ++counters_.copies_in_flight;
+    it->second.copy_in_flight = true;
+    sh.counters.copies_in_flight.Add(1);
   }
   return true;
 }
 
-void L1Cache::AbortWrite(Entry* entry, uint32_t slot, uint64_t token) {
-  std::lock_guard<std::mutex> lock(mu_);
-  Slot& s = entry->slots[slot];
-  if (s.state == SlotState::kStaging && s.writer == token) FreeSlotMemoryLocked(*entry, slot);
-  ++counters_.aborts;
-  RemoveIfEmptyLocked(entry);
-  DropHandleLocked(entry);
-}
-
-// ---------------------------------------------------------------------------------------------
-// Reads
-
-size_t L1Cache::LookupPrefixAndLock(std::span<const ChunkKey> keys, uint32_t num_slots,
-                                    uint32_t read_locks_per_slot) {
-  std::lock_guard<std::mutex> lock(mu_);
-  const int64_t now = clock_->NowNanos();
-  const uint32_t add = std::min(read_locks_per_slot, kMaxReadLocksPerSlot);
-  size_t hits = 0;
-  // Every key before the first miss is a hit, so each hit can be locked as soon as it is seen.
-  for (const ChunkKey& key : keys) {
-    Entry* entry = FindLocked(key);
-    if (entry == nullptr || entry->slots.size() != num_slots) break;
-    bool all_resident = true;
-    for (const Slot& s : entry->slots) all_resident &= s.state == SlotState::kResident;
-    if (!all_resident) break;
-    ++hits;
-    if (add > 0) {
-      for (Slot& s : entry->slots) {
-        const uint32_t live = ReadLocked(s, now) ? s.read_locks : 0;
-        s.read_locks = std::min(live + add, kMaxReadLocksPerSlot);
-        s.read_deadline = now + read_ttl_ns_;
-      }
-    }
-    policy_->OnAccess(IdOf(entry));
-  }
-  counters_.lookup_keys += keys.size();
-  counters_.lookup_hits += hits;
-  return hits;
-}
-
-void L1Cache::ReleaseReadLocks(const ChunkKey& key, uint32_t slot, uint32_t n) {
-  std::lock_guard<std::mutex> lock(mu_);
-  Entry* entry = FindLocked(key);
-  if (entry == nullptr || slot >= entry->slots.size()) return;
-  Slot& s = entry->slots[slot];
-  const uint32_t live = ReadLocked(s, clock_->NowNanos()) ? s.read_locks : 0;
-  s.read_locks = live - std::min(live, n);
-}
-
-void L1Cache::ReleaseReadLocksAllSlots(std::span<const ChunkKey> keys, uint32_t n) {
-  std::lock_guard<std::mutex> lock(mu_);
-  const int64_t now = clock_->NowNanos();
-  for (const ChunkKey& key : keys) {
-    Entry* entry = FindLocked(key);
-    if (entry == nullptr) continue;
-    for (Slot& s : entry->slots) {
-      const uint32_t live = ReadLocked(s, now) ? s.read_locks : 0;
-      s.read_locks = live - std::min(live, n);
-    }
-  }
-}
-
-Result<ReadPin> L1Cache::PinForRead(const ChunkKey& key, uint32_t slot) {
-  std::lock_guard<std::mutex> lock(mu_);
-  Entry* entry = FindLocked(key);
-  if (entry == nullptr) return Status::NotFound("chunk not in L1");
-  if (slot >= entry->slots.size()) {
-    return Status::NotFound("slot " + std::to_string(slot) + " out of range");
-  }
-  Slot& s = entry->slots[slot];
-  if (s.state != SlotState::kResident) return Status::NotFound("object is not resident");
-  if (s.pins++ == 0) ++counters_.pinned_objects;
-  ++entry->handles;
-  policy_->OnAccess(IdOf(entry));
-  return ReadPin(this, entry, slot, pool_->At(s.offset), s.offset, s.size);
-}
-
-void L1Cache::Unpin(Entry* entry, uint32_t slot) {
-  std::lock_guard<std::mutex> lock(mu_);
-  Slot& s = entry->slots[slot];
-  if (--s.pins == 0) --counters_.pinned_objects;
-  // A cleared entry kept this slot's memory only for the pins; the last one frees it.
-  if (!entry->in_table && s.pins == 0 && s.state == SlotState::kResident) {
-    FreeSlotMemoryLocked(*entry, slot);
-  }
-  DropHandleLocked(entry);
-}
-
-bool L1Cache::IsResident(const ChunkKey& key, uint32_t slot) const {
-  std::lock_guard<std::mutex> lock(mu_);
-  Entry* entry = FindLocked(key);
-  return entry != nullptr && slot < entry->slots.size() &&
-         entry->slots[slot].state == SlotState::kResident;
-}
-
-std::optional<SlotInfo> L1Cache::DescribeSlot(const ChunkKey& key, uint32_t slot) const {
-  std::lock_guard<std::mutex> lock(mu_);
-  Entry* entry = FindLocked(key);
-  if (entry == nullptr || slot >= entry->slots.size()) return std::nullopt;
-  const int64_t now = clock_->NowNanos();
-  const Slot& s = entry->slots[slot];
-  SlotInfo info;
-  info.state = s.state;
-  info.offset = s.offset;
-  info.size = s.size;
-  info.read_locks = ReadLocked(s, now) ? s.read_locks : 0;
-  info.pins = s.pins;
-  info.write_lock_live = WriteLocked(s, now);
-  info.copy_in_flight = s.copy_in_flight;
-  return info;
-}
-
-void L1Cache::Touch(std::span<const ChunkKey> keys) {
-  std::lock_guard<std::mutex> lock(mu_);
-  for (const ChunkKey& key : keys) {
-    if (Entry* entry = FindLocked(key)) policy_->OnAccess(IdOf(entry));
-  }
-}
-
-// ---------------------------------------------------------------------------------------------
-// Removal
-
 size_t L1Cache::RemoveIfIdle(std::span<const ChunkKey> keys) {
-  std::lock_guard<std::mutex> lock(mu_);
-  const int64_t now = clock_->NowNanos();
   size_t removed = 0;
   for (const ChunkKey& key : keys) {
-    Entry* entry = FindLocked(key);
-    if (!entry || !EvictableLocked(*entry, now)) continue;
-    for (uint32_t i = 0; i < entry->slots.size(); ++i) {
-      if (entry->slots[i].state != SlotState::kEmpty) FreeSlotMemoryLocked(*entry, i);
+    const uint64_t digest = ChunkKeyDigest(key, seed_);
+    Shard& sh = ShardFor(digest);
+    MutexLock lock(&sh.mu);
+    const uint32_t local = sh.Find(key, digest);
+    if (local == kNoRef) continue;
+    EntryRec* e = sh.Rec(local);
+    if (e->locks.locked()) continue;
+    for (uint32_t i = 0; i < e->num_slots; ++i) {
+      if (e->slots()[i].state != SlotState::kEmpty) FreeSlotLocked(sh, e, i, SlotEvent::kEvict);
     }
-    ++counters_.removed;
+    UnindexLocked(sh, local, /*evicted=*/false);
+    sh.counters.removed.Add(1);
+    PublishCandidateLocked(sh);
     ++removed;
-    RemoveFromTableLocked(entry, /*tell_policy=*/true);
   }
   return removed;
 }
 
-void L1Cache::Clear() {
-  std::lock_guard<std::mutex> lock(mu_);
-  const int64_t now = clock_->NowNanos();
-  const size_t cleared = table_.size();
-  const uint64_t used_before = pool_->used_bytes();
-  size_t deferred = 0;
-  for (auto& [key, owned] : table_) {
-    Entry* entry = owned.get();
-    if (listener_ != nullptr && Complete(*entry)) removed_complete_.push_back(key);
-    policy_->OnRemove(IdOf(entry));
-    entry->in_table = false;
-    for (uint32_t i = 0; i < entry->slots.size(); ++i) {
-      const Slot& s = entry->slots[i];
-      if (s.state == SlotState::kEmpty) continue;
-      // Pinned bytes are being read and live staging bytes are being written: their handles
-      // free them. Everything else goes now.
-      if (s.pins > 0 || WriteLocked(s, now)) {
-        ++deferred;
-        continue;
-      }
-      FreeSlotMemoryLocked(*entry, i);
-    }
-    if (entry->handles > 0) detached_.emplace(entry, std::move(owned));
+// ---------------------------------------------------------------------------------------------
+// Pins and point reads
+
+Result<ReadPin> L1Cache::PinForRead(const ChunkKey& key, uint32_t slot) {
+  const uint64_t digest = ChunkKeyDigest(key, seed_);
+  Shard& sh = ShardFor(digest);
+  MutexLock lock(&sh.mu);
+  const uint32_t local = sh.Find(key, digest);
+  if (local == kNoRef) return Status::NotFound("chunk not in L1");
+  EntryRec* e = sh.Rec(local);
+  if (slot >= e->num_slots) {
+    return Status::NotFound("slot " + std::to_string(slot) + " out of range");
   }
-  table_.clear();
-  NotifyRemovedLocked(RemovalCause::kCleared);
-  spdlog::info("l1: cleared {} entries, freed {} bytes, {} objects freed later by their handles",
-               cleared, used_before - pool_->used_bytes(), deferred);
+  const SlotRec& s = e->slots()[slot];
+  if (s.state != SlotState::kResident) return Status::NotFound("object is not resident");
+  if (e->handles == EntryLocks::kMax || !ApplyLock(sh, local, LockEvent::kPinBegin)) {
+    return Status::ResourceExhausted("too many concurrent readers of one L1 entry");
+  }
+  ++e->handles;
+  sh.counters.pins.Add(1);
+  sh.policy->Access(local);
+  PublishCandidateLocked(sh);
+  const uint64_t offset = uint64_t{s.unit} * alloc_->align();
+  return ReadPin(this, GlobalRef(sh.id(), local), slot, pool_->At(offset), offset,
+                 alloc_->ClassBytes(s.cls));
 }
 
-size_t L1Cache::EvictToWatermark() {
-  constexpr size_t kBatch = 256;  // entries per mutex hold
-  size_t evicted = 0;
-  uint64_t freed = 0;
-  uint64_t target = 0;
-  uint64_t used_before = 0;
-  size_t locked_skips = 0;
-  for (bool first = true;; first = false) {
-    std::lock_guard<std::mutex> lock(mu_);
-    const int64_t now = clock_->NowNanos();
-    if (first) {
-      used_before = pool_->used_bytes();
-      const double capacity = static_cast<double>(pool_->capacity());
-      if (static_cast<double>(used_before) < eviction_watermark_ * capacity) return 0;
-      target = static_cast<uint64_t>(eviction_ratio_ * capacity);
-    }
-    size_t batch = 0;
-    locked_skips = 0;
-    policy_->ForEachCandidate([&](EntryId id) {
-      Entry* victim = FromId(id);
-      if (!EvictableLocked(*victim, now)) {
-        ++locked_skips;
-        return EvictionPolicy::Verdict::kSkip;
-      }
-      freed += EvictLocked(victim);
-      ++batch;
-      return freed >= target || batch >= kBatch ? EvictionPolicy::Verdict::kEvictedAndStop
-                                                : EvictionPolicy::Verdict::kEvicted;
-    });
-    evicted += batch;
-    NotifyRemovedLocked(RemovalCause::kEvicted);
-    if (batch == 0 || freed >= target) break;
+void L1Cache::Unpin(uint32_t gref) {
+  Shard& sh = ShardOfRef(gref);
+  const uint32_t local = LocalOf(gref);
+  MutexLock lock(&sh.mu);
+  EntryRec* e = sh.Rec(local);
+  ApplyLock(sh, local, LockEvent::kPinEnd);
+  sh.counters.pins.Add(-1);
+  --e->handles;
+  MaybeFreeRecordLocked(sh, local);
+  PublishCandidateLocked(sh);
+}
+
+bool L1Cache::IsResident(const ChunkKey& key, uint32_t slot) const {
+  const uint64_t digest = ChunkKeyDigest(key, seed_);
+  Shard& sh = const_cast<Shard&>(ShardFor(digest));
+  MutexLock lock(&sh.mu);
+  const uint32_t local = sh.Find(key, digest);
+  if (local == kNoRef) return false;
+  const EntryRec* e = sh.Rec(local);
+  return slot < e->num_slots && e->slots()[slot].state == SlotState::kResident;
+}
+
+std::optional<SlotInfo> L1Cache::DescribeSlot(const ChunkKey& key, uint32_t slot) const {
+  const uint64_t digest = ChunkKeyDigest(key, seed_);
+  Shard& sh = const_cast<Shard&>(ShardFor(digest));
+  MutexLock lock(&sh.mu);
+  const uint32_t local = sh.Find(key, digest);
+  if (local == kNoRef) return std::nullopt;
+  const EntryRec* e = sh.Rec(local);
+  if (slot >= e->num_slots) return std::nullopt;
+  const SlotRec& s = e->slots()[slot];
+  SlotInfo info;
+  info.state = s.state;
+  if (s.unit != kNoUnit) {
+    info.offset = uint64_t{s.unit} * alloc_->align();
+    info.size = alloc_->ClassBytes(s.cls);
   }
-  if (evicted > 0) {
-    spdlog::info("l1: eviction round: {} entries, {} bytes freed (target {}), used {} -> {} of {}, "
-                 "{} locked entries skipped",
-                 evicted, freed, target, used_before, used_before - std::min(used_before, freed),
-                 pool_->capacity(), locked_skips);
-  } else {
-    spdlog::debug("l1: above the eviction watermark but nothing is evictable ({} locked)",
-                  locked_skips);
+  info.read_locks = e->locks.holders;
+  info.pins = e->locks.pins;
+  auto it = sh.staging.find(StagingKey(local, slot));
+  info.write_lock_live = s.state == SlotState::kStaging && it != sh.staging.end() &&
+                         WriteLockHolds(it->second, clock_->NowNanos());
+  info.copy_in_flight = it != sh.staging.end() && it->second.copy_in_flight;
+  return info;
+}
+
+void L1Cache::Touch(std::span<const ChunkKey> keys) {
+  for (size_t i = keys.size(); i-- > 0;) {
+    const uint64_t digest = ChunkKeyDigest(keys[i], seed_);
+    Shard& sh = ShardFor(digest);
+    MutexLock lock(&sh.mu);
+    const uint32_t local = sh.Find(keys[i], digest);
+    if (local == kNoRef) continue;
+    sh.policy->Access(local);
+    PublishCandidateLocked(sh);
   }
-  return evicted;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Quotas
+
+Status L1Cache::SetQuota(std::string_view cache_salt, uint64_t limit_bytes) {
+  auto group = namespaces_.InternSalt(cache_salt);
+  if (!group.ok()) return group.status();
+  quotas_.SetLimit(*group, limit_bytes);
+  return Status::Ok();
+}
+
+bool L1Cache::DeleteQuota(std::string_view cache_salt) {
+  auto group = namespaces_.FindSalt(cache_salt);
+  return group && quotas_.ClearLimit(*group);
+}
+
+QuotaInfo L1Cache::GetQuota(std::string_view cache_salt) const {
+  QuotaInfo q;
+  q.cache_salt = std::string(cache_salt);
+  if (auto group = namespaces_.FindSalt(cache_salt)) {
+    q.limit_bytes = quotas_.Limit(*group);
+    q.usage_bytes = quotas_.Usage(*group);
+  }
+  return q;
+}
+
+std::vector<QuotaInfo> L1Cache::ListQuotas() const {
+  std::vector<QuotaInfo> out;
+  for (const auto& [group, limit] : quotas_.Limits()) {
+    out.push_back({namespaces_.SaltOf(group), limit, quotas_.Usage(group)});
+  }
+  return out;
 }
 
 // ---------------------------------------------------------------------------------------------
 // Stats
 
-L1Stats L1Cache::stats(bool count_locked) const {
-  std::lock_guard<std::mutex> lock(mu_);
-  L1Stats st = counters_;
-  st.capacity_bytes = pool_->capacity();
-  st.used_bytes = pool_->used_bytes();
-  st.entries = table_.size();
-  st.detached_entries = detached_.size();
-  st.locked_entries = 0;
-  if (count_locked) {
-    // Lock state depends on the time (TTLs), so it is counted by a walk over the table.
-    const int64_t now = clock_->NowNanos();
-    for (const auto& [key, entry] : table_) st.locked_entries += !EvictableLocked(*entry, now);
+L1Stats L1Cache::stats() const {
+  L1Stats st;
+  st.capacity_bytes = alloc_->capacity_bytes();
+  st.used_bytes = alloc_->used_bytes();
+  for (const auto& sh : shards_) {
+    const auto& c = sh->counters;
+    st.entries += c.entries.Get();
+    st.detached_entries += c.detached.Get();
+    st.resident_objects += c.resident_objects.Get();
+    st.staging_objects += c.staging_objects.Get();
+    st.locked_entries += c.locked_entries.Get();
+    st.pinned_objects += c.pins.Get();
+    st.evictions += c.evictions.Get();
+    st.evicted_bytes += c.evicted_bytes.Get();
+    st.reservations += c.reservations.Get();
+    st.commits += c.commits.Get();
+    st.aborts += c.aborts.Get();
+    st.write_conflicts += c.write_conflicts.Get();
+    st.reclaimed_writes += c.reclaimed_writes.Get();
+    st.removed += c.removed.Get();
+    st.copies_in_flight += c.copies_in_flight.Get();
   }
+  st.write_exhausted = write_exhausted_.load(std::memory_order_relaxed);
+  st.lookup_keys = lookup_keys_.load(std::memory_order_relaxed);
+  st.lookup_hits = lookup_hits_.load(std::memory_order_relaxed);
+  st.lookup_locks = locks_->owners.load(std::memory_order_relaxed);
   return st;
 }
 

@@ -1,91 +1,71 @@
-// L1Cache: the in-memory tier. A chunk table over a MemoryPool with read/write locks, pins
-// and pluggable eviction. Stores opaque byte objects; knows nothing of ZMQ, msgpack, tensors
-// or CUDA.
+// L1Cache: the in-memory tier. Chunk entries in a sharded index over one memory pool, with
+// write reservations, read pins, per-request read locks and a pluggable eviction policy.
+// Stores opaque byte objects; knows nothing of ZMQ, msgpack, tensors or CUDA.
 //
-// ENTRIES AND SLOTS. One entry per ChunkKey. An entry has `num_slots` object slots, fixed when
-// it is created (callers use num_slots = world_size x object groups, slot = rank x groups +
-// group). A chunk is a hit only when ALL its slots are resident. Eviction removes whole
-// entries, never single slots.
+// WHAT IT HOLDS. One entry per ChunkKey (an interned namespace plus the chunk hash). An entry
+// has `num_slots` object slots, fixed when it is created (callers use num_slots = world size,
+// slot = rank). A chunk is a hit only when ALL its slots are resident; eviction removes
+// whole entries. Slot states, entry locks and every legal transition: object_state.h.
 //
-// SLOT STATES (all transitions happen under the cache mutex):
+// THE CONTRACT (what callers may rely on):
+//   * ReserveWrite -> WriteReservation: exclusive right to fill one slot. Its bytes are the
+//     writer's until Commit (the slot becomes resident and visible) or until the handle is
+//     destroyed (abort: memory freed). A writer must finish within the write TTL — after it
+//     the slot can be reclaimed, Commit then returns false and the memory may already belong
+//     to another object — unless it marked the reservation MarkCopyInFlight: then the memory
+//     is the reservation's until Commit or Abort, whatever the TTL (for copies whose timing
+//     the cache does not control, e.g. a GPU copy that runs when the client's event fires).
+//   * PinForRead -> ReadPin: a resident object's bytes, stable until the pin is destroyed
+//     (not even Clear frees them earlier). Pins never expire.
+//   * LookupAndLock: the prefix of keys that is resident, read-locked for `owner` (a lookup
+//     request id). Locks belong to that owner alone: only its ReleaseLocks /
+//     ReleaseAllLocks, its next LookupAndLock, Clear or the read TTL release them.
+//   * Locked (pinned, read-locked, being written) entries are never evicted, and are not on
+//     the policy's candidate list.
+//   * Recency of a batch (Touch, the locks of one lookup, CommitInReverse) is applied last key
+//     first, so a request's later chunks are the older ones (lmcache's order: they go first).
 //
-//            ReserveWrite                 Commit
-//   kEmpty ───────────────▶ kStaging ───────────────▶ kResident
-//      ▲                       │                          │
-//      │  abort (reservation   │                          │ entry evicted / cleared
-//      │  destroyed without    │                          ▼ (memory freed, entry removed)
-//      │  Commit), or write    │                        [gone]
-//      └── lock expired and ───┘
-//          slot reclaimed by another ReserveWrite, evicted or cleared
+// THREADS. Every method is thread-safe, and none holds a cache-wide lock: the index has 64
+// shards, each with its own mutex (held for a probe and a few field updates, never during a
+// copy); lookup locks live in 64 shards of their own; the allocator's lock is held for a
+// free-list pop or push. Handles (WriteReservation, ReadPin) are move-only, may be used and
+// destroyed on any thread, but one handle must not be used from two threads at once. All
+// handles must be destroyed before the cache. stats() takes no lock the request path needs.
 //
-//   kStaging: memory allocated, being written, invisible to lookups and pins. Guarded by a
-//             write lock (the reservation) that expires write_ttl after ReserveWrite —
-//             unless the reservation is marked "copy in flight" (below).
-//   kResident: committed bytes, immutable until the entry is removed. Never overwritten: a
-//             second ReserveWrite of the slot gets AlreadyExists.
-//   Read locks (per slot, counted, capped at kMaxReadLocksPerSlot) are taken by
-//   LookupPrefixAndLock for a later retrieve and expire read_ttl after their last refresh;
-//   expired read locks count as zero. Pins (ReadPin handles) cover an in-flight copy and
-//   never expire.
-//
-// COPY IN FLIGHT. A copy engine (CPU or GPU) writes a staging slot, or reads a resident one,
-// at a time the cache does not control: a GPU copy runs when the client's event fires. So
-// memory an engine copy may still touch must never be given to another object, whatever the
-// TTLs say:
-//   * WriteReservation::MarkCopyInFlight(): from then on the slot's write lock does not
-//     expire; the slot stays staging and is neither reclaimed, evicted nor freed by Clear
-//     until the reservation is committed or aborted — which the engine's completion does.
-//   * A ReadPin is already such a hold: it never expires, and a pinned slot is neither
-//     evicted nor freed by Clear until the pin is destroyed (by the completion).
-//   A copy that never completes therefore holds its memory until its engine is cancelled and
-//   reports completion (the server cancels instances whose copies outlive the TTLs); the
-//   memory is reused only after that.
-//
-// INVARIANTS.
-//   * An entry is evictable iff it is in the table and none of its slots has a pin, a live
-//     (unexpired) read lock, or a staging write under a live (unexpired) write lock.
-//   * The memory of a slot is freed exactly once: by abort, by reclaim after write-lock
-//     expiry, by eviction, by Clear, or — for a slot that Clear found pinned or staging under
-//     a live write lock — when its last handle is destroyed. A slot's memory is never freed
-//     while it is pinned or while its write lock is live.
-//   * An entry in the table always has at least one non-empty slot, except transiently inside
-//     one call.
-//   * An entry struct lives while it is in the table or any handle refers to it; entries
-//     removed (evicted, cleared) while referenced are "detached" and destroyed with their last
-//     handle.
-//
-// THREADS. Every method is thread-safe (one mutex; bytes are never copied under it). Handles
-// (WriteReservation, ReadPin) are move-only, may be used and destroyed on any thread, but one
-// handle must not be used from two threads at once. All handles must be destroyed before the
-// cache. Data pointers from handles are used without the lock: a ReadPin's bytes are stable
-// until it is destroyed; a WriteReservation's bytes belong to the writer until Commit/abort,
-// or until its write lock expires (after that the cache may give the memory to someone else,
-// so writers must finish within write_ttl, or mark the reservation MarkCopyInFlight).
+// OWNERSHIP. The cache owns the pool, the entries and the policy. Pointers from handles are
+// into the pool (see above for how long they stay valid); the pool's base and shm name are
+// valid for the cache's lifetime.
 #pragma once
 
 #include <atomic>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
-#include <unordered_map>
+#include <string_view>
 #include <vector>
 
 #include "common/clock.h"
+#include "common/mutex.h"
 #include "common/status.h"
+#include "eviction/eviction_policy.h"
+#include "eviction/quota_book.h"
 #include "l1/chunk_key.h"
-#include "l1/eviction_policy.h"
+#include "l1/chunk_table.h"
 #include "l1/l1_listener.h"
 #include "l1/memory_pool.h"
+#include "l1/namespaces.h"
+#include "l1/object_state.h"
+#include "l1/size_class_allocator.h"
 
 namespace kvd::l1 {
 
 struct L1CacheOptions {
   uint64_t capacity_bytes = 0;
-  uint64_t align = 4096;
-  std::string shm_name;  // empty: anonymous memory (see MemoryPoolOptions)
+  uint64_t align = 4096;            // allocation granularity (--l1-align-bytes)
+  std::string shm_name;             // empty: anonymous memory (see MemoryPoolOptions)
+  std::string eviction_policy = "LRU";  // a name eviction::MakePolicy accepts
   double read_ttl_seconds = 300;
   double write_ttl_seconds = 600;
   double eviction_watermark = 0.8;  // EvictToWatermark acts when used/capacity >= this
@@ -95,16 +75,13 @@ struct L1CacheOptions {
                                     // (l1_listener.h); must outlive the cache
 };
 
-enum class SlotState : uint8_t { kEmpty, kStaging, kResident };
-const char* SlotStateName(SlotState state);
-
 // A snapshot of one slot, for diagnostics and tests.
 struct SlotInfo {
   SlotState state = SlotState::kEmpty;
   uint64_t offset = 0;
   uint64_t size = 0;
-  uint32_t read_locks = 0;  // live read locks (0 when expired)
-  uint32_t pins = 0;
+  uint32_t read_locks = 0;  // lookup requests holding the entry
+  uint32_t pins = 0;        // ReadPins on the entry
   bool write_lock_live = false;
   bool copy_in_flight = false;  // staging under MarkCopyInFlight: the write lock cannot expire
 };
@@ -112,30 +89,35 @@ struct SlotInfo {
 struct L1Stats {
   uint64_t capacity_bytes = 0;
   uint64_t used_bytes = 0;         // pool bytes allocated (staging, resident and detached)
-  uint64_t entries = 0;            // entries in the table
-  uint64_t detached_entries = 0;   // removed from the table, waiting for their last handle
-  uint64_t resident_objects = 0;   // resident slots whose memory is held (table + detached)
-  uint64_t staging_objects = 0;    // staging slots whose memory is held (table + detached)
-  uint64_t locked_entries = 0;     // entries not evictable right now (only with stats(true))
-  uint64_t pinned_objects = 0;     // slots with at least one live ReadPin (table + detached)
+  uint64_t entries = 0;            // entries in the index
+  uint64_t detached_entries = 0;   // removed from the index, waiting for their last handle/lock
+  uint64_t resident_objects = 0;   // resident slots whose memory is held (index + detached)
+  uint64_t staging_objects = 0;    // staging slots whose memory is held (index + detached)
+  uint64_t locked_entries = 0;     // entries off the evictable list (written, locked, pinned)
+  uint64_t pinned_objects = 0;     // live ReadPins
+  uint64_t lookup_locks = 0;       // lookup requests holding read locks
   uint64_t evictions = 0;          // entries evicted since creation
   uint64_t evicted_bytes = 0;
-  uint64_t lookup_keys = 0;        // keys examined by LookupPrefixAndLock
+  uint64_t lookup_keys = 0;        // keys examined by LookupAndLock
   uint64_t lookup_hits = 0;        // of which hits
   uint64_t reservations = 0;       // successful ReserveWrite calls
   uint64_t commits = 0;            // successful Commit calls
-  uint64_t aborts = 0;             // reservations dropped without Commit
+  uint64_t aborts = 0;             // reservations that ended without a commit
   uint64_t write_conflicts = 0;    // ReserveWrite answered AlreadyExists
   uint64_t write_exhausted = 0;    // ReserveWrite answered ResourceExhausted
   uint64_t reclaimed_writes = 0;   // staging slots taken back after write-lock expiry
   uint64_t removed = 0;            // entries removed by RemoveIfIdle (not evictions)
-  uint64_t copies_in_flight = 0;   // staging slots held by MarkCopyInFlight (table + detached)
+  uint64_t copies_in_flight = 0;   // staging slots held by MarkCopyInFlight (index + detached)
+};
+
+// Quota of one cache salt (the /quota API). Bytes; usage is what the salt's entries hold.
+struct QuotaInfo {
+  std::string cache_salt;
+  std::optional<uint64_t> limit_bytes;  // nullopt: none set (effective limit 0)
+  uint64_t usage_bytes = 0;
 };
 
 class L1Cache;
-namespace detail {
-struct Entry;
-}
 
 // Exclusive right to fill one staging slot. Move-only. Destroying it without Commit aborts the
 // write: the slot returns to empty, its memory is freed, and the entry is removed if it has no
@@ -160,33 +142,38 @@ class WriteReservation {
 
   // Makes the slot resident (visible to lookups). Returns false — and frees nothing twice —
   // when the reservation lost its slot meanwhile (write lock expired and the slot was
-  // reclaimed or evicted, or the cache was cleared); the bytes are then discarded. The handle
-  // is empty afterwards either way.
+  // reclaimed, or the cache was cleared); the bytes are then discarded. The handle is empty
+  // afterwards either way.
   [[nodiscard]] bool Commit();
   // Gives the slot up now (same as destroying the handle). No-op on an empty handle.
   void Abort();
   // An engine copy into data() is outstanding: the write lock no longer expires, so the
-  // memory stays this reservation's until Commit or Abort, however long the copy takes.
+  // memory stays this reservation's until Commit or Abort, however long the copy takes (the
+  // server cancels an instance whose copies outlive the TTLs; its completion then aborts).
   // Returns false (and changes nothing) when the slot is no longer this reservation's (its
-  // write lock expired and the slot was reclaimed, evicted or cleared); the caller must then
-  // not start the copy. Idempotent.
+  // write lock expired and the slot was reclaimed, or the cache was cleared and the lock had
+  // expired); the caller must then not start the copy. Idempotent.
   [[nodiscard]] bool MarkCopyInFlight();
 
  private:
   friend class L1Cache;
-  WriteReservation(L1Cache* cache, detail::Entry* entry, uint32_t slot, uint64_t token,
-                   uint8_t* data, uint64_t offset, uint64_t size)
-      : cache_(cache), entry_(entry), slot_(slot), token_(token), data_(data), offset_(offset),
+  WriteReservation(L1Cache* cache, uint32_t ref, uint32_t slot, uint64_t token, uint8_t* data,
+                   uint64_t offset, uint64_t size)
+      : cache_(cache), ref_(ref), slot_(slot), token_(token), data_(data), offset_(offset),
         size_(size) {}
 
   L1Cache* cache_ = nullptr;
-  detail::Entry* entry_ = nullptr;
+  uint32_t ref_ = 0;
   uint32_t slot_ = 0;
   uint64_t token_ = 0;
   uint8_t* data_ = nullptr;
   uint64_t offset_ = 0;
   uint64_t size_ = 0;
 };
+
+// Commits a request's reservations last to first, so that its later chunks are the older ones
+// (lmcache's order). Returns how many committed; every handle is empty afterwards.
+size_t CommitInReverse(std::span<WriteReservation> reservations);
 
 // Keeps one resident object readable: its entry cannot be evicted and its memory cannot be
 // freed (not even by Clear) until the pin is destroyed. Move-only; never expires.
@@ -210,148 +197,213 @@ class ReadPin {
 
  private:
   friend class L1Cache;
-  ReadPin(L1Cache* cache, detail::Entry* entry, uint32_t slot, const uint8_t* data,
-          uint64_t offset, uint64_t size)
-      : cache_(cache), entry_(entry), slot_(slot), data_(data), offset_(offset), size_(size) {}
+  ReadPin(L1Cache* cache, uint32_t ref, uint32_t slot, const uint8_t* data, uint64_t offset,
+          uint64_t size)
+      : cache_(cache), ref_(ref), slot_(slot), data_(data), offset_(offset), size_(size) {}
 
   L1Cache* cache_ = nullptr;
-  detail::Entry* entry_ = nullptr;
+  uint32_t ref_ = 0;
   uint32_t slot_ = 0;
   const uint8_t* data_ = nullptr;
   uint64_t offset_ = 0;
   uint64_t size_ = 0;
 };
 
+// Drops pins last to first (see CommitInReverse); the vector is empty afterwards.
+void ReleaseInReverse(std::vector<ReadPin>& pins);
+
 class L1Cache {
  public:
-  static constexpr uint32_t kMaxReadLocksPerSlot = 128;
   static constexpr uint32_t kMaxSlotsPerEntry = 4096;
 
-  // Creates the pool and the table. `policy` defaults to LRU. InvalidArgument for bad
-  // options (no clock, non-positive TTLs, watermark or ratio outside (0, 1], bad pool
-  // options); Internal when the memory cannot be mapped.
-  static Result<std::unique_ptr<L1Cache>> Create(const L1CacheOptions& options,
-                                                 std::unique_ptr<EvictionPolicy> policy = nullptr);
+  // Creates the pool, the allocator, the index and one policy instance per shard.
+  // InvalidArgument for bad options (no clock, non-positive TTLs, watermark or ratio outside
+  // (0, 1], unknown policy, bad pool options); Internal when memory cannot be mapped.
+  static Result<std::unique_ptr<L1Cache>> Create(const L1CacheOptions& options);
   ~L1Cache();
   L1Cache(const L1Cache&) = delete;
   L1Cache& operator=(const L1Cache&) = delete;
 
+  // Namespaces of chunk keys (model, world size, cache salt). Thread-safe; see namespaces.h.
+  Namespaces& namespaces() { return namespaces_; }
+
+  // --- writes ---
   // Reserves `size` bytes for slot `slot` of the entry for `key`, creating the entry (with
-  // `num_slots` slots) if absent. Evicts unlocked entries in policy order, synchronously, when
-  // the allocation does not fit. Errors:
-  //   InvalidArgument    num_slots is 0 or > kMaxSlotsPerEntry, slot >= num_slots, or the
-  //                      entry exists with a different num_slots;
+  // `num_slots` slots) if absent. When the pool is full, evicts unlocked entries in policy
+  // order, synchronously, and no more of them than the object needs (plus one object when
+  // sizes differ). Errors:
+  //   InvalidArgument    num_slots is 0 or > kMaxSlotsPerEntry, slot >= num_slots, size is 0,
+  //                      key.ns was not interned, or the entry exists with another num_slots;
   //   AlreadyExists      the slot is resident, or staging under another live write lock
   //                      (a staging slot whose write lock expired is reclaimed instead);
   //   ResourceExhausted  no room even after evicting everything evictable (an entry this
-  //                      call created is not left behind).
+  //                      call created is not left behind), size above the capacity, or too
+  //                      many distinct sizes or slot counts.
   Result<WriteReservation> ReserveWrite(const ChunkKey& key, uint32_t num_slots, uint32_t slot,
                                         uint64_t size);
 
+  // --- lookups and read locks ---
   // Counts the leading keys whose entry exists with exactly `num_slots` slots, all resident;
-  // stops at the first miss. Adds `read_locks_per_slot` read locks (capped per slot at
-  // kMaxReadLocksPerSlot) to every slot of every hit and, when that is > 0, moves their expiry
-  // to now + read_ttl. Refreshes the hits' recency. Returns the number of hits.
-  size_t LookupPrefixAndLock(std::span<const ChunkKey> keys, uint32_t num_slots,
-                             uint32_t read_locks_per_slot);
-
-  // Drops up to `n` read locks of one slot (never below zero). Unknown keys or slots are
-  // ignored.
-  void ReleaseReadLocks(const ChunkKey& key, uint32_t slot, uint32_t n);
-  // Drops up to `n` read locks of every slot of each key (FREE_LOOKUP_LOCKS).
-  void ReleaseReadLocksAllSlots(std::span<const ChunkKey> keys, uint32_t n);
+  // stops at the first miss. With readers_per_slot > 0, read-locks every hit for `owner`:
+  // each slot of each hit can then be released once per reader (ReleaseLocks with a slot),
+  // and the chunk stays locked until all its slots' readers are done or the lock is dropped.
+  // Any locks `owner` held before are released first. `first_chunk` is the chunk index of
+  // keys[0] within the owner's request (release ranges use the same numbering). Returns the
+  // number of hits.
+  size_t LookupAndLock(std::string_view owner, uint64_t first_chunk,
+                       std::span<const ChunkKey> keys, uint32_t num_slots,
+                       uint32_t readers_per_slot);
+  // Releases the owner's locks on chunks [first_chunk, first_chunk + count): with a slot, one
+  // reader of that slot per chunk (a RETRIEVE); without, the whole chunk (FREE_LOOKUP_LOCKS).
+  // Chunks the owner does not hold are ignored.
+  void ReleaseLocks(std::string_view owner, uint64_t first_chunk, uint64_t count,
+                    std::optional<uint32_t> slot);
+  // Releases every lock of `owner` (a new lookup of the request that locks nothing).
+  void ReleaseAllLocks(std::string_view owner);
 
   // Pins a resident slot for reading. NotFound when the entry or slot does not exist or the
-  // slot is not resident.
+  // slot is not resident; ResourceExhausted when the entry has 65535 pins already.
   Result<ReadPin> PinForRead(const ChunkKey& key, uint32_t slot);
 
   bool IsResident(const ChunkKey& key, uint32_t slot) const;
   // Snapshot of one slot; nullopt when the entry or slot does not exist.
   std::optional<SlotInfo> DescribeSlot(const ChunkKey& key, uint32_t slot) const;
 
-  // Refreshes recency of the existing keys (END_SESSION). Unknown keys are ignored.
+  // Refreshes recency of the existing keys, last key first (END_SESSION).
   void Touch(std::span<const ChunkKey> keys);
 
-  // Removes those of `keys` whose entries are idle — evictable right now: no pin, no live read
-  // lock, no staging write under a live write lock — freeing their memory as eviction does
-  // (counted in `removed`, not in `evictions`). Busy or absent entries are left alone.
+  // Removes those of `keys` whose entries are idle — evictable right now: no pin, no read
+  // lock, no staging write — freeing their memory as eviction does (counted in `removed`, not
+  // in `evictions`, and not reported to the listener). Busy or absent entries are left alone.
   // Returns how many were removed. Used by the tiers: a chunk prefetched from a tier only for
   // one retrieve (lmcache's default prefetch policy) goes once its readers are done, and so
   // does an L1 copy already written to a tier under --l2-store-policy skip_l1.
   size_t RemoveIfIdle(std::span<const ChunkKey> keys);
 
-  // Removes every entry. Memory that is pinned, or staging under a live write lock, stays
-  // allocated until its handle is destroyed; everything else is freed now.
+  // --- removal and time ---
+  // Removes every entry and drops every read lock. Memory that is pinned, or staging under a
+  // live write lock, stays allocated until its handle is destroyed; the rest is freed now.
   void Clear();
-
-  // If used/capacity >= eviction_watermark, evicts evictable entries in policy order until
-  // about eviction_ratio x capacity bytes were freed or nothing evictable is left. Returns the
-  // number of entries evicted. Takes the mutex in batches so other calls are not stalled.
+  // Quota enforcement (IsolatedLRU: salts that must shed lose entries until they are back
+  // under their quota), then: if used/capacity >= eviction_watermark, evicts evictable
+  // entries in policy order until about eviction_ratio x capacity bytes were freed or nothing
+  // evictable is left. Returns the number of entries evicted.
   size_t EvictToWatermark();
+  // Releases read locks whose TTL passed and reclaims staging slots whose write lock expired.
+  // Runs from the maintenance loop, and from an allocation that finds nothing to evict.
+  // Returns the number of locks and slots released.
+  size_t ExpireLocks();
 
-  // O(1) except with count_locked, which walks the table to count locked entries (the
-  // field is 0 otherwise): keep that for on-demand status, not for periodic sampling.
-  // Object counts include detached entries whose memory is still held.
-  L1Stats stats(bool count_locked = false) const;
+  // --- quotas (per cache salt; enforced by the IsolatedLRU policy) ---
+  Status SetQuota(std::string_view cache_salt, uint64_t limit_bytes);
+  // Returns true when a quota was set.
+  bool DeleteQuota(std::string_view cache_salt);
+  QuotaInfo GetQuota(std::string_view cache_salt) const;
+  std::vector<QuotaInfo> ListQuotas() const;
+
+  // Lock-free sums of per-shard counters.
+  L1Stats stats() const;
 
   // The pool: engine-driven clients map the shared segment and access objects at offsets.
   uint8_t* base() const { return pool_->base(); }
   const std::string& shm_name() const { return pool_->shm_name(); }
-  uint64_t capacity_bytes() const { return pool_->capacity(); }
+  uint64_t capacity_bytes() const { return alloc_->capacity_bytes(); }
   uint64_t align() const { return pool_->align(); }
-  const char* policy_name() const { return policy_->name(); }
+  const std::string& policy_name() const { return policy_name_; }
+
+  struct Locks;  // internal: per-owner read locks (l1_cache_locks.h)
 
  private:
   friend class WriteReservation;
   friend class ReadPin;
-  using Entry = detail::Entry;
+  using Shard = detail::Shard;
+  using EntryRec = detail::EntryRec;
 
   L1Cache(const L1CacheOptions& options, std::unique_ptr<MemoryPool> pool,
-          std::unique_ptr<EvictionPolicy> policy);
+          std::unique_ptr<SizeClassAllocator> alloc, std::string policy_name);
 
-  // Handle callbacks; each takes the mutex.
-  bool CommitWrite(Entry* entry, uint32_t slot, uint64_t token);
-  void AbortWrite(Entry* entry, uint32_t slot, uint64_t token);
-  bool MarkCopyInFlight(Entry* entry, uint32_t slot, uint64_t token);
-  void Unpin(Entry* entry, uint32_t slot);
+  Shard& ShardFor(uint64_t digest) { return *shards_[digest >> (64 - detail::kShardBits)]; }
+  const Shard& ShardFor(uint64_t digest) const {
+    return *shards_[digest >> (64 - detail::kShardBits)];
+  }
+  Shard& ShardOfRef(uint32_t gref) { return *shards_[detail::ShardOf(gref)]; }
 
-  // The helpers below require mu_ held.
-  Entry* FindLocked(const ChunkKey& key) const;
-  bool EvictableLocked(const Entry& entry, int64_t now) const;
-  // Allocates, evicting evictable entries other than `exclude` while it does not fit.
-  std::optional<uint64_t> AllocateLocked(uint64_t size, const Entry* exclude, int64_t now);
-  // Frees the slot's memory and makes it empty; returns the bytes freed. Precondition: the
-  // slot is not empty.
-  uint64_t FreeSlotMemoryLocked(Entry& entry, uint32_t slot);
-  // Evicts an evictable entry: frees all its memory and removes it from the table (the
-  // policy has already forgotten it). Returns the bytes freed.
-  uint64_t EvictLocked(Entry* entry);
-  // Removes an entry from the table (and, if `tell_policy`, from the policy). The struct is
-  // destroyed now when no handle refers to it, otherwise kept in detached_.
-  void RemoveFromTableLocked(Entry* entry, bool tell_policy);
-  // Removes the entry if it is in the table and all its slots are empty.
-  void RemoveIfEmptyLocked(Entry* entry);
-  // Drops one handle reference; destroys a detached entry with no handles left.
-  void DropHandleLocked(Entry* entry);
-  // Tells the listener about the complete entries removed since the last call.
-  void NotifyRemovedLocked(RemovalCause cause);
+  // Handle callbacks; each takes the shard's mutex.
+  bool CommitWrite(uint32_t gref, uint32_t slot, uint64_t token);
+  // Ends one lookup hold on the entry `gref` (takes the shard's mutex).
+  void EndHold(uint32_t gref);
+  void AbortWrite(uint32_t gref, uint32_t slot, uint64_t token);
+  bool MarkCopyInFlight(uint32_t gref, uint32_t slot, uint64_t token);
+  void Unpin(uint32_t gref);
+
+  // --- helpers that require the shard's mutex ---
+  // Applies a lock event and moves the entry on or off the policy's list.
+  bool ApplyLock(Shard& sh, uint32_t local, LockEvent event) KVD_REQUIRES(sh.mu);
+  // Frees one slot's memory (it must hold some) and makes it empty.
+  uint64_t FreeSlotLocked(Shard& sh, EntryRec* e, uint32_t slot, SlotEvent how) KVD_REQUIRES(sh.mu);
+  // Removes an entry from the index and from the policy (as evicted, or as erased). The
+  // record is freed now when nothing refers to it, else it is detached.
+  void UnindexLocked(Shard& sh, uint32_t local, bool evicted) KVD_REQUIRES(sh.mu);
+  void RemoveIfEmptyLocked(Shard& sh, uint32_t local) KVD_REQUIRES(sh.mu);
+  // Frees a detached record once no handle or lock refers to it (no-op for any other record,
+  // including one UnindexLocked already freed).
+  void MaybeFreeRecordLocked(Shard& sh, uint32_t local) KVD_REQUIRES(sh.mu);
+  // Evicts the evictable entry `local` (telling the policy); returns the units it freed. A
+  // complete entry's key is added to `removed` (for the listener) when that is given.
+  void EvictLocked(Shard& sh, uint32_t local, std::vector<uint32_t>* freed_units,
+                   std::vector<ChunkKey>* removed) KVD_REQUIRES(sh.mu);
+  // Drops a staging slot's write-lock record (and its copy-in-flight count).
+  void EraseStagingLocked(Shard& sh, std::unordered_map<uint64_t, detail::StagingRec>::iterator it)
+      KVD_REQUIRES(sh.mu);
+  // True when the staging record's write lock holds at `now` (live, or a copy in flight).
+  static bool WriteLockHolds(const detail::StagingRec& rec, int64_t now) {
+    return rec.copy_in_flight || now < rec.deadline_ns;
+  }
+  // Tells the listener (if any) of complete entries removed under one shard hold.
+  void NotifyRemoved(std::vector<ChunkKey>& removed, RemovalCause cause) {
+    if (listener_ != nullptr && !removed.empty()) listener_->OnEntriesRemoved(removed, cause);
+    removed.clear();
+  }
+  static bool Complete(const EntryRec* e) {
+    for (uint32_t i = 0; i < e->num_slots; ++i) {
+      if (e->slots()[i].state != SlotState::kResident) return false;
+    }
+    return true;
+  }
+  // Re-publishes the shard's best eviction candidate.
+  void PublishCandidateLocked(Shard& sh) KVD_REQUIRES(sh.mu);
+  uint16_t GroupOf(NamespaceId ns) const { return namespaces_.Get(ns).salt_group; }
+
+  // --- eviction (l1_cache_evict.cc) ---
+  // Memory for one object of class `cls` owned by `gref`, evicting as needed.
+  std::optional<uint32_t> AllocateEvicting(uint16_t cls, uint32_t gref);
+  // The shard holding the best candidate over all shards, or -1.
+  int BestShard(bool forced_only) const;
+  // Evicts the best candidate of shard `s`; false when it had none.
+  bool EvictFromShard(uint32_t s, std::vector<uint32_t>* freed_units, uint64_t* freed_bytes);
+  // Evicts the owner of the allocation starting at `unit`, if it is still that and evictable.
+  bool EvictOwnerOf(uint32_t gref, uint32_t unit, std::vector<uint32_t>* freed_units);
 
   const Clock* const clock_;
   const int64_t read_ttl_ns_;
   const int64_t write_ttl_ns_;
   const double eviction_watermark_;
   const double eviction_ratio_;
+  const std::string policy_name_;
+  const uint64_t seed_;
   L1Listener* const listener_;  // may be null
 
-  mutable std::mutex mu_;
-  // Guarded by mu_:
-  std::unique_ptr<MemoryPool> pool_;          // the pointer itself is immutable
-  std::unique_ptr<EvictionPolicy> policy_;    // the pointer itself is immutable
-  std::unordered_map<ChunkKey, std::unique_ptr<Entry>, ChunkKeyHash> table_;
-  std::unordered_map<Entry*, std::unique_ptr<Entry>> detached_;
-  uint64_t next_token_ = 1;
-  std::vector<ChunkKey> removed_complete_;  // evicted complete entries not yet reported
-  L1Stats counters_;  // counters and object counts are maintained; sizes are read in stats()
+  std::unique_ptr<MemoryPool> pool_;
+  std::unique_ptr<SizeClassAllocator> alloc_;
+  Namespaces namespaces_;
+  eviction::QuotaBook quotas_;
+  std::atomic<uint32_t> policy_clock_{0};
+  std::atomic<uint64_t> next_token_{1};
+  std::atomic<uint64_t> write_exhausted_{0};
+  std::atomic<uint64_t> lookup_keys_{0};
+  std::atomic<uint64_t> lookup_hits_{0};
+  std::vector<std::unique_ptr<Shard>> shards_;
+  std::unique_ptr<Locks> locks_;
 };
 
 }  // namespace kvd::l1

@@ -7,12 +7,17 @@
 //   OnEntriesRemoved  complete entries left the table: evicted (background round or a store
 //                     that did not fit) or cleared. Entries that never became complete (some
 //                     slots still empty or staging) are not reported: no lookup ever hit them.
-//                     One call covers a batch of entries removed under one mutex hold.
+//                     One call covers a batch of entries removed under one hold of one index
+//                     shard's mutex (an eviction: one entry; Clear: one call per shard).
+//   Keys carry the interned namespace id: L1Cache::namespaces().Get(key.ns) gives the model,
+//   world size and cache salt.
 //
-// THREADS AND LOCKS. Both methods are called by L1Cache with its mutex held, on whatever
-// thread made the change. An implementation must be quick, must not throw, must not block on
-// anything that can wait for the cache, and must not call back into the L1Cache. Lock order:
-// L1 mutex -> listener's own locks. `keys` is valid only during the call.
+// THREADS AND LOCKS. Both methods are called by L1Cache with the mutex of the index shard
+// that holds the key held, on whatever thread made the change; events of one key therefore
+// arrive in the order they happened. Different shards call concurrently: an implementation
+// must be thread-safe, quick, must not throw, must not block on anything that can wait for
+// the cache, and must not call back into the L1Cache. Lock order: L1 shard mutex ->
+// listener's own locks. `keys` is valid only during the call.
 //
 // OWNERSHIP. L1CacheOptions::listener is not owned; it must outlive the cache.
 #pragma once

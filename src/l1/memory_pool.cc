@@ -125,9 +125,7 @@ MemoryPool::MemoryPool(uint8_t* base, uint64_t mapped_bytes, uint64_t capacity, 
       mapped_bytes_(mapped_bytes),
       capacity_(capacity),
       align_(align),
-      shm_name_(std::move(shm_name)) {
-  InsertFree(0, capacity_);
-}
+      shm_name_(std::move(shm_name)) {}
 
 MemoryPool::~MemoryPool() {
   if (munmap(base_, mapped_bytes_) != 0) {
@@ -136,70 +134,6 @@ MemoryPool::~MemoryPool() {
   if (!shm_name_.empty() && shm_unlink(shm_name_.c_str()) != 0) {
     spdlog::warn("l1: shm_unlink {} failed: {}", shm_name_, std::strerror(errno));
   }
-}
-
-void MemoryPool::InsertFree(uint64_t offset, uint64_t length) {
-  free_by_offset_.emplace(offset, length);
-  free_by_length_.emplace(length, offset);
-}
-
-void MemoryPool::EraseFree(std::map<uint64_t, uint64_t>::iterator it) {
-  free_by_length_.erase({it->second, it->first});
-  free_by_offset_.erase(it);
-}
-
-std::optional<uint64_t> MemoryPool::Allocate(uint64_t size) {
-  if (size > capacity_) return std::nullopt;
-  const uint64_t need = RoundUp(size == 0 ? 1 : size, align_);
-  // Best fit: the shortest free range that is long enough, lowest offset among equals.
-  auto fit = free_by_length_.lower_bound({need, 0});
-  if (fit == free_by_length_.end()) return std::nullopt;
-  const uint64_t length = fit->first;
-  const uint64_t offset = fit->second;
-  EraseFree(free_by_offset_.find(offset));
-  if (length > need) InsertFree(offset + need, length - need);
-  allocated_.emplace(offset, need);
-  used_ += need;
-  return offset;
-}
-
-bool MemoryPool::Free(uint64_t offset) {
-  auto alloc = allocated_.find(offset);
-  if (alloc == allocated_.end()) {
-    spdlog::error("l1: free of offset {} which is not a live allocation", offset);
-    return false;
-  }
-  uint64_t start = offset;
-  uint64_t length = alloc->second;
-  allocated_.erase(alloc);
-  used_ -= length;
-
-  auto next = free_by_offset_.lower_bound(start);
-  if (next != free_by_offset_.end() && next->first == start + length) {
-    length += next->second;
-    auto after = std::next(next);
-    EraseFree(next);
-    next = after;
-  }
-  if (next != free_by_offset_.begin()) {
-    auto prev = std::prev(next);
-    if (prev->first + prev->second == start) {
-      start = prev->first;
-      length += prev->second;
-      EraseFree(prev);
-    }
-  }
-  InsertFree(start, length);
-  return true;
-}
-
-uint64_t MemoryPool::AllocatedSize(uint64_t offset) const {
-  auto it = allocated_.find(offset);
-  return it == allocated_.end() ? 0 : it->second;
-}
-
-uint64_t MemoryPool::largest_free_range() const {
-  return free_by_length_.empty() ? 0 : free_by_length_.rbegin()->first;
 }
 
 }  // namespace kvd::l1

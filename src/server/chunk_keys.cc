@@ -6,19 +6,13 @@
 
 namespace kvd::server {
 
-l1::ChunkKey MakeChunkKey(const std::string& model, const std::string& key_namespace,
-                          int64_t world_size, const std::string& salt, const keys::Hash32& hash) {
-  l1::ChunkKey k;
-  k.model_name = key_namespace.empty() ? model : model + "@" + key_namespace;
-  k.world_size = static_cast<int32_t>(world_size);
-  k.cache_salt = salt;
-  k.chunk_hash = hash;
-  return k;
+std::string KeyModelName(const std::string& model, const std::string& key_namespace) {
+  return key_namespace.empty() ? model : model + "@" + key_namespace;
 }
 
-Result<std::vector<l1::ChunkKey>> RequestChunkKeys(SessionTable& sessions, int64_t chunk_size,
-                                                   const wire::CacheKey& key,
-                                                   const std::string& key_namespace) {
+Result<RequestChunks> RequestChunkKeys(SessionTable& sessions, l1::Namespaces& namespaces,
+                                       int64_t chunk_size, const wire::CacheKey& key,
+                                       bool create_namespace, const std::string& key_namespace) {
   const int64_t c = chunk_size;
   if (key.start % c != 0 || key.end % c != 0) {
     return Status::InvalidArgument("token range [" + std::to_string(key.start) + ", " +
@@ -31,12 +25,24 @@ Result<std::vector<l1::ChunkKey>> RequestChunkKeys(SessionTable& sessions, int64
       SessionIdentity{key.model_name, key.world_size, key.cache_salt, key_namespace});
   hash_phase.reset();
   if (!hashes.ok()) return hashes.status();
-  std::vector<l1::ChunkKey> out;
-  out.reserve(static_cast<size_t>((key.end - key.start) / c));
-  for (int64_t i = key.start / c; i < key.end / c; ++i) {
-    out.push_back(
-        MakeChunkKey(key.model_name, key_namespace, key.world_size, key.cache_salt, (*hashes)[i]));
+  RequestChunks out;
+  out.first_chunk = static_cast<uint64_t>(key.start / c);
+  const std::string model = KeyModelName(key.model_name, key_namespace);
+  const int32_t ws = static_cast<int32_t>(key.world_size);
+  std::optional<l1::NamespaceId> ns;
+  if (create_namespace) {
+    auto interned = namespaces.Intern(model, ws, key.cache_salt);
+    if (!interned.ok()) return interned.status();
+    ns = *interned;
+  } else {
+    ns = namespaces.Find(model, ws, key.cache_salt);
   }
+  if (!ns) {
+    out.namespace_known = false;
+    return out;
+  }
+  out.keys.reserve(static_cast<size_t>((key.end - key.start) / c));
+  for (int64_t i = key.start / c; i < key.end / c; ++i) out.keys.push_back({*ns, (*hashes)[i]});
   return out;
 }
 

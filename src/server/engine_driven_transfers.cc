@@ -125,11 +125,13 @@ EngineDrivenTransfers::PrepareStore(const wire::EngineDrivenRequest& req) {
     counters_->store_failures++;
     return st;
   }
-  auto keys = RequestChunkKeys(*sessions_, config_.chunk_size, req.key, inst->key_namespace);
-  if (!keys.ok()) {
+  auto chunks = RequestChunkKeys(*sessions_, l1_->namespaces(), config_.chunk_size, req.key,
+                                 /*create_namespace=*/true, inst->key_namespace);
+  if (!chunks.ok()) {
     counters_->store_failures++;
-    return keys.status();
+    return chunks.status();
   }
+  const std::vector<l1::ChunkKey>* keys = &chunks->keys;
   PendingStore pending;
   pending.started_ns = clock_->NowNanos();
   std::vector<wire::ShmSlot> slots;
@@ -173,9 +175,9 @@ Status EngineDrivenTransfers::CommitStore(const wire::EngineDrivenRequest& req) 
                                    "write into the shared-memory slots instead");
   }
   uint64_t bytes = 0;
-  for (auto& r : pending.reservations) {
-    bytes += r.size();
-    if (!r.Commit()) spdlog::debug("commit_store: a reservation expired before commit");
+  for (const auto& r : pending.reservations) bytes += r.size();
+  if (l1::CommitInReverse(pending.reservations) < pending.reservations.size()) {
+    spdlog::debug("commit_store: a reservation expired before commit");
   }
   counters_->stored_chunks += pending.reservations.size();
   counters_->stored_bytes += bytes;
@@ -195,27 +197,32 @@ Result<std::vector<wire::ShmSlot>> EngineDrivenTransfers::PrepareRetrieve(
     counters_->retrieve_failures++;
     return st;
   }
-  auto keys = RequestChunkKeys(*sessions_, config_.chunk_size, req.key, inst->key_namespace);
-  if (!keys.ok()) {
+  auto chunks = RequestChunkKeys(*sessions_, l1_->namespaces(), config_.chunk_size, req.key,
+                                 /*create_namespace=*/false, inst->key_namespace);
+  if (!chunks.ok()) {
     counters_->retrieve_failures++;
-    return keys.status();
+    return chunks.status();
   }
+  const uint64_t count = static_cast<uint64_t>((req.key.end - req.key.start) / config_.chunk_size);
   PendingRetrieve pending;
   pending.slot = static_cast<uint32_t>(*req.key.worker_id);
   pending.started_ns = clock_->NowNanos();
+  pending.request_id = req.key.request_id;
+  pending.first_chunk = chunks->first_chunk;
+  pending.count = count;
   std::vector<wire::ShmSlot> slots;
   ScopedPhase index_phase(Phase::kIndex);
-  for (size_t i = 0; i < keys->size(); ++i) {
-    auto pin = l1_->PinForRead((*keys)[i], pending.slot);
+  for (size_t i = 0; i < count; ++i) {
+    auto pin = chunks->namespace_known ? l1_->PinForRead(chunks->keys[i], pending.slot)
+                                       : Result<l1::ReadPin>(Status::NotFound("unknown namespace"));
     if (!pin.ok() || pin->size() != inst->object_bytes) {
-      for (const auto& k : *keys) l1_->ReleaseReadLocks(k, pending.slot, 1);
+      l1_->ReleaseLocks(pending.request_id, pending.first_chunk, count, pending.slot);
       counters_->retrieve_failures++;
       return Status::NotFound("prepare_retrieve: chunk " + std::to_string(i) + " is not in L1");
     }
     slots.push_back({pin->offset(), pin->size(), inst->object_shape, inst->dtype});
     pending.pins.push_back(std::move(pin).value());
   }
-  pending.keys = std::move(keys).value();
   std::lock_guard<std::mutex> lock(mu_);
   pending_retrieves_[{req.instance_id, PendingId(req.key)}] = std::move(pending);
   return slots;
@@ -233,8 +240,8 @@ Status EngineDrivenTransfers::CommitRetrieve(const wire::EngineDrivenRequest& re
     pending = std::move(it->second);
     pending_retrieves_.erase(it);
   }
-  for (const auto& k : pending.keys) l1_->ReleaseReadLocks(k, pending.slot, 1);
-  counters_->retrieved_chunks += pending.keys.size();
+  l1_->ReleaseLocks(pending.request_id, pending.first_chunk, pending.count, pending.slot);
+  counters_->retrieved_chunks += pending.count;
   for (const auto& p : pending.pins) counters_->retrieved_bytes += p.size();
   return Status::Ok();
 }

@@ -60,7 +60,8 @@ class EngineDrivenTransfers {
   };
   struct PendingRetrieve {
     std::vector<l1::ReadPin> pins;
-    std::vector<l1::ChunkKey> keys;
+    std::string request_id;  // owner of the lookup locks this retrieve releases
+    uint64_t first_chunk = 0, count = 0;
     uint32_t slot = 0;
     int64_t started_ns = 0;
   };

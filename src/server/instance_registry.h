@@ -32,7 +32,7 @@ struct Instance {
   std::string model_name;
   int64_t world_size = 0;
   // What goes into the keys of this instance's objects besides the model name (see
-  // MakeChunkKey): empty for canonical objects, which every instance of the model shares.
+  // KeyModelName): empty for canonical objects, which every instance of the model shares.
   std::string key_namespace;
   // lmcache-driven: the copy plan over the registered tensors and the engine executing it
   // (CPU shared memory or CUDA IPC). The engine owns the tensors' mappings.

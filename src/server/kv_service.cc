@@ -15,6 +15,7 @@ Result<std::unique_ptr<KvService>> KvService::Create(const ServerConfig& config,
   o.write_ttl_seconds = config.l1_write_ttl_seconds;
   o.eviction_watermark = config.eviction_trigger_watermark;
   o.eviction_ratio = config.eviction_ratio;
+  o.eviction_policy = config.eviction_policy.empty() ? "LRU" : config.eviction_policy;
   o.clock = clock;
   auto l1 = l1::L1Cache::Create(o);
   if (!l1.ok()) return l1.status();
@@ -81,6 +82,7 @@ void KvService::Maintain() {
       (void)Unregister(s.id);
     }
   }
+  l1_->ExpireLocks();
   l1_->EvictToWatermark();
 }
 

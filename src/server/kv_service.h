@@ -98,7 +98,7 @@ class KvService {
 
   const ServiceCounters& counters() const { return counters_; }
   // count_locked walks the L1 table (see L1Cache::stats): on demand only.
-  l1::L1Stats l1_stats(bool count_locked = false) const { return l1_->stats(count_locked); }
+  l1::L1Stats l1_stats() const { return l1_->stats(); }
   size_t num_instances() const { return registry_.size(); }
 
   // --- status and metrics (read-only) ---

@@ -311,8 +311,10 @@ Status LmcacheTransfers::Store(const wire::TransferRequest& req, std::string* ev
                                         ", the instance registered '" + inst->model_name + "' " +
                                         std::to_string(inst->world_size)));
   }
-  auto keys = RequestChunkKeys(*sessions_, config_.chunk_size, req.key, inst->key_namespace);
-  if (!keys.ok()) return fail(keys.status());
+  auto chunks = RequestChunkKeys(*sessions_, l1_->namespaces(), config_.chunk_size, req.key,
+                                 /*create_namespace=*/true, inst->key_namespace);
+  if (!chunks.ok()) return fail(chunks.status());
+  const std::vector<l1::ChunkKey>* keys = &chunks->keys;
   const int64_t n = static_cast<int64_t>(keys->size());
   if (Status st = transfer::ValidateBlockIds(inst->layout, req.block_ids, n); !st.ok()) {
     return fail(st);
@@ -349,10 +351,9 @@ Status LmcacheTransfers::Store(const wire::TransferRequest& req, std::string* ev
   Status st = Submit(
       inst, transfer::CopyDirection::kGather, req, std::move(tasks),
       [held](const Status& done) {
-        if (done.ok()) {
-          for (auto& r : *held) {
-            if (!r.Commit()) spdlog::debug("store: a reservation expired before the copy ended");
-          }
+        // Last chunk first: the request's later chunks become the older ones (lmcache's order).
+        if (done.ok() && l1::CommitInReverse(*held) < held->size()) {
+          spdlog::debug("store: a reservation expired before the copy ended");
         }
         held->clear();  // aborts what was not committed
       },
@@ -378,22 +379,27 @@ Status LmcacheTransfers::Retrieve(const wire::TransferRequest& req, std::string*
   if (req.key.model_name != inst->model_name || req.key.world_size != inst->world_size) {
     return fail(Status::InvalidArgument("retrieve: key does not match the instance's model"));
   }
-  auto keys = RequestChunkKeys(*sessions_, config_.chunk_size, req.key, inst->key_namespace);
-  if (!keys.ok()) return fail(keys.status());
-  const int64_t n = static_cast<int64_t>(keys->size());
+  auto chunks = RequestChunkKeys(*sessions_, l1_->namespaces(), config_.chunk_size, req.key,
+                                 /*create_namespace=*/false, inst->key_namespace);
+  if (!chunks.ok()) return fail(chunks.status());
+  const std::vector<l1::ChunkKey>* keys = &chunks->keys;
+  const int64_t n = (req.key.end - req.key.start) / config_.chunk_size;
   if (Status st = transfer::ValidateBlockIds(inst->layout, req.block_ids, n); !st.ok()) {
     return fail(st);
   }
   const uint32_t slot = static_cast<uint32_t>(*req.key.worker_id);
-  // This reader is done with the lookup's locks whatever happens below.
+  // This reader is done with its request's lookup locks on these chunks whatever happens
+  // below (its pins keep what it copies).
   struct ReleaseLocks {
     l1::L1Cache* l1;
-    const std::vector<l1::ChunkKey>* keys;
+    const std::string& owner;
+    uint64_t first, count;
     uint32_t slot;
-    ~ReleaseLocks() {
-      for (const auto& k : *keys) l1->ReleaseReadLocks(k, slot, 1);
-    }
-  } release{l1_, &*keys, slot};
+    ~ReleaseLocks() { l1->ReleaseLocks(owner, first, count, slot); }
+  } release{l1_, req.key.request_id, chunks->first_chunk, static_cast<uint64_t>(n), slot};
+  if (!chunks->namespace_known) {
+    return fail(Status::NotFound("retrieve: nothing of this model and salt is in L1"));
+  }
   // The pins belong to the copy's completion, which drops them once the copy is done.
   auto held = std::make_shared<std::vector<l1::ReadPin>>();
   held->reserve(n);
@@ -423,7 +429,7 @@ Status LmcacheTransfers::Retrieve(const wire::TransferRequest& req, std::string*
   ScopedPhase copy_phase(Phase::kCopy);
   Status st = Submit(
       inst, transfer::CopyDirection::kScatter, req, std::move(tasks),
-      [held](const Status&) { held->clear(); }, event_handle);
+      [held](const Status&) { l1::ReleaseInReverse(*held); }, event_handle);
   if (!st.ok()) return fail(st);
   counters_->retrieved_chunks += n;
   counters_->retrieved_bytes += n * inst->object_bytes;

@@ -72,13 +72,6 @@ std::optional<int64_t> SessionTable::TakeLookupResult(std::string_view request_i
   return r;
 }
 
-std::optional<int64_t> SessionTable::PeekLookupResult(std::string_view request_id) {
-  auto s = Get(request_id, false);
-  if (!s) return std::nullopt;
-  std::lock_guard<std::mutex> lock(s->mu);
-  return s->lookup_result;
-}
-
 std::pair<SessionIdentity, std::vector<keys::Hash32>> SessionTable::End(
     std::string_view request_id) {
   std::shared_ptr<Session> s;

@@ -30,7 +30,7 @@ struct SessionIdentity {
   std::string model_name;
   int64_t world_size = 0;
   std::string cache_salt;
-  std::string key_namespace;  // see MakeChunkKey (server/chunk_keys.h)
+  std::string key_namespace;  // see KeyModelName (server/chunk_keys.h)
   bool operator==(const SessionIdentity&) const = default;
 };
 
@@ -54,7 +54,6 @@ class SessionTable {
   void SetLookupResult(std::string_view request_id, int64_t hit_chunks);
   // nullopt: no result pending for this request (the caller answers 0).
   std::optional<int64_t> TakeLookupResult(std::string_view request_id);
-  std::optional<int64_t> PeekLookupResult(std::string_view request_id);
 
   // Removes the session; returns its identity and hashes (for touching them in L1).
   std::pair<SessionIdentity, std::vector<keys::Hash32>> End(std::string_view request_id);

@@ -14,7 +14,7 @@ class FakeSource : public StatsSource {
     std::lock_guard<std::mutex> lock(mu_);
     return health;
   }
-  Snapshot Collect(bool) override {
+  Snapshot Collect() override {
     collects++;
     std::lock_guard<std::mutex> lock(mu_);
     return snapshot;

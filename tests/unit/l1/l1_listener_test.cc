@@ -15,18 +15,26 @@ namespace kvd::l1 {
 namespace {
 
 using testing::Key;
+using testing::Ns;
 using testing::WriteObject;
 
 constexpr uint64_t kPage = 4096;
 
 struct Recorder final : L1Listener {
   std::vector<ChunkKey> completed;
-  std::vector<std::vector<ChunkKey>> removed;
+  std::vector<std::vector<ChunkKey>> removed;  // one element per call
   std::vector<RemovalCause> causes;
   void OnEntryComplete(const ChunkKey& key) override { completed.push_back(key); }
   void OnEntriesRemoved(std::span<const ChunkKey> keys, RemovalCause cause) override {
+    EXPECT_FALSE(keys.empty());
     removed.emplace_back(keys.begin(), keys.end());
     causes.push_back(cause);
+  }
+  // Every key reported removed, over all calls (a batch is one index shard's).
+  std::vector<ChunkKey> AllRemoved() const {
+    std::vector<ChunkKey> all;
+    for (const auto& b : removed) all.insert(all.end(), b.begin(), b.end());
+    return all;
   }
 };
 
@@ -41,7 +49,9 @@ class L1ListenerTest : public ::testing::Test {
     options.listener = &rec_;
     auto cache = L1Cache::Create(options);
     EXPECT_TRUE(cache.ok()) << cache.status().ToString();
-    return cache.ok() ? std::move(cache).value() : nullptr;
+    if (!cache.ok()) return nullptr;
+    EXPECT_EQ(Ns(**cache, "m", 1), 0u);
+    return std::move(cache).value();
   }
   FakeClock clock_;
   Recorder rec_;
@@ -49,13 +59,15 @@ class L1ListenerTest : public ::testing::Test {
 
 TEST_F(L1ListenerTest, EntryIsReportedOnceWhenItsLastSlotCommits) {
   auto cache = Make(16);
-  ASSERT_TRUE(WriteObject(*cache, Key(1), 2, 0, kPage).ok());
+  const ChunkKey k = Key(1, Ns(*cache, "m", 2));
+  ASSERT_TRUE(WriteObject(*cache, k, 2, 0, kPage).ok());
   EXPECT_TRUE(rec_.completed.empty()) << "one of two ranks committed: not visible yet";
-  ASSERT_TRUE(WriteObject(*cache, Key(1), 2, 1, kPage).ok());
+  ASSERT_TRUE(WriteObject(*cache, k, 2, 1, kPage).ok());
   ASSERT_EQ(rec_.completed.size(), 1u);
-  EXPECT_EQ(rec_.completed[0], Key(1));
+  EXPECT_EQ(rec_.completed[0], k);
+  EXPECT_EQ(cache->namespaces().Get(rec_.completed[0].ns).world_size, 2);
   // A second writer of a resident slot is refused and reports nothing.
-  EXPECT_FALSE(WriteObject(*cache, Key(1), 2, 1, kPage).ok());
+  EXPECT_FALSE(WriteObject(*cache, k, 2, 1, kPage).ok());
   EXPECT_EQ(rec_.completed.size(), 1u);
 }
 
@@ -73,25 +85,25 @@ TEST_F(L1ListenerTest, ClearReportsOnlyCompleteEntries) {
   auto cache = Make(16);
   ASSERT_TRUE(WriteObject(*cache, Key(1), 1, 0, kPage).ok());
   ASSERT_TRUE(WriteObject(*cache, Key(2), 1, 0, kPage).ok());
-  ASSERT_TRUE(WriteObject(*cache, Key(3), 2, 0, kPage).ok());  // half of a TP=2 chunk
+  ASSERT_TRUE(WriteObject(*cache, Key(3, Ns(*cache, "m", 2)), 2, 0, kPage).ok());  // half a TP=2 chunk
   cache->Clear();
-  ASSERT_EQ(rec_.removed.size(), 1u);
-  EXPECT_EQ(rec_.causes[0], RemovalCause::kCleared);
-  std::vector<ChunkKey> got = rec_.removed[0];
+  ASSERT_FALSE(rec_.removed.empty());
+  for (RemovalCause c : rec_.causes) EXPECT_EQ(c, RemovalCause::kCleared);
+  std::vector<ChunkKey> got = rec_.AllRemoved();
   ASSERT_EQ(got.size(), 2u);
   EXPECT_TRUE((got[0] == Key(1) && got[1] == Key(2)) || (got[0] == Key(2) && got[1] == Key(1)));
+  const size_t calls = rec_.removed.size();
   cache->Clear();  // nothing left: no call
-  EXPECT_EQ(rec_.removed.size(), 1u);
+  EXPECT_EQ(rec_.removed.size(), calls);
 }
 
 TEST_F(L1ListenerTest, WatermarkEvictionReportsTheEvictedEntries) {
   auto cache = Make(10, /*watermark=*/0.5, /*ratio=*/0.3);
   for (uint64_t i = 0; i < 8; ++i) ASSERT_TRUE(WriteObject(*cache, Key(i), 1, 0, kPage).ok());
   ASSERT_EQ(cache->EvictToWatermark(), 3u);
-  ASSERT_EQ(rec_.removed.size(), 1u);
-  EXPECT_EQ(rec_.causes[0], RemovalCause::kEvicted);
-  ASSERT_EQ(rec_.removed[0].size(), 3u);
-  for (const auto& k : rec_.removed[0]) EXPECT_FALSE(cache->IsResident(k, 0));
+  for (RemovalCause c : rec_.causes) EXPECT_EQ(c, RemovalCause::kEvicted);
+  ASSERT_EQ(rec_.AllRemoved().size(), 3u);
+  for (const auto& k : rec_.AllRemoved()) EXPECT_FALSE(cache->IsResident(k, 0));
 }
 
 TEST_F(L1ListenerTest, EvictionOnTheAllocationPathIsReported) {

@@ -13,12 +13,10 @@
 
 namespace kvd::l1::testing {
 
-inline ChunkKey Key(uint64_t i, std::string model = "model", int32_t world_size = 1,
-                    std::string salt = "") {
+// Key number i in namespace `ns` (interned by the test's cache; see Ns below).
+inline ChunkKey Key(uint64_t i, NamespaceId ns = 0) {
   ChunkKey key;
-  key.model_name = std::move(model);
-  key.world_size = world_size;
-  key.cache_salt = std::move(salt);
+  key.ns = ns;
   // Spread i over the hash bytes like a real digest would (splitmix-style steps).
   uint64_t x = i + 0x9e3779b97f4a7c15ULL;
   for (size_t off = 0; off < key.chunk_hash.size(); off += 8) {
@@ -30,6 +28,14 @@ inline ChunkKey Key(uint64_t i, std::string model = "model", int32_t world_size 
     std::memcpy(key.chunk_hash.data() + off, &z, 8);
   }
   return key;
+}
+
+// The id of (model, world_size, salt) in `cache`.
+inline NamespaceId Ns(L1Cache& cache, const std::string& model = "model", int32_t world_size = 1,
+                      const std::string& salt = "") {
+  auto ns = cache.namespaces().Intern(model, world_size, salt);
+  EXPECT_TRUE(ns.ok());
+  return ns.ok() ? *ns : 0;
 }
 
 // The byte at position i of the object (key, slot).

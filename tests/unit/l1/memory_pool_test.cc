@@ -1,6 +1,6 @@
-// MemoryPool: allocator behaviour (alignment, best fit, coalescing, exhaustion, double free)
-// and the mapping (shared segment lifecycle, stale segment replacement, name checks, sparse
-// creation of a pool larger than the machine's memory).
+// MemoryPool: the mapping (shared segment lifecycle, stale segment replacement, name checks,
+// sparse creation of a pool larger than the machine's memory). The allocator over it is
+// tested in size_class_allocator_test.cc.
 #include "l1/memory_pool.h"
 
 #include <fcntl.h>
@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstring>
 #include <fstream>
+#include <optional>
 #include <string>
 
 #include <gtest/gtest.h>
@@ -58,116 +59,11 @@ uint64_t RssBytes() {
   return 0;
 }
 
-TEST(MemoryPoolTest, AllocationsAreAlignedAndRoundedUp) {
-  auto pool = MakePool(64 * 4096);
-  ASSERT_NE(pool, nullptr);
-  auto a = pool->Allocate(1);
-  auto b = pool->Allocate(4097);
-  auto c = pool->Allocate(100);
-  ASSERT_TRUE(a && b && c);
-  for (uint64_t off : {*a, *b, *c}) EXPECT_EQ(off % 4096, 0u) << off;
-  EXPECT_EQ(pool->AllocatedSize(*a), 4096u);
-  EXPECT_EQ(pool->AllocatedSize(*b), 8192u);
-  EXPECT_EQ(pool->used_bytes(), 4096u + 8192u + 4096u);
-  EXPECT_EQ(pool->free_bytes(), pool->capacity() - pool->used_bytes());
-  // Distinct, non-overlapping ranges.
-  EXPECT_TRUE(*b >= *a + 4096 || *a >= *b + 8192);
-  EXPECT_TRUE(*c >= *b + 8192 || *b >= *c + 4096);
-}
-
-TEST(MemoryPoolTest, SmallAlignmentAndCapacityRounding) {
-  auto pool = MakePool(1000, 64);  // rounded down to 960
-  ASSERT_NE(pool, nullptr);
-  EXPECT_EQ(pool->capacity(), 960u);
-  auto a = pool->Allocate(65);
-  ASSERT_TRUE(a);
-  EXPECT_EQ(pool->AllocatedSize(*a), 128u);
-  auto b = pool->Allocate(0);  // zero bytes still gets a unique granule
-  ASSERT_TRUE(b);
-  EXPECT_NE(*a, *b);
-  EXPECT_EQ(pool->used_bytes(), 192u);
-}
-
-TEST(MemoryPoolTest, FreeCoalescesWithNeighbours) {
-  auto pool = MakePool(4 * 4096);
-  ASSERT_NE(pool, nullptr);
-  auto a = pool->Allocate(4096);
-  auto b = pool->Allocate(4096);
-  auto c = pool->Allocate(4096);
-  auto d = pool->Allocate(4096);
-  ASSERT_TRUE(a && b && c && d);
-  EXPECT_FALSE(pool->Allocate(1));
-  EXPECT_EQ(pool->num_free_ranges(), 0u);
-
-  ASSERT_TRUE(pool->Free(*b));
-  ASSERT_TRUE(pool->Free(*a));
-  // A and B were adjacent: one free range of two pages, so a two-page allocation fits.
-  EXPECT_EQ(pool->num_free_ranges(), 1u);
-  EXPECT_EQ(pool->largest_free_range(), 2 * 4096u);
-  auto ab = pool->Allocate(2 * 4096);
-  ASSERT_TRUE(ab);
-  EXPECT_EQ(*ab, std::min(*a, *b));
-
-  // Freeing the middle of three free neighbours merges all of them.
-  ASSERT_TRUE(pool->Free(*ab));
-  ASSERT_TRUE(pool->Free(*d));
-  EXPECT_EQ(pool->num_free_ranges(), 2u);
-  ASSERT_TRUE(pool->Free(*c));
-  EXPECT_EQ(pool->num_free_ranges(), 1u);
-  EXPECT_EQ(pool->largest_free_range(), pool->capacity());
-  EXPECT_EQ(pool->used_bytes(), 0u);
-}
-
-TEST(MemoryPoolTest, BestFitPrefersTheSmallestHole) {
-  auto pool = MakePool(8 * 4096);
-  ASSERT_NE(pool, nullptr);
-  auto a = pool->Allocate(2 * 4096);  // [0,2)
-  auto s1 = pool->Allocate(4096);     // [2,3)
-  auto b = pool->Allocate(4096);      // [3,4)
-  auto s2 = pool->Allocate(4096);     // [4,5)
-  ASSERT_TRUE(a && s1 && b && s2);
-  ASSERT_TRUE(pool->Free(*a));  // hole of 2 pages
-  ASSERT_TRUE(pool->Free(*b));  // hole of 1 page; tail [5,8) has 3 pages
-  auto one = pool->Allocate(4096);
-  ASSERT_TRUE(one);
-  EXPECT_EQ(*one, *b);  // the exact fit, not the first hole
-}
-
-TEST(MemoryPoolTest, ExhaustionReturnsNulloptAndRecovers) {
-  auto pool = MakePool(16 * 4096);
-  ASSERT_NE(pool, nullptr);
-  std::vector<uint64_t> offsets;
-  while (auto off = pool->Allocate(4096)) offsets.push_back(*off);
-  EXPECT_EQ(offsets.size(), 16u);
-  EXPECT_EQ(pool->used_bytes(), pool->capacity());
-  EXPECT_FALSE(pool->Allocate(1));
-  EXPECT_FALSE(pool->Allocate(pool->capacity() + 1));
-  EXPECT_FALSE(pool->Allocate(UINT64_MAX));
-  ASSERT_TRUE(pool->Free(offsets[7]));
-  auto again = pool->Allocate(4096);
-  ASSERT_TRUE(again);
-  EXPECT_EQ(*again, offsets[7]);
-}
-
-TEST(MemoryPoolTest, DoubleFreeAndBogusFreeAreRejected) {
-  auto pool = MakePool(4 * 4096);
-  ASSERT_NE(pool, nullptr);
-  auto a = pool->Allocate(4096);
-  ASSERT_TRUE(a);
-  EXPECT_FALSE(pool->Free(*a + 4096));
-  EXPECT_TRUE(pool->Free(*a));
-  EXPECT_FALSE(pool->Free(*a));
-  EXPECT_EQ(pool->used_bytes(), 0u);
-  EXPECT_EQ(pool->num_free_ranges(), 1u);
-}
-
 TEST(MemoryPoolTest, MemoryIsWritableAndZeroed) {
   auto pool = MakePool(16 * 4096);
   ASSERT_NE(pool, nullptr);
-  auto a = pool->Allocate(3 * 4096);
-  ASSERT_TRUE(a);
-  uint8_t* p = pool->At(*a);
-  EXPECT_EQ(p, pool->base() + *a);
+  uint8_t* p = pool->At(3 * 4096);
+  EXPECT_EQ(p, pool->base() + 3 * 4096);
   for (uint64_t i = 0; i < 3 * 4096; ++i) ASSERT_EQ(p[i], 0);
   std::memset(p, 0xab, 3 * 4096);
   EXPECT_EQ(p[3 * 4096 - 1], 0xab);
@@ -204,8 +100,7 @@ TEST(MemoryPoolTest, SharedSegmentIsVisibleAndRemovedOnDestruction) {
     void* other = mmap(nullptr, 8 * 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     close(fd);
     ASSERT_NE(other, MAP_FAILED);
-    auto off = pool->Allocate(4096);
-    ASSERT_TRUE(off);
+    const std::optional<uint64_t> off = 4096;
     std::memcpy(pool->At(*off), "hello", 6);
     EXPECT_STREQ(static_cast<char*>(other) + *off, "hello");
     static_cast<char*>(other)[*off + 4096 - 1] = 42;
@@ -284,13 +179,9 @@ void CheckHugeSparsePool(const std::string& shm_name) {
   EXPECT_EQ(pool->capacity(), 64 * kGiB);
 
   // Touch a page near the end and one at the start; only those become resident.
-  auto first = pool->Allocate(4096);
-  auto big = pool->Allocate(64 * kGiB - 2 * 4096);
-  auto last = pool->Allocate(4096);
-  ASSERT_TRUE(first && big && last);
-  pool->At(*first)[0] = 1;
-  pool->At(*last)[4095] = 2;
-  EXPECT_EQ(pool->At(*last)[4095], 2);
+  pool->At(0)[0] = 1;
+  pool->At(64 * kGiB - 4096)[4095] = 2;
+  EXPECT_EQ(pool->At(64 * kGiB - 4096)[4095], 2);
   EXPECT_LT(RssBytes(), rss_before + 64 * kMiB);
 }
 

@@ -474,6 +474,62 @@ TEST_F(KvServiceTest, Finding1TheL1PoolIsNotAClientTensor) {
   EXPECT_EQ(svc_->num_instances(), 0u);
 }
 
+// Issue 11 finding 5 (read locks): they were one counter per slot, so any request's
+// FREE_LOOKUP_LOCKS or RETRIEVE released another request's lock. Locks are owned by the
+// lookup request that took them.
+class ReadLockFinding5Test : public KvServiceTest {
+ protected:
+  // An L1 of exactly two 32 KiB chunk objects holding P (seed 0) and Q (seed 1).
+  void SetUp() override {
+    KvServiceTest::SetUp();
+    cfg_.l1_size_gb = 64.0 / (1024 * 1024);
+    svc_.reset();
+    svc_ = std::move(KvService::Create(cfg_, &clock_)).value();
+    worker_ = std::make_unique<FakeWorker>("/kvd_test_f5");
+    worker_->Fill(21);
+    ASSERT_TRUE(svc_->RegisterKvCache(worker_->Registration(100, 1)).ok());
+    for (int p = 0; p < 2; ++p) {
+      wire::TransferRequest st{Key(0, 256, 0, 256, 1, "store", p), 100, Blocks(0, 16), "", 0};
+      ASSERT_TRUE(svc_->Store(st).ok());
+    }
+  }
+  Status StoreThird() {
+    wire::TransferRequest st{Key(0, 256, 0, 256, 1, "third", 2), 100, Blocks(0, 16), "", 0};
+    return svc_->Store(st);
+  }
+  Status RetrieveP(const std::string& rid) {
+    wire::TransferRequest rt{Key(0, 256, 0, 256, 1, rid, 0), 100, Blocks(32, 16), "", 0};
+    return svc_->Retrieve(rt);
+  }
+  std::unique_ptr<FakeWorker> worker_;
+};
+
+TEST_F(ReadLockFinding5Test, Finding5OtherRequestsCannotReleaseALookupsLocks) {
+  EXPECT_EQ(LookupHits(Key(std::nullopt, 256, 0, 256, 1, "a", 0)), 1);  // a holds P
+  EXPECT_EQ(LookupHits(Key(std::nullopt, 256, 0, 256, 1, "c", 1)), 1);  // c holds Q
+  // Request b never looked P up: its FREE_LOOKUP_LOCKS and RETRIEVE release nothing of a's.
+  ASSERT_TRUE(svc_->FreeLookupLocks({Key(std::nullopt, 256, 0, 256, 1, "b", 0), 1}).ok());
+  ASSERT_TRUE(RetrieveP("b").ok());
+  // Both chunks are still read-locked: a store that needs room cannot evict either.
+  EXPECT_EQ(StoreThird().code(), StatusCode::kResourceExhausted);
+  ASSERT_TRUE(RetrieveP("a").ok());
+  // a's retrieve released a's lock: P can go now.
+  EXPECT_TRUE(StoreThird().ok());
+}
+
+TEST_F(ReadLockFinding5Test, Finding5HotPrefixKeepsEveryLookupsLock) {
+  constexpr int kLookups = 200;  // more than the old cap of 128 locks per slot
+  for (int i = 0; i < kLookups; ++i) {
+    ASSERT_EQ(LookupHits(Key(std::nullopt, 256, 0, 256, 1, "h" + std::to_string(i), 0)), 1);
+  }
+  EXPECT_EQ(LookupHits(Key(std::nullopt, 256, 0, 256, 1, "c", 1)), 1);
+  for (int i = 0; i + 1 < kLookups; ++i) ASSERT_TRUE(RetrieveP("h" + std::to_string(i)).ok());
+  // The last lookup's lock still holds P.
+  EXPECT_EQ(StoreThird().code(), StatusCode::kResourceExhausted);
+  ASSERT_TRUE(RetrieveP("h" + std::to_string(kLookups - 1)).ok());
+  EXPECT_TRUE(StoreThird().ok());
+}
+
 }  // namespace
 }  // namespace kvd::server
 

@@ -226,9 +226,10 @@ TEST_F(LivenessTest, ReapingReleasesEngineDrivenReservationsAndPins) {
   st = svc_->StatusSnapshot();
   EXPECT_EQ(st.pending_engine_stores, 0u);
   EXPECT_EQ(st.pending_engine_retrieves, 0u);
-  // The lookup's read locks belong to no worker; they lapse with the read TTL, after
-  // which nothing of the dead worker holds memory.
-  clock_.AdvanceSeconds(cfg_.l1_read_ttl_seconds);
+  // The lookup's read locks belong to no worker; the maintenance sweep releases them once
+  // the read TTL passed, after which nothing of the dead worker holds memory.
+  EXPECT_GT(svc_->l1_stats().locked_entries, 0u);
+  Tick(cfg_.l1_read_ttl_seconds);
   EXPECT_EQ(svc_->l1_stats().locked_entries, 0u);
 }
 

@@ -1,0 +1,67 @@
+// Mutex, MutexLock and CondVar: std::mutex and std::condition_variable with the Clang
+// thread-safety annotations (common/thread_annotations.h) that std:: types lack, so that
+// fields can say which lock guards them and the clang build can check it.
+//
+// Mutex is not recursive. MutexLock holds it for one scope. CondVar::Wait must be called with
+// the mutex held, releases it while waiting and holds it again when it returns.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+
+#include "common/thread_annotations.h"
+
+namespace kvd {
+
+class KVD_CAPABILITY("mutex") Mutex {
+ public:
+  Mutex() = default;
+  Mutex(const Mutex&) = delete;
+  Mutex& operator=(const Mutex&) = delete;
+
+  void Lock() KVD_ACQUIRE() { mu_.lock(); }
+  void Unlock() KVD_RELEASE() { mu_.unlock(); }
+  bool TryLock() KVD_TRY_ACQUIRE(true) { return mu_.try_lock(); }
+  // Tells the analysis the caller holds the mutex (where it cannot see it, e.g. a callback).
+  void AssertHeld() const KVD_ASSERT_CAPABILITY(this) {}
+
+ private:
+  friend class CondVar;
+  std::mutex mu_;
+};
+
+class KVD_SCOPED_CAPABILITY MutexLock {
+ public:
+  explicit MutexLock(Mutex* mu) KVD_ACQUIRE(mu) : mu_(mu) { mu_->Lock(); }
+  ~MutexLock() KVD_RELEASE() { mu_->Unlock(); }
+  MutexLock(const MutexLock&) = delete;
+  MutexLock& operator=(const MutexLock&) = delete;
+
+ private:
+  Mutex* const mu_;
+};
+
+class CondVar {
+ public:
+  void Wait(Mutex* mu) KVD_REQUIRES(mu) {
+    std::unique_lock<std::mutex> lock(mu->mu_, std::adopt_lock);
+    cv_.wait(lock);
+    lock.release();
+  }
+  // Returns false on timeout.
+  template <class Rep, class Period>
+  bool WaitFor(Mutex* mu, std::chrono::duration<Rep, Period> timeout) KVD_REQUIRES(mu) {
+    std::unique_lock<std::mutex> lock(mu->mu_, std::adopt_lock);
+    const bool woken = cv_.wait_for(lock, timeout) == std::cv_status::no_timeout;
+    lock.release();
+    return woken;
+  }
+  void NotifyOne() { cv_.notify_one(); }
+  void NotifyAll() { cv_.notify_all(); }
+
+ private:
+  std::condition_variable cv_;
+};
+
+}  // namespace kvd

@@ -1,0 +1,207 @@
+// L1Cache: lookups and their per-request read locks, and the expiry sweep of read and write
+// locks.
+#include <algorithm>
+
+#include <spdlog/spdlog.h>
+
+#include "l1/l1_cache.h"
+#include "l1/l1_cache_locks.h"
+
+namespace kvd::l1 {
+namespace {
+
+using detail::EntryRec;
+using detail::GlobalRef;
+using detail::kNoRef;
+using detail::LocalOf;
+
+using Hold = L1Cache::Locks::Hold;
+
+}  // namespace
+
+void L1Cache::EndHold(uint32_t gref) {
+  Shard& sh = ShardOfRef(gref);
+  const uint32_t local = LocalOf(gref);
+  MutexLock lock(&sh.mu);
+  ApplyLock(sh, local, LockEvent::kHoldEnd);
+  MaybeFreeRecordLocked(sh, local);
+  PublishCandidateLocked(sh);
+}
+
+namespace {
+
+// Releases chunks [lo, hi) of a hold, last first (so the request's later chunks become the
+// older ones). With `slot`, one reader of that slot per chunk; a chunk goes when its last
+// reader does.
+template <class EndHold>
+void ReleaseRange(Hold& h, uint64_t lo, uint64_t hi, std::optional<uint32_t> slot,
+                  std::atomic<uint64_t>* held_slots, EndHold&& end_hold) {
+  for (uint64_t i = hi; i-- > lo;) {
+    if (h.grefs[i] == kNoRef) continue;
+    uint16_t* readers = &h.readers[i * h.num_slots];
+    if (slot) {
+      if (*slot >= h.num_slots || readers[*slot] == 0) continue;
+      --readers[*slot];
+      if (std::any_of(readers, readers + h.num_slots, [](uint16_t r) { return r != 0; })) continue;
+    } else {
+      std::fill(readers, readers + h.num_slots, 0);
+    }
+    end_hold(h.grefs[i]);
+    h.grefs[i] = kNoRef;
+    --h.live;
+    held_slots->fetch_sub(h.num_slots, std::memory_order_relaxed);
+  }
+}
+
+}  // namespace
+
+size_t L1Cache::LookupAndLock(std::string_view owner, uint64_t first_chunk,
+                              std::span<const ChunkKey> keys, uint32_t num_slots,
+                              uint32_t readers_per_slot) {
+  const uint16_t readers = static_cast<uint16_t>(std::min<uint32_t>(readers_per_slot, 0xFFFF));
+  Locks::LockShard& ls = locks_->For(owner);
+  MutexLock owner_lock(&ls.mu);
+  auto end_hold = [this](uint32_t gref) { EndHold(gref); };
+  if (auto it = ls.holds.find(std::string(owner)); it != ls.holds.end()) {
+    ReleaseRange(it->second, 0, it->second.grefs.size(), std::nullopt, &locks_->held_slots, end_hold);
+    ls.holds.erase(it);
+    locks_->owners.fetch_sub(1, std::memory_order_relaxed);
+  }
+  // How many chunks the bound on reader counters still allows this lookup to lock.
+  size_t allowed = keys.size();
+  if (readers > 0 && num_slots > 0) {
+    const uint64_t used = locks_->held_slots.load(std::memory_order_relaxed);
+    const uint64_t room = used >= Locks::kMaxHeldSlots ? 0 : Locks::kMaxHeldSlots - used;
+    allowed = std::min<uint64_t>(allowed, room / num_slots);
+    if (allowed < keys.size()) {
+      spdlog::warn("l1: {} read-lock counters in use; lookup '{}' locks at most {} of {} chunks",
+                   used, owner, allowed, keys.size());
+    }
+  }
+
+  // Pass 1: the resident prefix, each hit locked (a transient lock when the caller wants
+  // none) so that it cannot go before pass 2.
+  std::vector<uint32_t> grefs;
+  grefs.reserve(keys.size());
+  for (size_t i = 0; i < allowed; ++i) {
+    const ChunkKey& key = keys[i];
+    const uint64_t digest = ChunkKeyDigest(key, seed_);
+    Shard& sh = ShardFor(digest);
+    MutexLock lock(&sh.mu);
+    const uint32_t local = sh.Find(key, digest);
+    if (local == kNoRef) break;
+    EntryRec* e = sh.Rec(local);
+    bool hit = e->num_slots == num_slots;
+    for (uint32_t s = 0; hit && s < e->num_slots; ++s) {
+      hit = e->slots()[s].state == SlotState::kResident;
+    }
+    if (!hit || !ApplyLock(sh, local, LockEvent::kHoldBegin)) break;
+    PublishCandidateLocked(sh);
+    grefs.push_back(GlobalRef(sh.id(), local));
+  }
+
+  // Pass 2, last hit first: the policy hears of the hits in lmcache's order; transient locks
+  // are dropped (their release sets the recency).
+  for (size_t i = grefs.size(); i-- > 0;) {
+    Shard& sh = ShardOfRef(grefs[i]);
+    const uint32_t local = LocalOf(grefs[i]);
+    MutexLock lock(&sh.mu);
+    sh.policy->Access(local);
+    if (readers == 0) {
+      ApplyLock(sh, local, LockEvent::kHoldEnd);
+      MaybeFreeRecordLocked(sh, local);
+    }
+    PublishCandidateLocked(sh);
+  }
+
+  const size_t hits = grefs.size();
+  lookup_keys_.fetch_add(keys.size(), std::memory_order_relaxed);
+  lookup_hits_.fetch_add(hits, std::memory_order_relaxed);
+  if (readers > 0 && hits > 0) {
+    Hold h;
+    h.first_chunk = first_chunk;
+    h.num_slots = num_slots;
+    h.grefs = std::move(grefs);
+    h.readers.assign(hits * num_slots, readers);
+    h.live = static_cast<uint32_t>(hits);
+    h.deadline_ns = clock_->NowNanos() + read_ttl_ns_;
+    locks_->held_slots.fetch_add(hits * num_slots, std::memory_order_relaxed);
+    locks_->owners.fetch_add(1, std::memory_order_relaxed);
+    ls.holds.emplace(std::string(owner), std::move(h));
+  }
+  return hits;
+}
+
+void L1Cache::ReleaseLocks(std::string_view owner, uint64_t first_chunk, uint64_t count,
+                           std::optional<uint32_t> slot) {
+  Locks::LockShard& ls = locks_->For(owner);
+  MutexLock owner_lock(&ls.mu);
+  auto it = ls.holds.find(std::string(owner));
+  if (it == ls.holds.end()) return;
+  Hold& h = it->second;
+  const uint64_t lo = std::max(first_chunk, h.first_chunk);
+  const uint64_t hi = std::min(first_chunk + count, h.first_chunk + h.grefs.size());
+  if (lo < hi) {
+    ReleaseRange(h, lo - h.first_chunk, hi - h.first_chunk, slot, &locks_->held_slots,
+                 [this](uint32_t gref) { EndHold(gref); });
+  }
+  if (h.live == 0) {
+    ls.holds.erase(it);
+    locks_->owners.fetch_sub(1, std::memory_order_relaxed);
+  }
+}
+
+void L1Cache::ReleaseAllLocks(std::string_view owner) {
+  Locks::LockShard& ls = locks_->For(owner);
+  MutexLock owner_lock(&ls.mu);
+  auto it = ls.holds.find(std::string(owner));
+  if (it == ls.holds.end()) return;
+  ReleaseRange(it->second, 0, it->second.grefs.size(), std::nullopt, &locks_->held_slots,
+               [this](uint32_t gref) { EndHold(gref); });
+  ls.holds.erase(it);
+  locks_->owners.fetch_sub(1, std::memory_order_relaxed);
+}
+
+size_t L1Cache::ExpireLocks() {
+  const int64_t now = clock_->NowNanos();
+  size_t released = 0;
+  for (auto& ls : locks_->shards) {
+    MutexLock owner_lock(&ls.mu);
+    for (auto it = ls.holds.begin(); it != ls.holds.end();) {
+      if (now < it->second.deadline_ns) {
+        ++it;
+        continue;
+      }
+      released += it->second.live;
+      ReleaseRange(it->second, 0, it->second.grefs.size(), std::nullopt, &locks_->held_slots,
+                   [this](uint32_t gref) { EndHold(gref); });
+      it = ls.holds.erase(it);
+      locks_->owners.fetch_sub(1, std::memory_order_relaxed);
+    }
+  }
+  for (auto& shp : shards_) {
+    Shard& sh = *shp;
+    MutexLock lock(&sh.mu);
+    std::vector<uint64_t> expired;
+    for (const auto& [key, rec] : sh.staging) {
+      if (!WriteLockHolds(rec, now)) expired.push_back(key);  // never a copy in flight
+    }
+    for (uint64_t key : expired) {
+      const uint32_t local = static_cast<uint32_t>(key >> 16);
+      const uint32_t slot = static_cast<uint32_t>(key & 0xFFFF);
+      EntryRec* e = sh.Rec(local);
+      spdlog::info("l1: write lock of slot {} expired (writer gone?); reclaiming it", slot);
+      FreeSlotLocked(sh, e, slot, e->in_table() ? SlotEvent::kReclaim : SlotEvent::kEvict);
+      EraseStagingLocked(sh, sh.staging.find(key));
+      ApplyLock(sh, local, LockEvent::kWriteEnd);
+      sh.counters.reclaimed_writes.Add(1);
+      RemoveIfEmptyLocked(sh, local);
+      MaybeFreeRecordLocked(sh, local);
+      ++released;
+    }
+    if (!expired.empty()) PublishCandidateLocked(sh);
+  }
+  return released;
+}
+
+}  // namespace kvd::l1
