@@ -19,6 +19,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <string_view>
 
 #include "wire/codec.h"
@@ -84,6 +85,39 @@ class MsgpackReader {
       default:
         return false;
     }
+  }
+
+  // Bulk fast path for token arrays: decodes up to n leading items that are positive
+  // fixints or uint8/16/32 into out[0..) and returns how many it decoded (it stops at
+  // anything else, and a few bytes before the end, where NextSmallUint / Next take over).
+  size_t NextSmallUints(uint32_t* out, size_t n) {
+    if (end_ < pos_ + 5) return 0;
+    const uint8_t* const base = reinterpret_cast<const uint8_t*>(doc_.data());
+    const uint8_t* p = base + pos_;
+    const uint8_t* const stop = base + end_ - 4;  // every case below reads at most p[0..4]
+    size_t i = 0;
+    while (i < n && p < stop) {
+      const uint8_t b = p[0];
+      uint32_t w;
+      if (b < 0x80) {
+        out[i++] = b;
+        p += 1;
+      } else if (b == 0xce) {
+        std::memcpy(&w, p + 1, 4);
+        out[i++] = __builtin_bswap32(w);
+        p += 5;
+      } else if (b == 0xcd) {
+        out[i++] = (uint32_t{p[1]} << 8) | p[2];
+        p += 3;
+      } else if (b == 0xcc) {
+        out[i++] = p[1];
+        p += 2;
+      } else {
+        break;
+      }
+    }
+    pos_ = static_cast<size_t>(p - base);
+    return i;
   }
 
   bool failed() const { return reason_ != nullptr; }

@@ -109,6 +109,9 @@ struct FoundTokens {
 void ReadTokenArray(MsgpackReader& r, const MpItem& array, TokenIds* tokens, FoundTokens* found) {
   uint32_t* out = tokens->ResizeUninitialized(array.count);
   for (uint32_t i = 0; i < array.count; ++i) {
+    const size_t fast = r.NextSmallUints(out + i, array.count - i);
+    i += static_cast<uint32_t>(fast);
+    if (i == array.count) break;
     if (r.NextSmallUint(&out[i])) continue;
     MpItem e;
     if (!r.Next(&e, 3)) return;

@@ -224,6 +224,76 @@ TEST(DecodeLookup, NilWorkerAndTpSize) {
   EXPECT_EQ(r->tp_size, 4);
 }
 
+// Token ids in every integer encoding a client may send, in runs and mixed, with the array
+// ending at the very end of the frame (the bulk decoder stops 4 bytes before the end and the
+// per-item path finishes): every value must come out as sent.
+TEST(DecodeLookup, TokenIdsInEveryIntegerEncodingUpToTheFrameEnd) {
+  std::vector<uint32_t> want;
+  std::string frame = Pack([&](Packer& pk) {
+    pk.pack_map(10);
+    Str(pk, "model_name"); Str(pk, "llama");
+    Str(pk, "world_size"); pk.pack_int64(1);
+    Str(pk, "worker_id"); pk.pack_int64(0);
+    Str(pk, "start"); pk.pack_int64(0);
+    Str(pk, "end"); pk.pack_int64(0);
+    Str(pk, "request_id"); Str(pk, "r");
+    Str(pk, "cache_salt"); Str(pk, "");
+    Str(pk, "request_configs"); pk.pack_nil();
+    Str(pk, "num_kv_readers"); pk.pack_int64(1);
+    Str(pk, "token_ids");
+    const uint32_t n = 1000;
+    pk.pack_array(n);
+    for (uint32_t i = 0; i < n; ++i) {
+      const uint32_t kind = (i < 300) ? 3 : (i < 500 ? 0 : (i * 7 + i / 3) % 6);
+      uint32_t v = 0;
+      switch (kind) {
+        case 0: v = i % 128; pk.pack_fix_uint8(static_cast<uint8_t>(v)); break;  // 0xcc, small
+        case 1: v = (i * 37) % 128; pk.pack_uint8(static_cast<uint8_t>(v)); break;  // fixint
+        case 2: v = 0xFF00u | (i & 0xFF); pk.pack_fix_uint16(static_cast<uint16_t>(v)); break;
+        case 3: v = 0x89AB0000u + i * 0x10203u; pk.pack_fix_uint32(v); break;
+        case 4: v = 200 + i % 50; pk.pack_fix_uint8(static_cast<uint8_t>(v)); break;
+        case 5: v = 0xFFFFFFFFu - i; pk.pack_fix_uint64(v); break;  // 0xcf: per-item path
+      }
+      want.push_back(v);
+    }
+  });
+  // token_ids is the last field, so its last ids sit in the frame's last bytes.
+  std::vector<std::string> f = {frame, PackInt(1)};
+  std::vector<std::string_view> v(f.begin(), f.end());
+  auto r = DecodeLookup(v);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_EQ(r->key.token_ids.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) ASSERT_EQ(r->key.token_ids[i], want[i]) << "at " << i;
+  EXPECT_FALSE(r->key.token_ids.first_out_of_range().has_value());
+
+  // Every tail length from 0 to 9 bytes after a run of uint32 ids: the last ids are exact.
+  for (uint32_t tail = 0; tail < 10; ++tail) {
+    std::vector<uint32_t> ids;
+    std::string t = Pack([&](Packer& pk) {
+      pk.pack_map(10);
+      Str(pk, "model_name"); Str(pk, "m");
+      Str(pk, "world_size"); pk.pack_int64(1);
+      Str(pk, "worker_id"); pk.pack_int64(0);
+      Str(pk, "start"); pk.pack_int64(0);
+      Str(pk, "end"); pk.pack_int64(0);
+      Str(pk, "request_id"); Str(pk, "r");
+      Str(pk, "cache_salt"); Str(pk, "");
+      Str(pk, "request_configs"); pk.pack_nil();
+      Str(pk, "num_kv_readers"); pk.pack_int64(1);
+      Str(pk, "token_ids");
+      pk.pack_array(20 + tail);
+      for (uint32_t i = 0; i < 20; ++i) { ids.push_back(0x01020304u * (i + 1)); pk.pack_fix_uint32(ids.back()); }
+      for (uint32_t i = 0; i < tail; ++i) { ids.push_back(i + 1); pk.pack_uint8(static_cast<uint8_t>(i + 1)); }
+    });
+    std::vector<std::string> g = {t, PackInt(1)};
+    std::vector<std::string_view> gv(g.begin(), g.end());
+    auto rt = DecodeLookup(gv);
+    ASSERT_TRUE(rt.ok()) << rt.status().ToString();
+    ASSERT_EQ(rt->key.token_ids.size(), ids.size());
+    for (size_t i = 0; i < ids.size(); ++i) ASSERT_EQ(rt->key.token_ids[i], ids[i]) << tail << "/" << i;
+  }
+}
+
 TEST(DecodeTensorDescriptor, CpuShm) {
   auto d = DecodeTensorDescriptor(CpuShmDescriptor());
   ASSERT_TRUE(d.ok()) << d.status().ToString();
