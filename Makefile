@@ -116,3 +116,14 @@ bench-e2e: build e2e-venv
 .PHONY: bench
 bench: build
 	@python3 bench/run_side_by_side.py --build-dir $(BUILD_DIR) --venv $(VENV)
+
+# ---- Eviction simulator (docs/eviction.md) ------------------------------------------------
+#   make evsim    replays the Mooncake conversation trace through every eviction policy, OPT
+#                 and an infinite cache at 5/10/20/40% of its footprint (seconds); results in
+#                 $(BUILD_DIR)/evsim/ (table.md, results.json).
+EVSIM_TRACE ?= $(firstword $(wildcard $(CURDIR)/../shared/data/mooncake_conversation_trace.jsonl) /work/shared/data/mooncake_conversation_trace.jsonl)
+.PHONY: evsim
+evsim: build
+	@mkdir -p $(BUILD_DIR)/evsim
+	@$(BUILD_DIR)/kvd-evsim --trace $(EVSIM_TRACE) --shards 1,64 \
+	  --json $(BUILD_DIR)/evsim/results.json --markdown $(BUILD_DIR)/evsim/table.md
