@@ -26,6 +26,12 @@
 
 namespace kvd::codec {
 
+#if defined(__CUDA_ARCH__)
+namespace tables = model_tables_device;
+#else
+namespace tables = model_tables;
+#endif
+
 inline constexpr int kMaxAlphabet = 63;     // bins <= 64: symbols 0..2M with M = bins/2 - 1
 inline constexpr int kMinProbBits = 8;
 inline constexpr int kMaxProbBits = 12;
@@ -37,8 +43,8 @@ inline constexpr uint8_t kKindUniform = 2;
 // exp(-y / 256) in Q16 (65536 = 1.0); 0 once y >= 13 * 256.
 KVD_HD inline uint32_t ExpNegQ8(uint64_t y) {
   if (y >= 13u * 256u) return 0;
-  return static_cast<uint32_t>((static_cast<uint64_t>(model_tables::kExpHi[y >> 8]) *
-                                model_tables::kExpLo[y & 255u]) >> 16);
+  return static_cast<uint32_t>((static_cast<uint64_t>(tables::kExpHi[y >> 8]) *
+                                tables::kExpLo[y & 255u]) >> 16);
 }
 
 // The probability precision the codec uses for an alphabet of `alphabet` symbols: enough
@@ -70,9 +76,9 @@ KVD_HD inline bool BuildFrequencies(uint8_t center_q4, uint8_t shape, int alphab
     const uint64_t ad = static_cast<uint64_t>(d4 < 0 ? -d4 : d4);
     uint32_t v;
     if (kind == kKindGauss) {
-      v = ExpNegQ8((ad * ad * model_tables::kGaussK[sigma]) >> 16);
+      v = ExpNegQ8((ad * ad * tables::kGaussK[sigma]) >> 16);
     } else if (kind == kKindLaplace) {
-      v = ExpNegQ8((ad * model_tables::kLaplaceK[sigma]) >> 16);
+      v = ExpNegQ8((ad * tables::kLaplaceK[sigma]) >> 16);
     } else {
       v = 65536;
     }

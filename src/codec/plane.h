@@ -102,7 +102,7 @@ void DecodeBlockAvx2(const BlockJob& job, uint32_t* t, uint32_t* states, const u
 bool HaveAvx2();
 
 // The encoder's choice of distribution for a histogram (counts of symbols 0..alphabet-1):
-// the candidate with the fewest coded bits among a few around the histogram's moments.
+// mean, variance and kurtosis (a moment fit).
 void FitChannel(const uint32_t* hist, int alphabet, int prob_bits, uint8_t* center, uint8_t* shape);
 
 // AVX2 quantizer of one token row (plane_encode_avx2.cc), the same arithmetic as the

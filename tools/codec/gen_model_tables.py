@@ -26,15 +26,32 @@ gk = [round(2 ** 24 / (32 * s * s)) for s in sig]
 lk = [round(2 ** 16 * 256 * math.sqrt(2) / (4 * s)) for s in sig]
 # sigma in 1/256 symbol units, for the encoder's fit.
 sq = [round(s * 256) for s in sig]
-def arr(name, vals, typ="uint32_t"):
-    print("inline constexpr %s %s[%d] = {" % (typ, name, len(vals)))
+TABLES = [
+    ("kGaussK", gk, "uint64_t"),
+    ("kLaplaceK", lk, "uint64_t"),
+    ("kSigmaQ8", sq, "uint32_t"),
+    # exp(-y/256) = kExpHi[y >> 8] * kExpLo[y & 255] >> 16, both Q16.
+    ("kExpHi", [round(65536 * math.exp(-n)) for n in range(EXP_HI)], "uint32_t"),
+    ("kExpLo", [round(65536 * math.exp(-k / 256)) for k in range(256)], "uint32_t"),
+]
+
+
+def arr(decl, name, vals, typ):
+    print("%s %s %s[%d] = {" % (decl, typ, name, len(vals)))
     for i in range(0, len(vals), 8):
         print("    " + ", ".join(str(v) for v in vals[i:i + 8]) + ",")
     print("};")
-arr("kGaussK", gk, "uint64_t")
-arr("kLaplaceK", lk, "uint64_t")
-arr("kSigmaQ8", sq)
-# exp(-y/256) = kExpHi[y >> 8] * kExpLo[y & 255] >> 16, both Q16.
-arr("kExpHi", [round(65536 * math.exp(-n)) for n in range(EXP_HI)])
-arr("kExpLo", [round(65536 * math.exp(-k / 256)) for k in range(256)])
+
+
+for name, vals, typ in TABLES:
+    arr("inline constexpr", name, vals, typ)
 print("}  // namespace kvd::codec::model_tables")
+print("")
+print("// The same constants in device memory, for device code (CUDA cannot index host")
+print("// arrays from a kernel); only CUDA translation units see them.")
+print("#if defined(__CUDACC__)")
+print("namespace kvd::codec::model_tables_device {")
+for name, vals, typ in TABLES:
+    arr("static __device__ const", name, vals, typ)
+print("}  // namespace kvd::codec::model_tables_device")
+print("#endif")
