@@ -54,8 +54,7 @@ struct Scratch {
   std::vector<uint8_t> params;       // 2 classes x channels x 2
   std::vector<EncSymbol> enc;        // 2 classes x channels x 64
   std::vector<uint16_t> words;
-  std::vector<uint8_t> sym_tables;   // decoding: 2 classes x 32 lanes x 2^P (+ pad)
-  std::vector<uint32_t> fc_tables;   // decoding: 2 classes x 32 lanes x 64
+  std::vector<uint32_t> slot_tables; // decoding: 2 classes x 32 lanes x 2^P (+ pad)
   std::vector<float> steps;          // decoding: tokens
 };
 
@@ -72,13 +71,13 @@ Status Decode(std::span<const uint8_t> payload, const PlaneSpec& spec, Scratch* 
 
 // ---- Internals shared by the decoders (plane_decode*.cc) ----------------------------
 
-// Per-block decoding tables of one token class: for each of 32 lanes a symbol table of
-// 2^prob_bits bytes and 64 (freq | cum << 16) words.
+// Per-block decoding tables of one token class: for each of 32 lanes, 2^prob_bits slots,
+// each PackSlot(freq, slot - cum, symbol) of the symbol whose range holds the slot (one
+// lookup per symbol: x' = freq * (x >> P) + bias).
 struct ClassTables {
   int prob_bits = 0;
-  int levels = 0;               // M
-  const uint8_t* sym = nullptr; // [32][1 << prob_bits]
-  const uint32_t* fc = nullptr; // [32][64]
+  int levels = 0;                 // M
+  const uint32_t* slots = nullptr;  // [32][1 << prob_bits]
 };
 
 struct BlockJob {

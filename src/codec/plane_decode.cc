@@ -43,10 +43,9 @@ bool ScalarBlock(const BlockJob& job, uint32_t t0, uint32_t* st, const uint8_t**
     const size_t row = size_t{t} * sp.channels + job.channel0;
     for (int j = 0; j < job.lanes; ++j) {
       uint32_t x = st[j];
-      const uint32_t slot = x & mask;
-      const uint32_t s = ct.sym[(size_t(j) << ct.prob_bits) + slot];
-      const uint32_t fc = ct.fc[size_t(j) * 64 + s];
-      x = (fc & 0xffffu) * (x >> ct.prob_bits) + slot - (fc >> 16);
+      const uint32_t e = ct.slots[(size_t(j) << ct.prob_bits) + (x & mask)];
+      const uint32_t s = SlotSym(e);
+      x = SlotFreq(e) * (x >> ct.prob_bits) + SlotBias(e);
       if (x < kRansLow) {
         if (end - w < 2) return false;
         x = (x << 16) | format::Get16(w);
@@ -69,30 +68,21 @@ bool ScalarBlock(const BlockJob& job, uint32_t t0, uint32_t* st, const uint8_t**
   return true;
 }
 
-// Fills one class's tables for the channels of a block from their parameter bytes.
-bool BuildClassTables(const uint8_t* params, int lanes, int alphabet, int prob_bits, uint8_t* sym,
-                      uint32_t* fc) {
-  const size_t slots = size_t{1} << prob_bits;
+// Fills one class's slot tables for the channels of a block from their parameter bytes.
+bool BuildClassTables(const uint8_t* params, int lanes, int alphabet, int prob_bits, uint32_t* slots) {
+  const size_t n = size_t{1} << prob_bits;
   for (int j = 0; j < kLanes; ++j) {
-    uint8_t* st = sym + size_t(j) * slots;
-    uint32_t* f = fc + size_t(j) * 64;
-    if (j >= lanes) {  // inactive lane: never decoded
-      memset(st, 0, slots);
-      memset(f, 0, 64 * sizeof(uint32_t));
-      continue;
-    }
+    uint32_t* st = slots + size_t(j) * n;
+    if (j >= lanes) continue;  // inactive lane: never decoded
     uint16_t freq[kMaxAlphabet];
     if (!BuildFrequencies(params[2 * j], params[2 * j + 1], alphabet, prob_bits, freq)) return false;
-    // Each symbol's run of slots, eight bytes at a time: a store may run past the run's
-    // end, the next symbol's run (or the table's padding) overwrites it.
     uint32_t cum = 0;
     for (int s = 0; s < alphabet; ++s) {
-      const uint64_t pattern = 0x0101010101010101ull * static_cast<uint8_t>(s);
-      for (uint32_t i = 0; i < freq[s]; i += 8) memcpy(st + cum + i, &pattern, 8);
-      f[s] = uint32_t{freq[s]} | (cum << 16);
+      const uint32_t base = PackSlot(freq[s], 0, static_cast<uint32_t>(s));
+      uint32_t* run = st + cum;
+      for (uint32_t i = 0; i < freq[s]; ++i) run[i] = base + (i << 7);  // bias = i
       cum += freq[s];
     }
-    for (int s = alphabet; s < 64; ++s) f[s] = 0;
   }
   return true;
 }
@@ -133,22 +123,18 @@ Status DecodeTyped(std::span<const uint8_t> payload, const PlaneSpec& sp, Scratc
   const bool avx2 = simd && HaveAvx2();
   sc->recon.assign(C, 0.0f);
   const size_t slots[2] = {size_t{1} << pbits[0], size_t{1} << pbits[1]};
-  sc->sym_tables.resize(kLanes * (slots[0] + slots[1]) + 16);
-  sc->fc_tables.resize(size_t{2} * kLanes * 64);
+  sc->slot_tables.resize(kLanes * (slots[0] + slots[1]));
   BlockJob job;
   job.spec = &sp;
   job.steps = sc->steps.data();
   job.recon = sc->recon.data();
   job.out = out;
-  uint8_t* sym_at[2];
-  uint32_t* fc_at[2];
+  uint32_t* slots_at[2];
   for (int k = 0; k < 2; ++k) {
-    sym_at[k] = sc->sym_tables.data() + (k == 0 ? 0 : kLanes * slots[0]);
-    fc_at[k] = sc->fc_tables.data() + size_t(k) * kLanes * 64;
+    slots_at[k] = sc->slot_tables.data() + (k == 0 ? 0 : kLanes * slots[0]);
     job.cls[k].prob_bits = pbits[k];
     job.cls[k].levels = levels[k];
-    job.cls[k].sym = sym_at[k];
-    job.cls[k].fc = fc_at[k];
+    job.cls[k].slots = slots_at[k];
   }
   const uint8_t* stream = p + fixed;
   for (uint32_t s = 0; s < S; ++s) {
@@ -165,7 +151,7 @@ Status DecodeTyped(std::span<const uint8_t> payload, const PlaneSpec& sp, Scratc
     for (uint32_t cb = c0; cb < c1; cb += kLanes) {
       const int lanes = static_cast<int>(c1 - cb < kLanes ? c1 - cb : kLanes);
       for (int k = 0; k < classes; ++k) {
-        if (!BuildClassTables(params[k] + 2 * size_t{cb}, lanes, alpha[k], pbits[k], sym_at[k], fc_at[k])) {
+        if (!BuildClassTables(params[k] + 2 * size_t{cb}, lanes, alpha[k], pbits[k], slots_at[k])) {
           return Corrupt("bad distribution");
         }
       }

@@ -1,6 +1,5 @@
 // AVX2 plane decoder (plane.h): the 32 lanes of a block as four registers of 8 states.
-// Each register step: two gathers (slot -> symbol, symbol -> freq|cum), the state
-// update, and the renormalisation of the lanes that need a word, which take the next
+// Each register step: one gather (slot -> freq, bias, symbol), the state update, and the renormalisation of the lanes that need a word, which take the next
 // words in lane order (a permutation from a 256-entry table, indexed by the mask of
 // needing lanes). Produces exactly the scalar decoder's output and word consumption.
 // Compiled with target attributes (no global -mavx2); callers check HaveAvx2().
@@ -65,17 +64,16 @@ KVD_AVX2_TARGET void Block(const BlockJob& job, uint32_t* tp, uint32_t* st, cons
   const uint8_t* w = *words;
   uint32_t t = *tp;
   const __m256i iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-  __m256i sym_off[2][4], fc_off[4];
+  __m256i slot_off[2][4];
   for (int g = 0; g < 4; ++g) {
     const __m256i lane = _mm256_add_epi32(iota, _mm256_set1_epi32(8 * g));
-    fc_off[g] = _mm256_slli_epi32(lane, 6);
     for (int k = 0; k < 2; ++k) {
-      sym_off[k][g] = _mm256_sll_epi32(lane, _mm_cvtsi32_si128(job.cls[k].prob_bits));
+      slot_off[k][g] = _mm256_sll_epi32(lane, _mm_cvtsi32_si128(job.cls[k].prob_bits));
     }
   }
   const __m256i low = _mm256_set1_epi32(static_cast<int>(kRansLow));
-  const __m256i m16 = _mm256_set1_epi32(0xffff);
-  const __m256i mff = _mm256_set1_epi32(0xff);
+  const __m256i m7f = _mm256_set1_epi32(0x7f);
+  const __m256i mfff = _mm256_set1_epi32(0xfff);
   // At most 32 words (64 bytes) per token; each load reads 16 bytes.
   for (; t < sp.tokens && end - w >= 64; ++t) {
     const int k = sp.IsAnchor(t) ? 1 : 0;
@@ -84,20 +82,19 @@ KVD_AVX2_TARGET void Block(const BlockJob& job, uint32_t* tp, uint32_t* st, cons
     const __m256i mask = _mm256_set1_epi32(static_cast<int>((1u << ct.prob_bits) - 1u));
     const __m256i lev = _mm256_set1_epi32(ct.levels);
     const __m256 step = _mm256_set1_ps(job.steps[t]);
-    const int* symt = reinterpret_cast<const int*>(ct.sym);
-    const int* fct = reinterpret_cast<const int*>(ct.fc);
+    const int* slots = reinterpret_cast<const int*>(ct.slots);
     const size_t row = size_t{t} * sp.channels + job.channel0;
     // Decode all four registers first (their gathers overlap), then renormalise them in
     // lane order: the word pointer is the only thing that chains the registers.
     __m256i sym[4], xn[4], need[4];
     int m[4];
     for (int g = 0; g < 4; ++g) {
-      const __m256i slot = _mm256_and_si256(x[g], mask);
-      sym[g] = _mm256_and_si256(_mm256_i32gather_epi32(symt, _mm256_add_epi32(slot, sym_off[k][g]), 1), mff);
-      const __m256i fc = _mm256_i32gather_epi32(fct, _mm256_add_epi32(sym[g], fc_off[g]), 4);
-      const __m256i f = _mm256_and_si256(fc, m16);
-      const __m256i c = _mm256_srli_epi32(fc, 16);
-      xn[g] = _mm256_add_epi32(_mm256_mullo_epi32(f, _mm256_srl_epi32(x[g], pb)), _mm256_sub_epi32(slot, c));
+      const __m256i e =
+          _mm256_i32gather_epi32(slots, _mm256_add_epi32(_mm256_and_si256(x[g], mask), slot_off[k][g]), 4);
+      sym[g] = _mm256_and_si256(e, m7f);
+      const __m256i f = _mm256_srli_epi32(e, 19);
+      const __m256i bias = _mm256_and_si256(_mm256_srli_epi32(e, 7), mfff);
+      xn[g] = _mm256_add_epi32(_mm256_mullo_epi32(f, _mm256_srl_epi32(x[g], pb)), bias);
       need[g] = _mm256_cmpgt_epi32(low, xn[g]);
       m[g] = _mm256_movemask_ps(_mm256_castsi256_ps(need[g]));
     }

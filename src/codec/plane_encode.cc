@@ -188,7 +188,7 @@ bool Encode(const uint8_t* data, const PlaneSpec& spec, Scratch* sc, std::vector
         const int k = spec.IsAnchor(t) ? 1 : 0;
         const uint8_t* sym = sc->symbols.data() + size_t{t} * C + cb;
         const EncSymbol* e = sc->enc.data() + (static_cast<size_t>(k) * C + cb) * 64;
-        for (int j = lanes; j-- > 0;) EncodeStep(&x[j], e[size_t(j) * 64 + sym[j]], &w);
+        for (int j = lanes; j-- > 0;) w = EncodeStep(&x[j], e[size_t(j) * 64 + sym[j]], w);
       }
     }
     const size_t nwords = static_cast<size_t>(sc->words.data() + cap - w);

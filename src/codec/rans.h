@@ -56,17 +56,20 @@ inline EncSymbol MakeEncSymbol(uint32_t cum, uint32_t freq, int prob_bits) {
   return e;
 }
 
-// One encoding step (in reverse decoding order). `words` grows downward: a renormalised
-// word is stored at words[-1] and the pointer moves down.
-inline void EncodeStep(uint32_t* x, const EncSymbol& e, uint16_t** words) {
-  uint32_t s = *x;
-  const bool emit = s >= e.x_max;
-  // Branch-free: always store, move the pointer only when the word is real.
-  (*words)[-1] = static_cast<uint16_t>(s);
-  *words -= emit ? 1 : 0;
-  s = emit ? s >> 16 : s;
-  const uint32_t q = static_cast<uint32_t>((uint64_t{s} * e.rcp) >> e.rcp_shift);
-  *x = s + e.cum + q * e.cmpl;
+// One encoding step (in reverse decoding order). Words grow downward: a renormalised
+// word is stored at w[-1] and the returned pointer is one lower. Branch-free: the word
+// is always stored, the pointer only moves when it is real (so w[-1] must be writable).
+inline uint16_t* EncodeStep(uint32_t* x, const EncSymbol& e, uint16_t* w) {
+  // Arithmetic, not a conditional: compilers turn `emit ? s >> 16 : s` into a branch,
+  // which mispredicts on a quarter of the symbols and halves the speed.
+  const EncSymbol es = e;
+  const uint32_t s0 = *x;
+  const uint32_t emit = s0 >= es.x_max ? 1u : 0u;
+  const uint32_t s = s0 >> (emit << 4);
+  const uint32_t q = static_cast<uint32_t>((uint64_t{s} * es.rcp) >> es.rcp_shift);
+  *x = s + es.cum + q * es.cmpl;
+  w[-1] = static_cast<uint16_t>(s0);
+  return w - emit;
 }
 
 }  // namespace kvd::codec

@@ -103,7 +103,7 @@ TEST(RansTest, SingleLaneRoundTrip) {
     std::vector<uint16_t> buf(syms.size() + 2);
     uint16_t* w = buf.data() + buf.size();
     uint32_t x = kRansLow;
-    for (size_t i = syms.size(); i-- > 0;) EncodeStep(&x, MakeEncSymbol(cum[syms[i]], freq[syms[i]], pb), &w);
+    for (size_t i = syms.size(); i-- > 0;) w = EncodeStep(&x, MakeEncSymbol(cum[syms[i]], freq[syms[i]], pb), w);
     const uint16_t* r = w;
     for (size_t i = 0; i < syms.size(); ++i) {
       const uint32_t slot = x & ((1u << pb) - 1);
