@@ -141,7 +141,8 @@ int main(int argc, char** argv) {
   std::string file;
   int reps = 5;
   bool synthetic = false;
-  bool decode_only = false;  // profiling aid: encode once, decode --reps times
+  bool decode_only = false;  // profiling aids: encode once, decode --reps times; or
+  bool encode_only = false;  // encode --reps times
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--objects" && i + 1 < argc) {
@@ -154,6 +155,8 @@ int main(int argc, char** argv) {
       layout.groups.push_back(g);
     } else if (a == "--reps" && i + 1 < argc) {
       reps = atoi(argv[++i]);
+    } else if (a == "--encode-only") {
+      encode_only = true;
     } else if (a == "--decode-only") {
       decode_only = true;
     } else if (a == "--synthetic") {
@@ -184,6 +187,14 @@ int main(int argc, char** argv) {
   printf("|---|---|---|---|---|\n");
   std::vector<std::vector<uint8_t>> enc(n);
   std::vector<uint8_t> out(ob);
+  if (encode_only) {
+    CachegenOptions o;
+    o.bins = BinSchedule::Uniform(16);
+    Row("encode, 16 bins", bytes, Time(reps, [&] {
+          for (size_t i = 0; i < n; ++i) enc[i] = *Encode(layout, {all.data() + i * ob, ob}, o);
+        }), Load());
+    return 0;
+  }
   if (decode_only) {
     CachegenOptions o;
     o.bins = BinSchedule::Uniform(16);

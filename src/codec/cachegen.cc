@@ -126,13 +126,13 @@ Result<std::vector<uint8_t>> Encode(const ObjectLayout& layout, std::span<const 
   uint64_t total = h.TablesEnd() + format::kTrailerBytes;
   for (const auto& p : payloads) total += p.size();
   h.encoded_bytes = total;
-  std::vector<uint8_t> out(total);
+  std::vector<uint8_t> out;
+  out.reserve(total);
+  out.resize(h.TablesEnd());
   format::WriteHeader(h, out.data());
-  size_t at = h.TablesEnd();
-  for (const auto& p : payloads) {
-    if (!p.empty()) memcpy(out.data() + at, p.data(), p.size());
-    at += p.size();
-  }
+  for (const auto& p : payloads) out.insert(out.end(), p.begin(), p.end());
+  const size_t at = out.size();
+  out.resize(at + format::kTrailerBytes);
   format::Put32(out.data() + at, Crc32c(out.data(), at));
   return out;
 }

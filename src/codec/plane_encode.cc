@@ -161,6 +161,7 @@ bool Encode(const uint8_t* data, const PlaneSpec& spec, Scratch* sc, std::vector
 
   // 3. Streams, each encoded in reverse decoding order.
   const size_t base = out->size();
+  out->reserve(base + size_t{T} * C * isz + 4096);  // no reallocation below
   const uint32_t S = spec.Streams();
   out->resize(base + FixedBytes(spec));
   uint8_t* p = out->data() + base;

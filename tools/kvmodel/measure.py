@@ -255,20 +255,18 @@ def settings(sweep: str):
     for b in bins:
         s.append((f"kvd {b} bins", "kvd", ["--bins", str(b)]))
     if sweep == "default":
+        # Layer-dependent schedules (layer 0 is the most sensitive: --sweep sensitivity).
         sched = [
-            ("K 32 layers 0-1, 16 after; V 16", "k=0-2:32,2-:16 v=0-:16"),
-            ("K 24, V 16", "k=0-:24 v=0-:16"),
-            ("K 32 layer 0, 20 after; V 16", "k=0-1:32,1-:20 v=0-:16"),
-            ("K 20, V 12", "k=0-:20 v=0-:12"),
-            ("K 16, V 12", "k=0-:16 v=0-:12"),
-            ("K 24 layers 0-1, 16 after; V 20 layers 0-1, 12 after", "k=0-2:24,2-:16 v=0-2:20,2-:12"),
+            ("layer 0 at 32, others 16", "k=0-1:32,1-:16 v=0-1:32,1-:16"),
+            ("layer 0 at 32, others 20", "k=0-1:32,1-:20 v=0-1:32,1-:20"),
+            ("layers 0-1 at 32, others 16 (lmcache's split shape)", "k=0-2:32,2-:16 v=0-2:32,2-:16"),
+            ("K 20, V 16", "k=0-:20 v=0-:16"),
         ]
         for name, spec in sched:
             s.append((f"kvd {name}", "kvd", ["--bins", spec]))
-        for g in (5, 10, 20):
-            for b, ab in ((16, 32), (32, 32), (16, 16)):
-                s.append((f"kvd anchors G={g}, {b} bins, anchor {ab}", "kvd",
-                          ["--bins", str(b), "--anchor-group", str(g), "--anchor-bins", str(ab)]))
+        for g, b, ab in ((5, 16, 32), (10, 16, 32), (20, 16, 32), (10, 16, 16), (10, 32, 32)):
+            s.append((f"kvd anchors G={g}, {b} bins, anchor {ab}", "kvd",
+                      ["--bins", str(b), "--anchor-group", str(g), "--anchor-bins", str(ab)]))
     return s
 
 
