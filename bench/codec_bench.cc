@@ -248,6 +248,8 @@ int main(int argc, char** argv) {
           ps.tokens = g.tokens;
           ps.channels = g.hidden;
           ps.bins = e.bins;
+          ps.prob_bits[0] = e.prob_bits[0];
+          ps.prob_bits[1] = e.prob_bits[1];
           if (e.mode == format::PlaneMode::kCachegen &&
               !plane::Decode({enc[i].data() + at, e.payload_bytes}, ps, &sc, pout.data(), simd).ok()) {
             abort();

@@ -1,6 +1,6 @@
 // CacheGen object coding (codec.h): splits an object into planes, codes them (on
 // `threads` threads, each plane independently, so the bytes never depend on the thread
-// count), and frames them with the v1 header, tables and checksums (format.h).
+// count), and frames them with the v2 header, tables and checksums (format.h).
 #include <algorithm>
 #include <atomic>
 #include <cstring>
@@ -9,6 +9,7 @@
 #include "codec/codec.h"
 #include "codec/crc32c.h"
 #include "codec/format.h"
+#include "codec/model_core.h"
 #include "codec/plane.h"
 
 namespace kvd::codec {
@@ -67,6 +68,8 @@ plane::PlaneSpec SpecFor(const GroupShape& g, const format::PlaneEntry& e, uint3
   s.dtype = g.dtype;
   s.bins = e.bins;
   s.anchor_bins = e.anchor_bins;
+  s.prob_bits[0] = e.prob_bits[0];
+  s.prob_bits[1] = e.prob_bits[1];
   s.anchor_group = anchor_group;
   s.stream_channels = stream_channels;
   return s;
@@ -113,6 +116,9 @@ Result<std::vector<uint8_t>> Encode(const ObjectLayout& layout, std::span<const 
       e.mode = format::PlaneMode::kCachegen;
       e.bins = static_cast<uint8_t>(options.bins.BinsFor(pr.kv, pr.layer));
       e.anchor_bins = anchors ? static_cast<uint8_t>(options.anchor_bins ? options.anchor_bins : e.bins) : 0;
+      // The encoder's precision policy (ProbBitsFor); decoders read it from the object.
+      e.prob_bits[0] = static_cast<uint8_t>(ProbBitsFor(plane::Alphabet(e.bins)));
+      e.prob_bits[1] = static_cast<uint8_t>(ProbBitsFor(plane::Alphabet(anchors ? e.anchor_bins : e.bins)));
       const plane::PlaneSpec spec = SpecFor(g, e, h.anchor_group, h.stream_channels);
       if (plane::Encode(data, spec, &scratch, &payloads[i])) {
         e.payload_bytes = static_cast<uint32_t>(payloads[i].size());

@@ -37,6 +37,8 @@ Result<DevicePlan> PrepareDeviceDecode(std::span<const uint8_t> encoded) {
         sp.dtype = g.dtype;
         sp.bins = e.bins;
         sp.anchor_bins = e.anchor_bins;
+        sp.prob_bits[0] = e.prob_bits[0];
+        sp.prob_bits[1] = e.prob_bits[1];
         sp.anchor_group = h.anchor_group;
         sp.stream_channels = h.stream_channels;
         const uint64_t fixed = plane::FixedBytes(sp);
@@ -61,7 +63,7 @@ Result<DevicePlan> PrepareDeviceDecode(std::span<const uint8_t> encoded) {
           for (int k = 0; k < 2; ++k) {
             j.levels[k] = static_cast<uint8_t>(plane::Levels(bins[k]));
             j.alphabet[k] = static_cast<uint8_t>(plane::Alphabet(bins[k]));
-            j.prob_bits[k] = static_cast<uint8_t>(ProbBitsFor(j.alphabet[k]));
+            j.prob_bits[k] = static_cast<uint8_t>(plane::ProbBits(sp, k));
           }
           plan.jobs.push_back(j);
         }

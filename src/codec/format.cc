@@ -37,6 +37,7 @@ void WriteHeader(const Header& h, uint8_t* out) {
     p[0] = static_cast<uint8_t>(e.mode);
     p[1] = e.bins;
     p[2] = e.anchor_bins;
+    p[3] = e.mode == PlaneMode::kRaw ? 0 : static_cast<uint8_t>((e.prob_bits[0] - 8) | ((e.prob_bits[1] - 8) << 4));
     Put32(p + 4, e.payload_bytes);
     p += kPlaneEntryBytes;
   }
@@ -111,7 +112,16 @@ Result<Header> ReadHeader(std::span<const uint8_t> enc) {
       if (anchors != (e.anchor_bins != 0) || (anchors && (e.anchor_bins < 4 || e.anchor_bins > 64))) {
         return bad("plane " + std::to_string(i) + ": bad anchor bins");
       }
-    } else if (e.bins != 0 || e.anchor_bins != 0) {
+      // Precision: 8..12 bits, enough for every symbol of the class to get a slot.
+      const uint32_t bins[2] = {e.bins, anchors ? e.anchor_bins : e.bins};
+      for (int k = 0; k < 2; ++k) {
+        const int pb = 8 + ((p[3] >> (4 * k)) & 0xf);
+        if (pb > 12 || (1 << pb) < static_cast<int>(2 * (bins[k] / 2 - 1) + 1)) {
+          return bad("plane " + std::to_string(i) + ": bad probability precision");
+        }
+        e.prob_bits[k] = static_cast<uint8_t>(pb);
+      }
+    } else if (e.bins != 0 || e.anchor_bins != 0 || p[3] != 0) {
       return bad("plane " + std::to_string(i) + ": raw plane with bins");
     }
     payload += e.payload_bytes;

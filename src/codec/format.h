@@ -1,4 +1,4 @@
-// format: the CacheGen byte format, version 1 (all integers little-endian; the full
+// format: the CacheGen byte format, version 2 (all integers little-endian; the full
 // description with every field is in docs/compression.md "Byte format").
 //
 //   header        48 bytes (kHeaderBytes)
@@ -21,13 +21,13 @@
 namespace kvd::codec::format {
 
 inline constexpr uint8_t kMagic[4] = {'K', 'V', 'C', 'G'};
-inline constexpr uint16_t kVersion = 1;
+inline constexpr uint16_t kVersion = 2;   // 1: precision implied (+6), no longer read
 inline constexpr size_t kHeaderBytes = 48;
 inline constexpr size_t kGroupEntryBytes = 20;
 inline constexpr size_t kPlaneEntryBytes = 8;
 inline constexpr size_t kTrailerBytes = 4;
 inline constexpr uint16_t kFlagAnchors = 1;
-inline constexpr uint32_t kStreamChannels = 256;   // channels per rANS stream (v1)
+inline constexpr uint32_t kStreamChannels = 256;   // channels per rANS stream (v2)
 
 enum class PlaneMode : uint8_t { kRaw = 0, kCachegen = 1 };
 
@@ -35,6 +35,7 @@ struct PlaneEntry {
   PlaneMode mode = PlaneMode::kRaw;
   uint8_t bins = 0;          // 0 when raw
   uint8_t anchor_bins = 0;   // 0 when raw or without anchors
+  uint8_t prob_bits[2] = {0, 0};  // probability precision of normal / anchor tokens (8..12)
   uint32_t payload_bytes = 0;
 };
 

@@ -3,7 +3,7 @@
 // frequency table from the same two parameter bytes. Header-only and free of the
 // standard library's containers so the CUDA decoder compiles it too. Stateless.
 //
-// A distribution is named by two bytes (format v1, docs/compression.md "Distributions"):
+// A distribution is named by two bytes (format v2, docs/compression.md "CacheGen, as kvd codes it"):
 //   center  the mean in quarter symbols (0..255: 0.00..63.75)
 //   shape   bits 0-5: sigma index i (sigma = 0.08 * 1.1^i symbols),
 //           bits 6-7: kind 0 = discretised Gaussian, 1 = discretised Laplace (same
@@ -47,12 +47,14 @@ KVD_HD inline uint32_t ExpNegQ8(uint64_t y) {
                                 tables::kExpLo[y & 255u]) >> 16);
 }
 
-// The probability precision the codec uses for an alphabet of `alphabet` symbols: enough
-// that the minimum frequency of 1 per symbol costs at most 1/64 of the mass.
+// The probability precision the codec uses for an alphabet of `alphabet` symbols: the
+// minimum frequency of 1 per symbol takes at most 1/32 of the mass. On the KV model's KV
+// one bit more (1/64) saved 0.1% of the bytes and cost 20-35% of the decoding speed
+// (docs/compression.md): the decoder's tables have 2^P slots per channel.
 KVD_HD inline int ProbBitsFor(int alphabet) {
   int bits = 0;
   while ((1 << bits) < alphabet) ++bits;
-  bits += 6;
+  bits += 5;
   return bits < kMinProbBits ? kMinProbBits : (bits > kMaxProbBits ? kMaxProbBits : bits);
 }
 

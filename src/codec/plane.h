@@ -1,5 +1,5 @@
 // plane: CacheGen coding of one plane, a [tokens][channels] slice of an object (format
-// v1, docs/compression.md "Plane payload").
+// v2, docs/compression.md "Byte format").
 //
 //   scales     tokens x u16    bf16 bit pattern of each token's scale s (>= its absmax)
 //   params     channels x 2    per-channel distribution (center, shape) of normal tokens
@@ -33,6 +33,7 @@ struct PlaneSpec {
   uint32_t anchor_bins = 0;     // used when anchor_group >= 2
   uint32_t anchor_group = 0;
   uint32_t stream_channels = 256;
+  uint8_t prob_bits[2] = {0, 0};  // per token class; 0: ProbBitsFor(the class's alphabet)
   bool anchors() const { return anchor_group >= 2; }
   bool IsAnchor(uint32_t t) const { return anchors() && t % anchor_group == 0; }
   uint32_t Streams() const { return (channels + stream_channels - 1) / stream_channels; }
@@ -40,6 +41,8 @@ struct PlaneSpec {
 
 inline int Levels(uint32_t bins) { return static_cast<int>(bins / 2) - 1; }
 inline int Alphabet(uint32_t bins) { return 2 * Levels(bins) + 1; }
+// The precision of token class k (0 normal, 1 anchors) of a plane.
+int ProbBits(const PlaneSpec& spec, int k);
 
 // Bytes of the payload before the streams.
 uint64_t FixedBytes(const PlaneSpec& spec);

@@ -93,7 +93,12 @@ Status DecodeTyped(std::span<const uint8_t> payload, const PlaneSpec& sp, Scratc
   const int classes = sp.anchors() ? 2 : 1;
   const int levels[2] = {Levels(sp.bins), Levels(sp.anchors() ? sp.anchor_bins : sp.bins)};
   const int alpha[2] = {2 * levels[0] + 1, 2 * levels[1] + 1};
-  const int pbits[2] = {ProbBitsFor(alpha[0]), ProbBitsFor(alpha[1])};
+  const int pbits[2] = {ProbBits(sp, 0), ProbBits(sp, 1)};
+  for (int k = 0; k < 2; ++k) {
+    if (pbits[k] < kMinProbBits || pbits[k] > kMaxProbBits || (1 << pbits[k]) < alpha[k]) {
+      return Status::InvalidArgument("cachegen: bad probability precision");
+    }
+  }
   const uint64_t fixed = FixedBytes(sp);
   if (payload.size() < fixed) return Corrupt("payload shorter than its tables");
   const uint8_t* p = payload.data();

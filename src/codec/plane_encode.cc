@@ -73,6 +73,11 @@ void FitChannel(const uint32_t* h, int alphabet, int prob_bits, uint8_t* center_
   *shape_out = best_shape;
 }
 
+int ProbBits(const PlaneSpec& spec, int k) {
+  if (spec.prob_bits[k] != 0) return spec.prob_bits[k];
+  return ProbBitsFor(Alphabet(k == 1 && spec.anchors() ? spec.anchor_bins : spec.bins));
+}
+
 uint64_t FixedBytes(const PlaneSpec& spec) {
   return uint64_t{spec.tokens} * 2 + uint64_t{spec.channels} * 2 * (spec.anchors() ? 2 : 1) +
          uint64_t{spec.Streams()} * 4;
@@ -83,7 +88,7 @@ bool Encode(const uint8_t* data, const PlaneSpec& spec, Scratch* sc, std::vector
   const uint32_t isz = DtypeBytes(spec.dtype);
   const int levels[2] = {Levels(spec.bins), Levels(spec.anchors() ? spec.anchor_bins : spec.bins)};
   const int alpha[2] = {2 * levels[0] + 1, 2 * levels[1] + 1};
-  const int pbits[2] = {ProbBitsFor(alpha[0]), ProbBitsFor(alpha[1])};
+  const int pbits[2] = {ProbBits(spec, 0), ProbBits(spec, 1)};
   sc->symbols.resize(size_t{T} * C);
   sc->scales.resize(T);
   sc->row.resize(C);

@@ -1,5 +1,5 @@
 // rans: the codec's entropy coder, 32 interleaved rANS states per stream with static
-// per-(channel, token class) models (format v1, docs/compression.md "Streams").
+// per-(channel, token class) models (format v2, docs/compression.md "CacheGen, as kvd codes it").
 //
 // State x is kept in [2^15, 2^31); probabilities have P <= 12 bits; renormalisation
 // moves 16-bit words. A stream holds the 32 final encoder states (u32, lane order)

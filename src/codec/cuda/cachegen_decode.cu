@@ -27,7 +27,9 @@ __global__ void DecodeStreams(const uint8_t* enc, const warp::StreamJob* jobs, i
   const uint64_t end = j.stream_offset + j.stream_bytes;
   const int classes = j.anchor_group ? 2 : 1;
   bool bad = false;
-  for (uint32_t cb = j.c0; cb < j.c1 && !bad; cb += 32) {
+  // Every lane runs every iteration (the ballots below need the whole warp): loop
+  // conditions and breaks depend only on warp-uniform values.
+  for (uint32_t cb = j.c0; cb < j.c1; cb += 32) {
     const int lanes = static_cast<int>(j.c1 - cb < 32 ? j.c1 - cb : 32);
     const bool active = lane < lanes;
     for (int k = 0; k < classes; ++k) {
@@ -62,6 +64,7 @@ __global__ void DecodeStreams(const uint8_t* enc, const warp::StreamJob* jobs, i
       if (w > end) break;  // w is the same in every lane
     }
     __syncwarp();
+    if (__any_sync(0xffffffffu, bad) || w > end) break;
   }
   bad = bad || w != end || x != warp::kLow;
   if (__any_sync(0xffffffffu, bad) && lane == 0) atomicAdd(errors, 1);

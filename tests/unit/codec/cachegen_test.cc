@@ -455,7 +455,8 @@ TEST_F(CorruptionTest, HeaderFieldsAreCheckedEvenWithAValidHeaderChecksum) {
     format::Put32(b.data() + 44, Crc32c(b.data(), h->TablesEnd()));
     return format::ReadHeader(b).status();
   };
-  EXPECT_THAT(tamper(4, 2).message(), HasSubstr("version"));
+  EXPECT_THAT(tamper(4, 1).message(), HasSubstr("format version 1 not supported"));
+  EXPECT_THAT(tamper(4, 3).message(), HasSubstr("version"));
   EXPECT_FALSE(tamper(32, 0).ok());                        // no groups
   EXPECT_FALSE(tamper(36, 9).ok());                        // plane count
   EXPECT_FALSE(tamper(format::kHeaderBytes + 16, 99).ok());  // dtype code
@@ -464,6 +465,30 @@ TEST_F(CorruptionTest, HeaderFieldsAreCheckedEvenWithAValidHeaderChecksum) {
   EXPECT_FALSE(tamper(plane0, 7).ok());                      // plane mode
   EXPECT_FALSE(tamper(plane0 + 1, 80).ok());                 // bins
   EXPECT_FALSE(tamper(plane0 + 4, 1).ok());                  // payload size
+  EXPECT_FALSE(tamper(plane0 + 3, 0x05).ok());               // precision 13 bits
+}
+
+// The probability precision is recorded per plane (v2) and the decoder uses the
+// object's, so the encoder's policy can change without breaking stored objects; a
+// stream decoded with another precision is refused, never decoded.
+TEST_F(CorruptionTest, PrecisionIsTheObjectsOwn) {
+  auto h = format::ReadHeader(enc_);
+  ASSERT_TRUE(h.ok());
+  EXPECT_EQ(h->planes[0].prob_bits[0], 9);  // 16 bins: ceil(log2 15) + 5
+  plane::PlaneSpec ps;
+  ps.tokens = s_.tokens;
+  ps.channels = s_.hidden;
+  ps.bins = 16;
+  ps.prob_bits[0] = ps.prob_bits[1] = 12;
+  plane::Scratch sc;
+  std::vector<uint8_t> payload;
+  ASSERT_TRUE(plane::Encode(obj_.data(), ps, &sc, &payload));
+  std::vector<uint8_t> a(size_t{s_.tokens} * s_.hidden * 2), b(a.size());
+  ASSERT_TRUE(plane::Decode(payload, ps, &sc, a.data()).ok());
+  const auto ref = test::ReferencePlane(obj_.data(), s_.dtype, s_.tokens, s_.hidden, 16);
+  for (size_t i = 0; i < ref.size(); ++i) ASSERT_EQ(test::LoadAs(s_.dtype, a.data() + 2 * i), Bf16ToFloat(FloatToBf16(ref[i])));
+  ps.prob_bits[0] = ps.prob_bits[1] = 9;
+  EXPECT_FALSE(plane::Decode(payload, ps, &sc, b.data()).ok());
 }
 
 TEST(CachegenTest, EncodeRefusesBadInput) {
