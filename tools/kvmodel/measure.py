@@ -31,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import types
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
@@ -288,11 +289,24 @@ def main():
     ap.add_argument("--sweep", default="default", choices=["default", "quick", "sensitivity"])
     ap.add_argument("--settings", default="", help="comma-separated name prefixes to run")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--resize", default="",
+                    help="results.json of an earlier run: recompute only the sizes of its kvd "
+                         "settings with --codec-bin (for an encoder change that leaves the decoded "
+                         "values unchanged, which is checked)")
+    ap.add_argument("--dump-objects", default="", metavar="FILE",
+                    help="only write the bf16 KV objects of the first --dump-windows windows "
+                         "(2 per window, [2][layers][256][kv_heads*head_dim]) to FILE: the input "
+                         "of kvd-codec-bench --objects")
+    ap.add_argument("--dump-windows", type=int, default=16)
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
-    os.makedirs(a.out, exist_ok=True)
     model = load(a.model)
     win = np.fromfile(a.sample, dtype=np.uint8).reshape(-1, CTX + CONT + 1)
+    if a.dump_objects:
+        return dump_objects(a, model, win[:a.dump_windows])
+    os.makedirs(a.out, exist_ok=True)
+    if a.resize:
+        return resize(a, model, win)
     t0 = time.time()
     ref = Reference(model, win)
     print(f"reference: {ref.n} windows, baseline perplexity {math.exp(ref.nll):.3f} "
@@ -329,10 +343,57 @@ def main():
               f"attn {np.mean(m['attn_rel_err']):.4f}  KL {m['kl_nats']:.5f}  top1 {m['top1']:.4f}  "
               f"ppl {100 * m['ppl_delta']:+.3f}%  greedy {m['greedy_positions']:.3f}/{m['greedy_prefix']:.3f}  "
               f"({time.time() - t0:.0f} s)", flush=True)
-    with open(os.path.join(a.out, "results.json"), "w") as f:
+        write(a.out, results)   # after every setting: an interrupted sweep keeps what it measured
+    print(f"wrote {a.out}/results.json and tables.md")
+
+
+def write(out, results):
+    with open(os.path.join(out, "results.json"), "w") as f:
         json.dump(results, f, indent=1)
-    with open(os.path.join(a.out, "tables.md"), "w") as f:
+    with open(os.path.join(out, "tables.md"), "w") as f:
         f.write(tables(results))
+
+
+def dump_objects(a, model, win):
+    cfg = model.cfg
+    x = torch.from_numpy(win.astype(np.int64))
+    caps = [dict() for _ in range(cfg.layers)]
+    with torch.no_grad():
+        model(x[:, :CTX], captures=caps)
+    ref = types.SimpleNamespace(n=x.shape[0], m=model)
+    data = to_objects(ref, [bf16(c["k"]) for c in caps], [bf16(c["v"]) for c in caps])
+    with open(a.dump_objects, "wb") as f:
+        f.write(data)
+    print(f"wrote {ref.n * (CTX // CHUNK)} objects of layout 2,{cfg.layers},{CHUNK},"
+          f"{cfg.kv_heads * cfg.head_dim} bfloat16 ({len(data)} bytes) to {a.dump_objects}")
+
+
+def resize(a, model, win):
+    """Sizes of the kvd settings of an earlier results.json with the current codec; the
+    decoded KV must be bit-identical to what the earlier run's decoder produced for the
+    quality figures to stand, so it is compared against the reference of this run: the
+    relative errors must come out the same."""
+    with open(a.resize) as f:
+        res = json.load(f)
+    ref = Reference(model, win, greedy=False)
+    rel = lambda x, y: (torch.linalg.vector_norm(x - y) / torch.linalg.vector_norm(y)).item()  # noqa: E731
+    for m in res["settings"]:
+        if not m["name"].startswith("kvd ") or "--codec" in m["args"]:
+            continue
+        k, v, nb, st = run_kvd(ref, a.codec_bin, m["args"])
+        errs = [rel(x, y) for x, y in zip(k, ref.k)] + [rel(x, y) for x, y in zip(v, ref.v)]
+        if max(abs(e - f) for e, f in zip(errs, m["k_rel_err"] + m["v_rel_err"])) > 1e-9:
+            raise SystemExit(f"{m['name']}: decoded KV differs from the earlier run; rerun it in full")
+        values = 2 * model.cfg.layers * ref.n * CTX * model.cfg.kv_heads * model.cfg.head_dim
+        m.update(bytes=nb, bits_per_value=8 * nb / values, ratio_bf16=2 * values / nb,
+                 ratio_int8=int8_bytes(ref) / nb, plane_bytes=st.get("plane_bytes"))
+        print(f"{m['name']:58s} {m['bits_per_value']:5.3f} b/v  x{m['ratio_bf16']:5.2f}", flush=True)
+    res["resized_with"] = os.path.relpath(a.codec_bin, REPO)
+    os.makedirs(a.out, exist_ok=True)
+    with open(os.path.join(a.out, "results.json"), "w") as f:
+        json.dump(res, f, indent=1)
+    with open(os.path.join(a.out, "tables.md"), "w") as f:
+        f.write(tables(res))
     print(f"wrote {a.out}/results.json and tables.md")
 
 
