@@ -206,6 +206,25 @@ int main(int argc, char** argv) {
         }), Load());
     return 0;
   }
+  // The floor: memcpy of the same objects into the same output buffer.
+  Row("memcpy (raw object into the output buffer)", bytes, Time(reps, [&] {
+        for (size_t i = 0; i < n; ++i) memcpy(out.data(), all.data() + i * ob, ob);
+      }), Load());
+  // lmcache's fp8 serde (1 byte per element, no entropy coding), for parity.
+  {
+    std::vector<uint8_t> f8(Fp8EncodedBytes(layout) * n);
+    const uint64_t fb = Fp8EncodedBytes(layout);
+    Row("fp8 e4m3fn encode", bytes, Time(reps, [&] {
+          for (size_t i = 0; i < n; ++i) {
+            if (!Fp8Encode(layout, {all.data() + i * ob, ob}, Fp8Kind::kE4m3fn, {f8.data() + i * fb, fb}).ok()) abort();
+          }
+        }), Load(), "8 bits/value");
+    Row("fp8 e4m3fn decode", bytes, Time(reps, [&] {
+          for (size_t i = 0; i < n; ++i) {
+            if (!Fp8Decode({f8.data() + i * fb, fb}, layout, Fp8Kind::kE4m3fn, out).ok()) abort();
+          }
+        }), Load());
+  }
   struct Cfg {
     const char* name;
     uint32_t bins, anchor, abins;

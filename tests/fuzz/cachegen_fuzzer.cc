@@ -12,7 +12,9 @@
 // Invariants (abort = a finding): Decode never crashes, reads or writes out of bounds
 // (ASan), or allocates more than the limit below; every quantized plane of a successful
 // decode holds only finite values (raw planes are copied as they are); an undamaged
-// round trip succeeds.
+// round trip succeeds; the GPU decoder's CPU reference (device_decode.h: the host checks
+// and the emulated warp kernel) gives the same verdict as Decode on every input and, on
+// success, the same bytes.
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -22,6 +24,7 @@
 
 #include "codec/codec.h"
 #include "codec/crc32c.h"
+#include "codec/device_decode.h"
 #include "codec/float_bits.h"
 #include "codec/format.h"
 
@@ -85,12 +88,17 @@ void DecodeChecked(const std::vector<uint8_t>& enc, bool planes_were_finite) {
   if (!info.ok()) {
     std::vector<uint8_t> none;
     Require(!Decode(enc, none).ok(), "Decode accepted what Inspect refused");
+    Require(!PrepareDeviceDecode(enc).ok(), "the device decoder accepted what Inspect refused");
     return;
   }
   Require(info->layout.Validate().ok(), "Inspect returned an invalid layout");
   if (info->layout.Bytes() > kMaxRaw) return;
   std::vector<uint8_t> out(info->layout.Bytes());
   const kvd::Status st = Decode(enc, out, &info->layout);
+  std::vector<uint8_t> emu(out.size());
+  const kvd::Status est = EmulateDeviceDecode(enc, emu);
+  Require(est.ok() == st.ok(), "the device decoder and Decode disagree on whether an object is valid");
+  if (st.ok()) Require(emu == out, "the device decoder decoded other bytes than Decode");
   if (st.ok() && planes_were_finite) {
     Require(AllFinite(info->layout, out, &info->plane_bins), "a quantized plane decoded to a non-finite value");
   }
