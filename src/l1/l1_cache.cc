@@ -327,6 +327,22 @@ void L1Cache::MaybeFreeRecordLocked(Shard& sh, uint32_t local) {
 
 Result<WriteReservation> L1Cache::ReserveWrite(const ChunkKey& key, uint32_t num_slots,
                                                uint32_t slot, uint64_t size) {
+  auto r = ReserveWriteUnbacked(key, num_slots, slot, size);
+  if (!r.ok()) return r;
+  // Back the reserved pages before anyone writes them (memory_pool.h, Backing), outside the
+  // shard mutex: the range is this reservation's alone.
+  if (Status st = pool_->EnsureBacked(r->offset(), r->size()); !st.ok()) {
+    r->Abort();
+    write_exhausted_.fetch_add(1, std::memory_order_relaxed);
+    backing_failures_.fetch_add(1, std::memory_order_relaxed);
+    spdlog::warn("l1: {}", st.message());
+    return Status::ResourceExhausted(st.message());
+  }
+  return r;
+}
+
+Result<WriteReservation> L1Cache::ReserveWriteUnbacked(const ChunkKey& key, uint32_t num_slots,
+                                                       uint32_t slot, uint64_t size) {
   if (num_slots == 0 || num_slots > kMaxSlotsPerEntry) {
     return Status::InvalidArgument("num_slots " + std::to_string(num_slots) + " out of range");
   }
@@ -672,6 +688,8 @@ L1Stats L1Cache::stats() const {
     st.copies_in_flight += c.copies_in_flight.Get();
   }
   st.write_exhausted = write_exhausted_.load(std::memory_order_relaxed);
+  st.backed_bytes = pool_->backed_bytes();
+  st.backing_failures = backing_failures_.load(std::memory_order_relaxed);
   st.lookup_keys = lookup_keys_.load(std::memory_order_relaxed);
   st.lookup_hits = lookup_hits_.load(std::memory_order_relaxed);
   st.lookup_locks = locks_->owners.load(std::memory_order_relaxed);

@@ -108,6 +108,8 @@ struct L1Stats {
   uint64_t reclaimed_writes = 0;   // staging slots taken back after write-lock expiry
   uint64_t removed = 0;            // entries removed by RemoveIfIdle (not evictions)
   uint64_t copies_in_flight = 0;   // staging slots held by MarkCopyInFlight (index + detached)
+  uint64_t backed_bytes = 0;       // pool bytes whose pages are allocated (memory_pool.h)
+  uint64_t backing_failures = 0;   // reservations given up: tmpfs could not back their pages
 };
 
 // Quota of one cache salt (the /quota API). Bytes; usage is what the salt's entries hold.
@@ -237,8 +239,10 @@ class L1Cache {
   //   AlreadyExists      the slot is resident, or staging under another live write lock
   //                      (a staging slot whose write lock expired is reclaimed instead);
   //   ResourceExhausted  no room even after evicting everything evictable (an entry this
-  //                      call created is not left behind), size above the capacity, or too
-  //                      many distinct sizes or slot counts.
+  //                      call created is not left behind), size above the capacity, too
+  //                      many distinct sizes or slot counts, or tmpfs cannot back the
+  //                      reserved pages (a full /dev/shm; the reservation is given up).
+  // The returned memory is backed (MemoryPool::EnsureBacked): writing it never faults.
   Result<WriteReservation> ReserveWrite(const ChunkKey& key, uint32_t num_slots, uint32_t slot,
                                         uint64_t size);
 
@@ -322,6 +326,10 @@ class L1Cache {
   L1Cache(const L1CacheOptions& options, std::unique_ptr<MemoryPool> pool,
           std::unique_ptr<SizeClassAllocator> alloc, std::string policy_name);
 
+  // ReserveWrite without backing the reserved pages.
+  Result<WriteReservation> ReserveWriteUnbacked(const ChunkKey& key, uint32_t num_slots,
+                                                uint32_t slot, uint64_t size);
+
   Shard& ShardFor(uint64_t digest) { return *shards_[digest >> (64 - detail::kShardBits)]; }
   const Shard& ShardFor(uint64_t digest) const {
     return *shards_[digest >> (64 - detail::kShardBits)];
@@ -400,6 +408,7 @@ class L1Cache {
   std::atomic<uint32_t> policy_clock_{0};
   std::atomic<uint64_t> next_token_{1};
   std::atomic<uint64_t> write_exhausted_{0};
+  std::atomic<uint64_t> backing_failures_{0};
   std::atomic<uint64_t> lookup_keys_{0};
   std::atomic<uint64_t> lookup_hits_{0};
   std::vector<std::unique_ptr<Shard>> shards_;

@@ -6,6 +6,7 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -50,7 +51,7 @@ void WarnIfShmTooSmall(uint64_t capacity) {
   uint64_t avail = static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize;
   if (capacity > avail) {
     spdlog::warn("l1: pool capacity {} bytes exceeds free space in /dev/shm ({} bytes); "
-                 "writes beyond that will fail with SIGBUS", capacity, avail);
+                 "stores will fail (ResourceExhausted) once it is full", capacity, avail);
   }
 }
 
@@ -93,6 +94,7 @@ Result<std::unique_ptr<MemoryPool>> MemoryPool::Create(const MemoryPoolOptions& 
 
   std::string name;
   void* addr = MAP_FAILED;
+  int fd = -1;
   if (options.shm_name.empty()) {
     // MAP_NORESERVE: do not charge the whole capacity against overcommit up front.
     addr = mmap(nullptr, mapped, PROT_READ | PROT_WRITE,
@@ -102,12 +104,13 @@ Result<std::unique_ptr<MemoryPool>> MemoryPool::Create(const MemoryPoolOptions& 
     auto normalized = NormalizeShmName(options.shm_name);
     if (!normalized.ok()) return normalized.status();
     name = std::move(normalized).value();
-    auto fd = CreateSegment(name, mapped);
-    if (!fd.ok()) return fd.status();
-    addr = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, *fd, 0);
+    auto created = CreateSegment(name, mapped);
+    if (!created.ok()) return created.status();
+    fd = *created;  // kept for fallocate (EnsureBacked)
+    addr = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, fd, 0);
     int err = errno;
-    close(*fd);  // the mapping keeps the segment alive
     if (addr == MAP_FAILED) {
+      close(fd);
       shm_unlink(name.c_str());
       return Status::Internal(ErrnoText(("mmap " + name).c_str(), err));
     }
@@ -116,18 +119,59 @@ Result<std::unique_ptr<MemoryPool>> MemoryPool::Create(const MemoryPoolOptions& 
   spdlog::info("l1: memory pool of {} bytes ({}), align {}", capacity,
                name.empty() ? std::string("anonymous") : "shm " + name, options.align);
   return std::unique_ptr<MemoryPool>(new MemoryPool(static_cast<uint8_t*>(addr), mapped, capacity,
-                                                    options.align, std::move(name)));
+                                                    options.align, std::move(name), fd));
 }
 
 MemoryPool::MemoryPool(uint8_t* base, uint64_t mapped_bytes, uint64_t capacity, uint64_t align,
-                       std::string shm_name)
+                       std::string shm_name, int fd)
     : base_(base),
       mapped_bytes_(mapped_bytes),
       capacity_(capacity),
       align_(align),
-      shm_name_(std::move(shm_name)) {}
+      shm_name_(std::move(shm_name)),
+      fd_(fd),
+      granules_((mapped_bytes + kBackingGranule - 1) / kBackingGranule),
+      backed_(std::make_unique<std::atomic<uint64_t>[]>((granules_ + 63) / 64)) {
+  for (size_t w = 0; w < (granules_ + 63) / 64; ++w) backed_[w].store(0);
+}
+
+Status MemoryPool::EnsureBacked(uint64_t offset, uint64_t length) {
+  if (fd_ < 0 || length == 0 || fallocate_unsupported_.load(std::memory_order_relaxed)) {
+    return Status::Ok();
+  }
+  if (offset >= mapped_bytes_ || length > mapped_bytes_ - offset) {
+    return Status::InvalidArgument("range outside the pool");
+  }
+  const size_t first = offset / kBackingGranule;
+  const size_t last = (offset + length - 1) / kBackingGranule;
+  for (size_t g = first; g <= last; ++g) {
+    const uint64_t bit = uint64_t{1} << (g % 64);
+    if (backed_[g / 64].load(std::memory_order_acquire) & bit) continue;
+    const uint64_t start = g * kBackingGranule;
+    const uint64_t len = std::min(kBackingGranule, mapped_bytes_ - start);
+    // Two threads may back one granule at once: fallocate of allocated pages changes nothing.
+    if (fallocate(fd_, 0, static_cast<off_t>(start), static_cast<off_t>(len)) != 0) {
+      const int err = errno;
+      if (err == EOPNOTSUPP || err == ENOSYS) {
+        if (!fallocate_unsupported_.exchange(true)) {
+          spdlog::warn("l1: the pool's filesystem does not support fallocate; its pages are "
+                       "allocated on first write (a full /dev/shm then raises SIGBUS)");
+        }
+        return Status::Ok();
+      }
+      return Status::ResourceExhausted(
+          ErrnoText(("cannot back " + std::to_string(len) + " bytes of the L1 pool in " +
+                     shm_name_ + " (is /dev/shm full?): fallocate").c_str(), err));
+    }
+    if ((backed_[g / 64].fetch_or(bit, std::memory_order_acq_rel) & bit) == 0) {
+      backed_bytes_.fetch_add(len, std::memory_order_relaxed);
+    }
+  }
+  return Status::Ok();
+}
 
 MemoryPool::~MemoryPool() {
+  if (fd_ >= 0) close(fd_);
   if (munmap(base_, mapped_bytes_) != 0) {
     spdlog::error("l1: munmap of pool failed: {}", std::strerror(errno));
   }

@@ -5,16 +5,26 @@
 // clients can map it by name and read/write objects at offsets the server hands out) or an
 // anonymous private mapping. Both are sparse: creating the pool touches no page, physical
 // memory is used only as pages are first written, so a 64 GiB pool on a smaller machine is
-// fine as long as the *used* part fits (writing to a shared segment beyond what /dev/shm can
-// hold raises SIGBUS; Create logs a warning when the capacity exceeds /dev/shm's free space).
+// fine as long as the *used* part fits. Create logs a warning when the capacity exceeds
+// /dev/shm's free space.
 //
-// Threads: every method is safe from any thread (all state is immutable after Create).
+// Backing (shared pools). tmpfs allocates a page when it is first written, and when it
+// cannot (a full /dev/shm, a memory cgroup at its limit) the writer gets SIGBUS — kvd's copy
+// threads, or an engine-driven client writing a slot it was given. EnsureBacked allocates the
+// pages of a range up front (fallocate), in granules of kBackingGranule, each once; when
+// tmpfs has no room it fails with ResourceExhausted instead of a signal, and the caller
+// gives the range up. L1Cache backs every reservation before handing it out, so no byte of
+// the pool is ever written unbacked (issue 11, finding 3). Backed pages stay backed.
+//
+// Threads: every method is safe from any thread (the mapping is immutable after Create;
+// EnsureBacked and backed_bytes use atomics and take no lock).
 //
 // Ownership: the pool owns the mapping and, when it created one, the shared-memory name. The
 // destructor munmaps the region and shm_unlinks the name; pointers into the region are valid
 // until then. Processes that mapped the segment keep their mapping after the unlink.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -50,6 +60,13 @@ class MemoryPool {
   MemoryPool(const MemoryPool&) = delete;
   MemoryPool& operator=(const MemoryPool&) = delete;
 
+  // Makes sure tmpfs has allocated every page of [offset, offset + length) (shared pools;
+  // anonymous pools: always OK). ResourceExhausted, with the errno text, when it cannot.
+  static constexpr uint64_t kBackingGranule = 2ull << 20;
+  Status EnsureBacked(uint64_t offset, uint64_t length);
+  // Bytes of the pool whose pages EnsureBacked has allocated.
+  uint64_t backed_bytes() const { return backed_bytes_.load(std::memory_order_relaxed); }
+
   uint8_t* base() const { return base_; }
   uint8_t* At(uint64_t offset) const { return base_ + offset; }
   uint64_t capacity() const { return capacity_; }
@@ -60,13 +77,20 @@ class MemoryPool {
 
  private:
   MemoryPool(uint8_t* base, uint64_t mapped_bytes, uint64_t capacity, uint64_t align,
-             std::string shm_name);
+             std::string shm_name, int fd);
 
   uint8_t* const base_;
   const uint64_t mapped_bytes_;  // length passed to mmap (capacity rounded up to a page)
   const uint64_t capacity_;
   const uint64_t align_;
   const std::string shm_name_;  // "/name" when we created (and must unlink) a segment
+  const int fd_;                // the segment (shared pools), for fallocate; -1: anonymous
+
+  // One bit per kBackingGranule of the mapping: set once its pages are allocated.
+  const size_t granules_;
+  std::unique_ptr<std::atomic<uint64_t>[]> backed_;
+  std::atomic<uint64_t> backed_bytes_{0};
+  std::atomic<bool> fallocate_unsupported_{false};
 };
 
 }  // namespace kvd::l1

@@ -1,5 +1,7 @@
 #include "transfer/cpu_copy.h"
 
+#include "transfer/bus_error_guard.h"
+
 #include <algorithm>
 #include <atomic>
 #include <cstring>
@@ -108,23 +110,29 @@ void RunItem(const layout::KvLayout& layout, std::span<uint8_t* const> bases,
                        task.skip_tokens);
 }
 
+// Every copy runs under the bus-error guard: a mapping whose file shrank under it (a client
+// truncating its segment) or a tmpfs page that cannot be allocated ends the copy with
+// `false` instead of a SIGBUS. Between a guard and the memcpy calls there is no object with
+// a destructor (see bus_error_guard.h).
 template <bool kToObject>
-void RunTasks(const layout::KvLayout& layout, std::span<uint8_t* const> bases,
+bool RunTasks(const layout::KvLayout& layout, std::span<uint8_t* const> bases,
               const std::vector<std::vector<int64_t>>& block_ids,
               std::span<const ChunkTask> tasks, int threads) {
   if (threads <= 1 || tasks.empty()) {
-    for (const auto& task : tasks) {
-      if (!kToObject && task.skip_tokens >= layout.chunk_tokens) continue;
-      for (size_t gi = 0; gi < layout.groups.size(); ++gi) {
-        const auto& g = layout.groups[gi];
-        for (int64_t kv = 0; kv < g.kv_size; ++kv) {
-          for (size_t li = 0; li < g.layers.size(); ++li) {
-            RunItem<kToObject>(layout, bases, block_ids, task, gi, kv, li);
+    auto all = [&] {
+      for (const auto& task : tasks) {
+        if (!kToObject && task.skip_tokens >= layout.chunk_tokens) continue;
+        for (size_t gi = 0; gi < layout.groups.size(); ++gi) {
+          const auto& g = layout.groups[gi];
+          for (int64_t kv = 0; kv < g.kv_size; ++kv) {
+            for (size_t li = 0; li < g.layers.size(); ++li) {
+              RunItem<kToObject>(layout, bases, block_ids, task, gi, kv, li);
+            }
           }
         }
       }
-    }
-    return;
+    };
+    return RunCatchingBusErrors(all);
   }
   std::vector<WorkItem> items;
   for (size_t ti = 0; ti < tasks.size(); ++ti) {
@@ -137,12 +145,17 @@ void RunTasks(const layout::KvLayout& layout, std::span<uint8_t* const> bases,
     }
   }
   std::atomic<size_t> next{0};
-  auto worker = [&] {
-    for (size_t i = next.fetch_add(1, std::memory_order_relaxed); i < items.size();
+  std::atomic<bool> faulted{false};
+  auto items_loop = [&] {
+    for (size_t i = next.fetch_add(1, std::memory_order_relaxed);
+         i < items.size() && !faulted.load(std::memory_order_relaxed);
          i = next.fetch_add(1, std::memory_order_relaxed)) {
       const auto& w = items[i];
       RunItem<kToObject>(layout, bases, block_ids, tasks[w.task], w.group, w.kv, w.layer);
     }
+  };
+  auto worker = [&] {
+    if (!RunCatchingBusErrors(items_loop)) faulted.store(true, std::memory_order_relaxed);
   };
   const size_t n = std::min<size_t>(static_cast<size_t>(threads), items.size());
   std::vector<std::thread> pool;
@@ -150,35 +163,36 @@ void RunTasks(const layout::KvLayout& layout, std::span<uint8_t* const> bases,
   for (size_t t = 1; t < n; ++t) pool.emplace_back(worker);
   worker();
   for (auto& t : pool) t.join();
+  return !faulted.load();
 }
 
 }  // namespace
 
-void GatherChunk(const layout::KvLayout& layout, std::span<uint8_t* const> tensor_bases,
+bool GatherChunk(const layout::KvLayout& layout, std::span<uint8_t* const> tensor_bases,
                  const std::vector<std::vector<int64_t>>& block_ids, int64_t chunk,
                  uint8_t* object) {
   const ChunkTask task{chunk, object, 0};
-  RunTasks<true>(layout, tensor_bases, block_ids, std::span<const ChunkTask>(&task, 1), 1);
+  return RunTasks<true>(layout, tensor_bases, block_ids, std::span<const ChunkTask>(&task, 1), 1);
 }
 
-void ScatterChunk(const layout::KvLayout& layout, std::span<uint8_t* const> tensor_bases,
+bool ScatterChunk(const layout::KvLayout& layout, std::span<uint8_t* const> tensor_bases,
                   const std::vector<std::vector<int64_t>>& block_ids, int64_t chunk,
                   const uint8_t* object, int64_t skip_tokens) {
   // The object is only read on this path.
   const ChunkTask task{chunk, const_cast<uint8_t*>(object), skip_tokens};
-  RunTasks<false>(layout, tensor_bases, block_ids, std::span<const ChunkTask>(&task, 1), 1);
+  return RunTasks<false>(layout, tensor_bases, block_ids, std::span<const ChunkTask>(&task, 1), 1);
 }
 
-void GatherChunks(const layout::KvLayout& layout, std::span<uint8_t* const> tensor_bases,
+bool GatherChunks(const layout::KvLayout& layout, std::span<uint8_t* const> tensor_bases,
                   const std::vector<std::vector<int64_t>>& block_ids,
                   std::span<const ChunkTask> tasks, int threads) {
-  RunTasks<true>(layout, tensor_bases, block_ids, tasks, threads);
+  return RunTasks<true>(layout, tensor_bases, block_ids, tasks, threads);
 }
 
-void ScatterChunks(const layout::KvLayout& layout, std::span<uint8_t* const> tensor_bases,
+bool ScatterChunks(const layout::KvLayout& layout, std::span<uint8_t* const> tensor_bases,
                    const std::vector<std::vector<int64_t>>& block_ids,
                    std::span<const ChunkTask> tasks, int threads) {
-  RunTasks<false>(layout, tensor_bases, block_ids, tasks, threads);
+  return RunTasks<false>(layout, tensor_bases, block_ids, tasks, threads);
 }
 
 }  // namespace kvd::transfer

@@ -7,6 +7,10 @@
 // Every byte written by ScatterChunk is an element of a registered view at a validated
 // block id (BuildLayout checked that the view fits its mapping and does not overlap
 // itself), so a scatter never writes outside a registered buffer.
+//
+// The copies return false when a bus error cut them short (a mapping whose file was
+// truncated under it, or a tmpfs page that could not be allocated; see bus_error_guard.h):
+// some bytes may have been written, and the caller must treat the whole copy as failed.
 #pragma once
 
 #include <cstdint>
@@ -27,13 +31,13 @@ Status ValidateBlockIds(const layout::KvLayout& layout,
 // `tensor_bases[i]` is the first byte of registered tensor i's mapping.
 // `chunk` indexes chunks within the request's block lists (0 = its first chunk).
 // `object` has layout.object_bytes bytes.
-void GatherChunk(const layout::KvLayout& layout, std::span<uint8_t* const> tensor_bases,
+bool GatherChunk(const layout::KvLayout& layout, std::span<uint8_t* const> tensor_bases,
                  const std::vector<std::vector<int64_t>>& block_ids, int64_t chunk,
                  uint8_t* object);
 
 // Writes every token of the chunk at or after `skip_tokens` (chunk-relative; <= 0:
 // all, >= chunk_tokens: none). Tokens before it are not touched, in any group.
-void ScatterChunk(const layout::KvLayout& layout, std::span<uint8_t* const> tensor_bases,
+bool ScatterChunk(const layout::KvLayout& layout, std::span<uint8_t* const> tensor_bases,
                   const std::vector<std::vector<int64_t>>& block_ids, int64_t chunk,
                   const uint8_t* object, int64_t skip_tokens);
 
@@ -46,10 +50,10 @@ struct ChunkTask {
   uint8_t* object = nullptr;   // layout.object_bytes bytes
   int64_t skip_tokens = 0;     // scatter only, as in ScatterChunk
 };
-void GatherChunks(const layout::KvLayout& layout, std::span<uint8_t* const> tensor_bases,
+bool GatherChunks(const layout::KvLayout& layout, std::span<uint8_t* const> tensor_bases,
                   const std::vector<std::vector<int64_t>>& block_ids,
                   std::span<const ChunkTask> tasks, int threads);
-void ScatterChunks(const layout::KvLayout& layout, std::span<uint8_t* const> tensor_bases,
+bool ScatterChunks(const layout::KvLayout& layout, std::span<uint8_t* const> tensor_bases,
                    const std::vector<std::vector<int64_t>>& block_ids,
                    std::span<const ChunkTask> tasks, int threads);
 

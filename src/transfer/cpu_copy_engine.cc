@@ -4,6 +4,8 @@
 // ticket that is already complete (a plan it refuses gets an error and no ticket). Tickets
 // are numbered from 1 per engine. Submit calls are serialised by the engine mutex, so one
 // engine copies one plan at a time, in submission order.
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <mutex>
 #include <sstream>
@@ -44,15 +46,13 @@ class CpuCopyEngine final : public CopyEngine {
     const uint64_t bytes = plan.tasks.size() * layout_.object_bytes;
     const int threads = static_cast<int>(
         std::clamp<uint64_t>(bytes / kBytesPerThread, 1, static_cast<uint64_t>(max_threads_)));
-    if (plan.direction == CopyDirection::kGather) {
-      GatherChunks(layout_, bases_, plan.block_ids, plan.tasks, threads);
-    } else {
-      ScatterChunks(layout_, bases_, plan.block_ids, plan.tasks, threads);
-    }
-    const Ticket t = ++last_;
-    if (plan.on_complete) plan.on_complete(Status::Ok());
+    const bool copied = plan.direction == CopyDirection::kGather
+                            ? GatherChunks(layout_, bases_, plan.block_ids, plan.tasks, threads)
+                            : ScatterChunks(layout_, bases_, plan.block_ids, plan.tasks, threads);
     Submitted out;
-    out.ticket = t;
+    out.ticket = ++last_;
+    if (!copied) out.status = DescribeBusError();
+    if (plan.on_complete) plan.on_complete(out.status);
     return out;
   }
 
@@ -73,6 +73,28 @@ class CpuCopyEngine final : public CopyEngine {
   void Cancel() override {
     std::lock_guard<std::mutex> lock(mu_);
     cancelled_ = true;
+  }
+
+  // A copy hit a page its mapping no longer has a file page for: name the segment that
+  // shrank (the client truncated it) if one did, else the pool (tmpfs could not back a page).
+  Status DescribeBusError() const {
+    for (const auto& m : mappings_) {
+      struct stat st {};
+      const std::string path = "/dev/shm" + m.name();
+      if (stat(path.c_str(), &st) != 0) {
+        return Status::FailedPrecondition("shared memory '" + m.name() +
+                                          "' is gone; the copy was cut short (bus error)");
+      }
+      if (static_cast<uint64_t>(st.st_size) < m.size()) {
+        return Status::FailedPrecondition(
+            "shared memory '" + m.name() + "' was truncated to " + std::to_string(st.st_size) +
+            " bytes after registration (" + std::to_string(m.size()) +
+            " mapped); the copy was cut short (bus error)");
+      }
+    }
+    return Status::ResourceExhausted(
+        "a copy was cut short by a bus error (no memory page could be allocated for the "
+        "mapping: is /dev/shm full?)");
   }
 
   std::string Describe() const override {

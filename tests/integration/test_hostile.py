@@ -257,3 +257,59 @@ def test_finding6_prepare_ops_check_model_and_world_size(raw):
     b_key = F.cache_key("hostile-ed-b", 1, 0, toks, 0, CHUNK, F.rid("ed-read"))
     reply = raw.call(18, b_key, 13001)
     assert reply.get("success") is not True, f"PREPARE_RETRIEVE across models: {reply}"
+
+
+# ---------------------------------------------------------------------------------------
+# Finding 3: SIGBUS
+# ---------------------------------------------------------------------------------------
+
+
+def test_finding3_truncated_client_segment_fails_only_that_request(raw):
+    """A client truncates its segment after registering: kvd's next copy would touch pages
+    beyond the file's end (SIGBUS). That request fails cleanly; kvd and every other client
+    carry on; the client is fine again once its segment is whole."""
+    seg = F.Segment(f"kvd_hostile_trunc_{os.getpid()}", F.RAW_LAYER_BYTES)
+    bystander = Mapped("bystander")
+    try:
+        bystander.fill(5)
+        register(raw, 14001, "hostile-trunc", "/" + seg.name)
+        register(raw, 14002, "hostile-trunc-b", "/" + bystander.name)
+        stored = tokens(70)
+        assert store(raw, 14001, "hostile-trunc", stored) == [b"", True]
+        os.truncate(seg.path, 0)  # the hostile move
+        assert store(raw, 14001, "hostile-trunc", tokens(71)) == [b"", False]
+        assert retrieve(raw, 14001, "hostile-trunc", stored)[1] is False
+        assert store(raw, 14002, "hostile-trunc-b", tokens(72)) == [b"", True]
+        os.truncate(seg.path, F.RAW_LAYER_BYTES)  # whole again (zeros)
+        assert store(raw, 14001, "hostile-trunc", tokens(73)) == [b"", True]
+        assert retrieve(raw, 14001, "hostile-trunc", stored)[1] is True
+    finally:
+        seg.close()
+        bystander.close()
+
+
+def test_finding3_full_dev_shm_fails_stores_without_a_signal(tmp_path):
+    """kvd's L1 pool lives on tmpfs: with /dev/shm full, stores fail (ResourceExhausted)
+    instead of kvd dying of SIGBUS, and an engine-driven worker is given no slot it could not
+    write. Runs in a private mount namespace with a 16 MiB /dev/shm (unshare -m)."""
+    import json
+    import subprocess
+    import sys
+
+    probe = subprocess.run(["unshare", "-m", "true"], capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip("unshare -m is not permitted here")
+    helper = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hostile_tmpfs.py")
+    env = dict(os.environ, HOSTILE_TMPFS_LOG=str(tmp_path / "kvd.log"))
+    r = subprocess.run(["unshare", "-m", sys.executable, helper, F.kvd_binary(),
+                        str(H.free_port())], capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    log = (tmp_path / "kvd.log").read_text(errors="replace")
+    assert out["alive"], f"kvd died (rc {out.get('returncode')}) when /dev/shm filled up:\n{log[-3000:]}"
+    stores = out["stores"]
+    assert len(stores) == 200 and None not in stores, stores
+    assert stores[0] is True and stores.count(True) < 200, "the tmpfs never filled up?"
+    assert stores[-1] is False
+    assert out["prepare_slots"] == 0, "an engine-driven worker got a slot tmpfs cannot back"
+    assert "is /dev/shm full?" in log

@@ -7,6 +7,7 @@
 #include <random>
 #include <chrono>
 #include <thread>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <vector>
 
@@ -729,6 +730,33 @@ TEST_F(L1CacheTest, SharedMemoryCacheAdvertisesItsSegment) {
   EXPECT_EQ((*cache)->shm_name(), "/" + options.shm_name);
   Ns(**cache);
   ASSERT_TRUE(WriteObject(**cache, Key(1), 1, 0, kPage).ok());
+}
+
+// Issue 11, finding 3: a shared pool's pages are allocated (fallocate) before a reservation
+// is handed out, so writing it never raises SIGBUS; anonymous pools need nothing.
+TEST_F(L1CacheTest, Finding3ReservationsOfASharedPoolAreBackedBeforeUse) {
+  L1CacheOptions options;
+  options.capacity_bytes = 3 * MemoryPool::kBackingGranule;
+  options.shm_name = "kvd_test_backing_" + std::to_string(getpid());
+  options.clock = &clock_;
+  auto cache = L1Cache::Create(options);
+  ASSERT_TRUE(cache.ok()) << cache.status().ToString();
+  Ns(**cache);
+  EXPECT_EQ((*cache)->stats().backed_bytes, 0u);  // sparse until used
+  auto r = (*cache)->ReserveWrite(Key(1), 1, 0, kPage);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ((*cache)->stats().backed_bytes, MemoryPool::kBackingGranule);
+  // The segment's blocks are allocated: st_blocks covers the granule.
+  struct stat st {};
+  ASSERT_EQ(stat(("/dev/shm/" + options.shm_name).c_str(), &st), 0);
+  EXPECT_GE(static_cast<uint64_t>(st.st_blocks) * 512, MemoryPool::kBackingGranule);
+  auto big = (*cache)->ReserveWrite(Key(2), 1, 0, MemoryPool::kBackingGranule + kPage);
+  ASSERT_TRUE(big.ok());
+  EXPECT_EQ((*cache)->stats().backed_bytes, 2 * MemoryPool::kBackingGranule);
+  EXPECT_EQ((*cache)->stats().backing_failures, 0u);
+  auto anonymous = Make(4);
+  ASSERT_TRUE(WriteObject(*anonymous, Key(3), 1, 0, kPage).ok());
+  EXPECT_EQ(anonymous->stats().backed_bytes, 0u);
 }
 
 TEST(ChunkKeyTest, EqualityAndDigestCoverBothFields) {
