@@ -9,6 +9,7 @@
 #include "wire/codec.h"
 
 #include "wire/codec_internal.h"
+#include "wire/msgpack_writer.h"
 
 #include <msgpack.hpp>
 
@@ -370,11 +371,15 @@ void PackSlots(msgpack::packer<msgpack::sbuffer>& pk, std::span<const ShmSlot> s
 std::string EncodeNil() { return std::string(1, '\xc0'); }
 std::string EncodeBool(bool v) { return std::string(1, v ? '\xc3' : '\xc2'); }
 std::string EncodeInt(int64_t v) {
-  return Pack([&](auto& pk) { pk.pack_int64(v); });
+  internal::MsgpackWriter w(9);  // at most 9 bytes: stays in the string's inline buffer
+  w.Int(v);
+  return w.Take();
 }
 std::string EncodeOptionalInt(std::optional<int64_t> v) { return v ? EncodeInt(*v) : EncodeNil(); }
 std::string EncodeStr(std::string_view v) {
-  return Pack([&](auto& pk) { PackStr(pk, v); });
+  internal::MsgpackWriter w(v.size() + 5);
+  w.Str(v);
+  return w.Take();
 }
 std::string EncodeStrList(std::span<const std::string> v) {
   return Pack([&](auto& pk) {
@@ -383,12 +388,11 @@ std::string EncodeStrList(std::span<const std::string> v) {
   });
 }
 std::string EncodeHandleAndOk(std::string_view event_handle, bool ok) {
-  return Pack([&](auto& pk) {
-    pk.pack_array(2);
-    pk.pack_bin(static_cast<uint32_t>(event_handle.size()));
-    pk.pack_bin_body(event_handle.data(), static_cast<uint32_t>(event_handle.size()));
-    if (ok) pk.pack_true(); else pk.pack_false();
-  });
+  internal::MsgpackWriter w(event_handle.size() + 8);
+  w.Array(2);
+  w.Bin(event_handle);
+  w.Bool(ok);
+  return w.Take();
 }
 std::string EncodeRegisterEngineDrivenResponse(std::string_view shm_name, uint64_t pool_size) {
   return Pack([&](auto& pk) {
