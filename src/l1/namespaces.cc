@@ -10,13 +10,19 @@ namespace {
 uint64_t HashOf(std::string_view s) { return Mix64(std::hash<std::string_view>{}(s)); }
 
 // Unambiguous composite key: length-prefixed model, world size, salt.
+void CompositeKeyInto(std::string* k, std::string_view model, int32_t world_size,
+                      std::string_view salt) {
+  const uint32_t n = static_cast<uint32_t>(model.size());
+  k->clear();
+  k->append(reinterpret_cast<const char*>(&n), sizeof(n));
+  k->append(model);
+  k->append(reinterpret_cast<const char*>(&world_size), sizeof(world_size));
+  k->append(salt);
+}
+
 std::string CompositeKey(std::string_view model, int32_t world_size, std::string_view salt) {
   std::string k;
-  const uint32_t n = static_cast<uint32_t>(model.size());
-  k.append(reinterpret_cast<const char*>(&n), sizeof(n));
-  k.append(model);
-  k.append(reinterpret_cast<const char*>(&world_size), sizeof(world_size));
-  k.append(salt);
+  CompositeKeyInto(&k, model, world_size, salt);
   return k;
 }
 
@@ -87,7 +93,11 @@ Namespaces::~Namespaces() {
 
 std::optional<NamespaceId> Namespaces::Find(std::string_view model, int32_t world_size,
                                             std::string_view salt) const {
-  return table_.Find(CompositeKey(model, world_size, salt));
+  // Built in this thread's scratch: a lookup of a known namespace allocates nothing once
+  // the scratch has grown (END_SESSION and lookups run on the request loop's thread).
+  thread_local std::string key;
+  CompositeKeyInto(&key, model, world_size, salt);
+  return table_.Find(key);
 }
 
 Result<NamespaceId> Namespaces::Intern(std::string_view model, int32_t world_size,

@@ -7,7 +7,17 @@
 namespace kvd::server {
 
 std::string KeyModelName(const std::string& model, const std::string& key_namespace) {
-  return key_namespace.empty() ? model : model + "@" + key_namespace;
+  std::string out;
+  KeyModelNameInto(&out, model, key_namespace);
+  return out;
+}
+
+void KeyModelNameInto(std::string* out, const std::string& model, const std::string& key_namespace) {
+  out->assign(model);
+  if (!key_namespace.empty()) {
+    out->push_back('@');
+    out->append(key_namespace);
+  }
 }
 
 Result<RequestChunks> RequestChunkKeys(SessionTable& sessions, l1::Namespaces& namespaces,

@@ -23,6 +23,8 @@ namespace kvd::server {
 // for canonical objects. A non-empty namespace is appended to the model name after '@',
 // which registered model names never contain, so the two kinds of keys cannot collide.
 std::string KeyModelName(const std::string& model, const std::string& key_namespace);
+// The same into *out (reusing its buffer).
+void KeyModelNameInto(std::string* out, const std::string& model, const std::string& key_namespace);
 
 struct RequestChunks {
   uint64_t first_chunk = 0;        // chunk index of keys[0] within the request (start / C)

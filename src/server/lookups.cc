@@ -78,11 +78,13 @@ void Lookups::EndSession(std::string_view request_id) {
   auto [identity, hashes] = sessions_->End(request_id);
   if (hashes.empty()) return;
   ScopedPhase index(Phase::kIndex);
-  auto ns = l1_->namespaces().Find(KeyModelName(identity.model_name, identity.key_namespace),
+  // The model name and keys are built in this thread's scratch: ending sessions allocates
+  // nothing once the scratch has grown.
+  thread_local std::string model;
+  KeyModelNameInto(&model, identity.model_name, identity.key_namespace);
+  auto ns = l1_->namespaces().Find(model,
                                    static_cast<int32_t>(identity.world_size), identity.cache_salt);
   if (!ns) return;
-  // Keys are 36-byte values built in this thread's scratch vector: ending sessions allocates
-  // nothing once the scratch has grown.
   thread_local std::vector<l1::ChunkKey> keys;
   keys.resize(hashes.size());
   for (size_t i = 0; i < hashes.size(); ++i) keys[i] = {*ns, hashes[i]};
