@@ -119,7 +119,7 @@ def test_bench_quick_all_suites(kvd_server, tmp_path):
     cases = doc["control"]["cases"]
     names = {c["name"] for c in cases}
     assert names == {"ping", "lookup_miss_1k", "lookup_hit_1k", "lookup_hit_8k",
-                     "lookup_hit_32k", "end_session", "zmq_echo_floor"}, names
+                     "lookup_hit_32k", "end_session", "zmq_echo_floor", "zmtp_echo_floor"}, names
     assert {c["concurrency"] for c in cases} == {1, 8}
     for c in cases:
         _positive(c, "ops", "rps", "p50_us", "p99_us", "seconds")
