@@ -63,8 +63,10 @@ struct Scratch {
 
 // Appends the plane's payload to *out. Returns false, appending nothing, when the plane
 // holds a value CacheGen cannot code (NaN or infinity) or would not get smaller; the
-// caller then stores it raw.
-bool Encode(const uint8_t* data, const PlaneSpec& spec, Scratch* scratch, std::vector<uint8_t>* out);
+// caller then stores it raw. `simd`: use the AVX2 quantizer and rANS step when the CPU
+// has them (false: the scalar reference; the bytes are the same).
+bool Encode(const uint8_t* data, const PlaneSpec& spec, Scratch* scratch, std::vector<uint8_t>* out,
+            bool simd = true);
 
 // Decodes a payload into out (tokens x channels in spec.dtype). Checks every length,
 // parameter and scale, and that each stream ends exactly where its states say.
@@ -113,5 +115,12 @@ void FitChannel(const uint32_t* hist, int alphabet, int prob_bits, uint8_t* cent
 float LoadRowAvx2(const uint8_t* src, Dtype dtype, uint32_t channels, const float* ref, float* v);
 // Symbols clamp(rint(v / step), -m, m) + m (0 when step is 0) into sym.
 void QuantizeRowAvx2(const float* v, uint32_t channels, float step, int m, uint8_t* sym);
+// AVX2 rANS encoder of one full block (32 lanes), tokens tokens-1 down to 0, as the
+// scalar EncodeStep loop codes it: symbols[t * row_stride + j] of lane j, enc[class] its
+// symbol tables (lane j at enc[class] + 64 j), states x[32] updated, words written
+// backwards from w (the new end returned). Writes up to 7 words below the returned
+// pointer, so the buffer needs 8 words of room below its last word.
+uint16_t* EncodeBlockAvx2(uint32_t* x, const uint8_t* symbols, size_t row_stride, const EncSymbol* const enc[2],
+                          uint32_t anchor_group, uint32_t tokens, uint16_t* w);
 
 }  // namespace kvd::codec::plane

@@ -83,7 +83,7 @@ uint64_t FixedBytes(const PlaneSpec& spec) {
          uint64_t{spec.Streams()} * 4;
 }
 
-bool Encode(const uint8_t* data, const PlaneSpec& spec, Scratch* sc, std::vector<uint8_t>* out) {
+bool Encode(const uint8_t* data, const PlaneSpec& spec, Scratch* sc, std::vector<uint8_t>* out, bool simd) {
   const uint32_t T = spec.tokens, C = spec.channels;
   const uint32_t isz = DtypeBytes(spec.dtype);
   const int levels[2] = {Levels(spec.bins), Levels(spec.anchors() ? spec.anchor_bins : spec.bins)};
@@ -96,7 +96,7 @@ bool Encode(const uint8_t* data, const PlaneSpec& spec, Scratch* sc, std::vector
   sc->hist.assign(size_t{2} * C * 64, 0);
 
   // 1. Quantize, token by token.
-  const bool avx2 = HaveAvx2();
+  const bool avx2 = simd && HaveAvx2();
   for (uint32_t t = 0; t < T; ++t) {
     const int cls = spec.IsAnchor(t) ? 1 : 0;
     const uint8_t* src = data + size_t{t} * C * isz;
@@ -181,7 +181,7 @@ bool Encode(const uint8_t* data, const PlaneSpec& spec, Scratch* sc, std::vector
   for (uint32_t si = 0; si < S; ++si) {
     const uint32_t c0 = si * spec.stream_channels;
     const uint32_t c1 = c0 + spec.stream_channels < C ? c0 + spec.stream_channels : C;
-    const size_t cap = size_t{T} * (c1 - c0) + 1;
+    const size_t cap = size_t{T} * (c1 - c0) + 8;  // + the AVX2 step's room below (plane.h)
     sc->words.resize(cap);
     uint16_t* w = sc->words.data() + cap;
     uint32_t x[kLanes];
@@ -190,6 +190,11 @@ bool Encode(const uint8_t* data, const PlaneSpec& spec, Scratch* sc, std::vector
     for (uint32_t b = blocks; b-- > 0;) {
       const uint32_t cb = c0 + b * kLanes;
       const int lanes = static_cast<int>(c1 - cb < kLanes ? c1 - cb : kLanes);
+      if (avx2 && lanes == kLanes) {
+        const EncSymbol* const e[2] = {sc->enc.data() + size_t{cb} * 64, sc->enc.data() + (size_t{C} + cb) * 64};
+        w = EncodeBlockAvx2(x, sc->symbols.data() + cb, C, e, spec.anchors() ? spec.anchor_group : 0, T, w);
+        continue;
+      }
       for (uint32_t t = T; t-- > 0;) {
         const int k = spec.IsAnchor(t) ? 1 : 0;
         const uint8_t* sym = sc->symbols.data() + size_t{t} * C + cb;

@@ -4,10 +4,12 @@
 #include <immintrin.h>
 
 #include <cmath>
+#include <cstddef>
 #include <cstring>
 
 #include "codec/float_bits.h"
 #include "codec/plane.h"
+#include "codec/rans.h"
 
 namespace kvd::codec::plane {
 
@@ -84,6 +86,94 @@ KVD_AVX2_TARGET void QuantizeRowAvx2(const float* v, uint32_t channels, float st
     q = q < -m ? -m : (q > m ? m : q);
     sym[c] = static_cast<uint8_t>(q + m);
   }
+}
+
+
+// ---- rANS encoder, 32 lanes ---------------------------------------------------------
+namespace {
+
+// For each 8-bit mask of emitting lanes: the pshufb that moves their 16-bit words, in
+// lane order, to the END of a 16-byte vector (the encoder writes backwards).
+struct CompactTable {
+  alignas(16) uint8_t shuf[256][16];
+  constexpr CompactTable() : shuf{} {
+    for (int m = 0; m < 256; ++m) {
+      int n = 0;
+      for (int i = 0; i < 8; ++i) n += (m >> i) & 1;
+      for (int b = 0; b < 16; ++b) shuf[m][b] = 0x80;
+      int slot = 8 - n;
+      for (int i = 0; i < 8; ++i) {
+        if ((m >> i) & 1) {
+          shuf[m][2 * slot] = static_cast<uint8_t>(2 * i);
+          shuf[m][2 * slot + 1] = static_cast<uint8_t>(2 * i + 1);
+          ++slot;
+        }
+      }
+    }
+  }
+};
+constexpr CompactTable kCompact;
+
+}  // namespace
+
+KVD_AVX2_TARGET uint16_t* EncodeBlockAvx2(uint32_t* x, const uint8_t* symbols, size_t row_stride,
+                                          const EncSymbol* const enc[2], uint32_t anchor_group, uint32_t tokens,
+                                          uint16_t* w) {
+  static_assert(sizeof(EncSymbol) == 16 && offsetof(EncSymbol, rcp) == 4 && offsetof(EncSymbol, cum) == 8 &&
+                offsetof(EncSymbol, cmpl) == 12 && offsetof(EncSymbol, rcp_shift) == 14);
+  const __m256i bias = _mm256_set1_epi32(static_cast<int>(0x80000000u));
+  const __m256i lo32 = _mm256_set1_epi64x(0xffffffffLL);
+  const __m256i lo16 = _mm256_set1_epi32(0xffff);
+  __m256i xs[4];
+  for (int g = 0; g < 4; ++g) xs[g] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 8 * g));
+  for (uint32_t t = tokens; t-- > 0;) {
+    const int k = anchor_group && t % anchor_group == 0 ? 1 : 0;
+    const uint8_t* sym = symbols + size_t{t} * row_stride;
+    for (int g = 4; g-- > 0;) {
+      // The eight lanes' EncSymbols (16 bytes each), loaded and transposed into
+      // x_max, rcp, cum and (cmpl | shift << 16) vectors: faster than four gathers.
+      const EncSymbol* e = enc[k] + static_cast<size_t>(8 * g) * 64;
+      const uint8_t* sg = sym + 8 * g;
+      auto ld = [&](int i) {
+        return _mm_loadu_si128(reinterpret_cast<const __m128i*>(e + size_t(i) * 64 + sg[i]));
+      };
+      const __m256i r0 = _mm256_inserti128_si256(_mm256_castsi128_si256(ld(0)), ld(4), 1);
+      const __m256i r1 = _mm256_inserti128_si256(_mm256_castsi128_si256(ld(1)), ld(5), 1);
+      const __m256i r2 = _mm256_inserti128_si256(_mm256_castsi128_si256(ld(2)), ld(6), 1);
+      const __m256i r3 = _mm256_inserti128_si256(_mm256_castsi128_si256(ld(3)), ld(7), 1);
+      const __m256i t0 = _mm256_unpacklo_epi32(r0, r1), t1 = _mm256_unpacklo_epi32(r2, r3);
+      const __m256i t2 = _mm256_unpackhi_epi32(r0, r1), t3 = _mm256_unpackhi_epi32(r2, r3);
+      const __m256i x_max = _mm256_unpacklo_epi64(t0, t1);
+      const __m256i rcp = _mm256_unpackhi_epi64(t0, t1);
+      const __m256i cum = _mm256_unpacklo_epi64(t2, t3);
+      const __m256i w3 = _mm256_unpackhi_epi64(t2, t3);
+      const __m256i s0 = xs[g];
+      // emit = s0 >= x_max (unsigned): not (x_max > s0).
+      const __m256i below = _mm256_cmpgt_epi32(_mm256_xor_si256(x_max, bias), _mm256_xor_si256(s0, bias));
+      const __m256i emit = _mm256_andnot_si256(below, _mm256_set1_epi32(-1));
+      const __m256i s = _mm256_srlv_epi32(s0, _mm256_and_si256(emit, _mm256_set1_epi32(16)));
+      // q = (s * rcp) >> shift, 64-bit products of even and odd lanes.
+      const __m256i shift = _mm256_and_si256(_mm256_srli_epi32(w3, 16), _mm256_set1_epi32(0xff));
+      const __m256i pe = _mm256_srlv_epi64(_mm256_mul_epu32(s, rcp), _mm256_and_si256(shift, lo32));
+      const __m256i po = _mm256_srlv_epi64(_mm256_mul_epu32(_mm256_srli_epi64(s, 32), _mm256_srli_epi64(rcp, 32)),
+                                           _mm256_srli_epi64(shift, 32));
+      const __m256i q = _mm256_blend_epi32(pe, _mm256_slli_epi64(po, 32), 0xaa);
+      const __m256i cmpl = _mm256_and_si256(w3, lo16);
+      xs[g] = _mm256_add_epi32(_mm256_add_epi32(s, cum), _mm256_mullo_epi32(q, cmpl));
+      // Words of the emitting lanes, in lane order, ending at w.
+      const int m = _mm256_movemask_ps(_mm256_castsi256_ps(emit));
+      if (m != 0) {
+        const __m256i low = _mm256_and_si256(s0, lo16);
+        const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(low, low), 0x08);
+        const __m128i words = _mm_shuffle_epi8(_mm256_castsi256_si128(packed),
+                                               _mm_load_si128(reinterpret_cast<const __m128i*>(kCompact.shuf[m])));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(w - 8), words);
+        w -= __builtin_popcount(static_cast<unsigned>(m));
+      }
+    }
+  }
+  for (int g = 0; g < 4; ++g) _mm256_storeu_si256(reinterpret_cast<__m256i*>(x + 8 * g), xs[g]);
+  return w;
 }
 
 }  // namespace kvd::codec::plane

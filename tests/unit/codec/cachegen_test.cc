@@ -331,6 +331,53 @@ TEST(CachegenTest, ScalarAndAvx2DecodersAgree) {
   }
 }
 
+// The AVX2 encoder (quantizer rows and the 32-lane rANS step) writes exactly the scalar
+// encoder's bytes: full and partial blocks, several streams, anchors, every bin count
+// class, outlier channels, one token and long planes, a plane that renormalises on
+// nearly every symbol (4 bins) and one that rarely does (64 bins).
+TEST(CachegenTest, ScalarAndAvx2EncodersWriteTheSameBytes) {
+  if (!plane::HaveAvx2()) GTEST_SKIP() << "no AVX2 on this CPU";
+  int cases = 0;
+  for (Dtype d : {Dtype::kBfloat16, Dtype::kFloat32}) {
+    for (uint32_t hidden : {32u, 96u, 200u, 512u + 40u}) {
+      for (uint32_t tokens : {1u, 33u, 256u}) {
+        for (uint32_t bins : {4u, 16u, 64u}) {
+          for (uint32_t g : {0u, 10u}) {
+            KvSpec s;
+            s.dtype = d;
+            s.layers = 1;
+            s.kv_size = 1;
+            s.hidden = hidden;
+            s.tokens = tokens;
+            s.outliers = 3;
+            s.seed = 7 + hidden + tokens + bins + g;
+            const auto obj = MakeKv(s);
+            plane::PlaneSpec ps;
+            ps.tokens = tokens;
+            ps.channels = hidden;
+            ps.dtype = d;
+            ps.bins = bins;
+            ps.anchor_group = g;
+            ps.anchor_bins = g ? 32 : 0;
+            plane::Scratch sa, sb;
+            std::vector<uint8_t> pa, pb;
+            const bool oka = plane::Encode(obj.data(), ps, &sa, &pa, /*simd=*/false);
+            const bool okb = plane::Encode(obj.data(), ps, &sb, &pb, /*simd=*/true);
+            ASSERT_EQ(oka, okb) << hidden << " " << tokens << " " << bins << " " << g;
+            ASSERT_EQ(pa, pb) << DtypeName(d) << " hidden " << hidden << " tokens " << tokens << " bins " << bins
+                              << " anchors " << g;
+            if (!oka) continue;
+            ++cases;
+            std::vector<uint8_t> out(size_t{tokens} * hidden * DtypeBytes(d));
+            ASSERT_TRUE(plane::Decode(pb, ps, &sb, out.data()).ok());
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GT(cases, 100);  // most planes get smaller than raw (one-token planes may not)
+}
+
 TEST(CachegenTest, BinScheduleIsPerLayerAndRecorded) {
   KvSpec s;
   s.layers = 12;
