@@ -47,8 +47,6 @@ constexpr const char* kNoGds = "only used with --gds-l1-path, which kvd refuses"
 constexpr const char* kNoBlend = "--engine-type blend only, which kvd refuses (lmcache: no effect otherwise)";
 constexpr const char* kNoHashLog = "only used with --lookup-hash-log-dir, which kvd refuses";
 constexpr const char* kNoGc = "kvd has no garbage collector to monitor";
-constexpr const char* kNoL2 = "kvd has no L2 tier yet (issue 10): nothing for it to act on";
-constexpr const char* kL2Missing = "L2 tiers are not implemented yet (issue 10)";
 constexpr const char* kL1Missing = "not implemented yet (issue 12: L1 allocator)";
 constexpr const char* kCliOutput =
     "output options of lmcache's command metrics; the server command prints none";
@@ -262,13 +260,24 @@ const FlagSpec kFlags[] = {
 
     // ---- L2 Policies ----
     {.name = "--l2-store-policy", .group = kL2Policies, .kind = K::kChoice,
-     .lmcache_default = "default", .choices = "default|skip_l1", .support = S::kAccepted,
-     .serves = "default", .note = kNoL2, .refusal = kL2Missing},
+     .lmcache_default = "default", .choices = "default|skip_l1",
+     .note = "default: L1 keeps what it stored; skip_l1: a chunk's L1 copy goes once a tier "
+             "holds it (docs/tiers.md)",
+     .apply = [](const FlagValue& v, CliConfig& c) { c.server.l2_store_policy = v.text; },
+     .show = [](const CliConfig& c) { return c.server.l2_store_policy; }},
     {.name = "--l2-prefetch-policy", .group = kL2Policies, .kind = K::kChoice,
-     .lmcache_default = "default", .choices = "default|retain", .support = S::kAccepted,
-     .serves = "default", .note = kNoL2, .refusal = kL2Missing},
+     .lmcache_default = "default", .choices = "default|retain",
+     .note = "default: chunks a lookup loads from a tier leave L1 after their retrieve; "
+             "retain: they stay",
+     .apply = [](const FlagValue& v, CliConfig& c) { c.server.l2_prefetch_policy = v.text; },
+     .show = [](const CliConfig& c) { return c.server.l2_prefetch_policy; }},
     {.name = "--l2-prefetch-max-in-flight", .group = kL2Policies, .kind = K::kInt,
-     .lmcache_default = "8", .support = S::kAccepted, .note = kNoL2, .min = 1, .max = 1 << 20},
+     .lmcache_default = "8", .note = "lookups loading from the tiers at once; the others wait",
+     .min = 1, .max = 1 << 20,
+     .apply = [](const FlagValue& v, CliConfig& c) {
+       c.server.l2_prefetch_max_in_flight = static_cast<int>(v.AsInt());
+     },
+     .show = [](const CliConfig& c) { return std::to_string(c.server.l2_prefetch_max_in_flight); }},
     {.name = "--periodic-notifier-interval-ms", .group = kL2Policies, .kind = K::kInt,
      .lmcache_default = "5", .support = S::kAccepted,
      .note = "kvd's completions are event driven: it has no periodic notifier", .min = 1,
@@ -276,7 +285,10 @@ const FlagSpec kFlags[] = {
 
     // ---- L2 Adapters ----
     {.name = "--l2-adapter", .group = kL2Adapters, .kind = K::kJsonList, .lmcache_default = "[]",
-     .support = S::kRefused, .note = kL2Missing},
+     .note = "a tier behind L1, lmcache's JSON: fs, fs_native, resp, valkey (standalone or "
+             "cluster_mode); repeat in priority order (docs/tiers.md)",
+     .apply = [](const FlagValue& v, CliConfig& c) { c.server.l2_adapters = v.items; },
+     .show = [](const CliConfig& c) { return std::to_string(c.server.l2_adapters.size()) + " tier(s)"; }},
 
     // ---- HTTP Frontend ----
     {.name = "--http-host", .group = kHttp, .lmcache_default = "127.0.0.1",

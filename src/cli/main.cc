@@ -34,6 +34,7 @@
 #include "cli/flags.h"
 #include "common/clock.h"
 #include "http/http_server.h"
+#include "l2/adapter_config.h"
 #include "kvd_version.h"
 #include "server/config.h"
 #include "server/kv_service.h"
@@ -96,6 +97,15 @@ std::string ConfigJson(const kvd::server::ServerConfig& c, const HttpConfig& h) 
                    {"worker_registration_grace_seconds", c.worker_registration_grace_seconds}}},
       {"log_level", c.log_level},
   };
+  nlohmann::ordered_json adapters = nlohmann::ordered_json::array();
+  for (size_t i = 0; i < c.l2_adapters.size(); ++i) {
+    auto a = kvd::l2::ParseAdapterConfig(c.l2_adapters[i], static_cast<int>(i));
+    if (a.ok()) adapters.push_back(nlohmann::ordered_json::parse(a->RedactedJson()));
+  }
+  j["l2"] = {{"l2_adapter", adapters},
+             {"l2_store_policy", c.l2_store_policy},
+             {"l2_prefetch_policy", c.l2_prefetch_policy},
+             {"l2_prefetch_max_in_flight", c.l2_prefetch_max_in_flight}};
   return j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
@@ -463,6 +473,15 @@ int main(int argc, char** argv) {
     return 0;
   }
   kvd::server::ServerConfig& cfg = cli.server;
+  // Tier JSON is checked here, in one line, before anything starts (an unreachable server
+  // is not an error: its tier keeps retrying).
+  for (size_t i = 0; i < cfg.l2_adapters.size(); ++i) {
+    auto a = kvd::l2::ParseAdapterConfig(cfg.l2_adapters[i], static_cast<int>(i));
+    if (!a.ok()) {
+      std::fprintf(stderr, "kvd: %s\n", a.status().message().c_str());
+      return 2;
+    }
+  }
   cfg.log_level = cli.log_level;
   if (cfg.shm_name.empty()) cfg.shm_name = "kvd_l1_pool_" + std::to_string(getpid());
   if (!cfg.shm_name.empty() && cfg.shm_name[0] == '/') cfg.shm_name = cfg.shm_name.substr(1);

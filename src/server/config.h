@@ -50,6 +50,12 @@ struct ServerConfig {
 
   bool lmcache_driven_enabled() const { return supported_transfer_mode != "engine_driven"; }
   bool engine_driven_enabled() const { return supported_transfer_mode != "lmcache_driven"; }
+  // Tiers behind L1 (lmcache's --l2-* flags): adapter JSON in priority order.
+  std::vector<std::string> l2_adapters;
+  std::string l2_store_policy = "default";     // default | skip_l1
+  std::string l2_prefetch_policy = "default";  // default | retain
+  int l2_prefetch_max_in_flight = 8;
+  double l2_prefetch_timeout_seconds = 10;     // a lookup waits this long for its tiers
 
   uint64_t l1_size_bytes() const { return static_cast<uint64_t>(l1_size_gb * (1ull << 30)); }
   std::string ZmqEndpoint() const;       // tcp://host:port

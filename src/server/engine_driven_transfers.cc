@@ -7,6 +7,7 @@
 #include "layout/layout.h"
 #include "server/chunk_keys.h"
 #include "server/request_phases.h"
+#include "server/tiers.h"
 
 namespace kvd::server {
 namespace {
@@ -97,6 +98,8 @@ Result<std::pair<std::string, uint64_t>> EngineDrivenTransfers::Register(
                                    " bytes) is larger than L1");
   }
   inst->object_bytes = static_cast<uint64_t>(bytes);
+  inst->tier_format = TierFormatOfEngineDriven(inst->object_bytes, inst->object_shape, inst->dtype,
+                                               inst->key_namespace);
   spdlog::info("registered engine-driven instance {} model '{}' world_size {}: object {} bytes{}",
                req.instance_id, req.model_name, req.world_size, inst->object_bytes,
                inst->key_namespace.empty() ? std::string()
@@ -134,6 +137,8 @@ EngineDrivenTransfers::PrepareStore(const wire::EngineDrivenRequest& req) {
   const std::vector<l1::ChunkKey>* keys = &chunks->keys;
   PendingStore pending;
   pending.started_ns = clock_->NowNanos();
+  pending.slot = static_cast<uint32_t>(*req.key.worker_id);
+  pending.cache_salt = req.key.cache_salt;
   std::vector<wire::ShmSlot> slots;
   std::vector<int64_t> indices;
   ScopedPhase index_phase(Phase::kIndex);
@@ -144,6 +149,7 @@ EngineDrivenTransfers::PrepareStore(const wire::EngineDrivenRequest& req) {
       slots.push_back({r->offset(), r->size(), inst->object_shape, inst->dtype});
       indices.push_back(static_cast<int64_t>(i));
       pending.reservations.push_back(std::move(r).value());
+      pending.keys.push_back((*keys)[i]);
     } else if (r.status().code() != StatusCode::kAlreadyExists) {
       counters_->store_failures++;
       return r.status();
@@ -175,9 +181,23 @@ Status EngineDrivenTransfers::CommitStore(const wire::EngineDrivenRequest& req) 
                                    "write into the shared-memory slots instead");
   }
   uint64_t bytes = 0;
-  for (const auto& r : pending.reservations) bytes += r.size();
-  if (l1::CommitInReverse(pending.reservations) < pending.reservations.size()) {
-    spdlog::debug("commit_store: a reservation expired before commit");
+  std::vector<l1::ChunkKey> committed;
+  // Last chunk first: the request's later chunks become the older ones (lmcache's order).
+  for (size_t j = pending.reservations.size(); j-- > 0;) {
+    auto& r = pending.reservations[j];
+    bytes += r.size();
+    if (r.Commit()) {
+      committed.push_back(pending.keys[j]);
+    } else {
+      spdlog::debug("commit_store: a reservation expired before commit");
+    }
+  }
+  if (tiers_ && !committed.empty()) {
+    if (auto inst = registry_->Peek(req.instance_id)) {
+      tiers_->StoreBehind(CommittedObjects(committed, inst->model_name, inst->world_size,
+                                           pending.cache_salt, pending.slot, inst->tier_format),
+                          inst->tier_format);
+    }
   }
   counters_->stored_chunks += pending.reservations.size();
   counters_->stored_bytes += bytes;
@@ -210,6 +230,7 @@ Result<std::vector<wire::ShmSlot>> EngineDrivenTransfers::PrepareRetrieve(
   pending.request_id = req.key.request_id;
   pending.first_chunk = chunks->first_chunk;
   pending.count = count;
+  if (tiers_) pending.keys = chunks->keys;
   std::vector<wire::ShmSlot> slots;
   ScopedPhase index_phase(Phase::kIndex);
   for (size_t i = 0; i < count; ++i) {
@@ -243,6 +264,8 @@ Status EngineDrivenTransfers::CommitRetrieve(const wire::EngineDrivenRequest& re
   l1_->ReleaseLocks(pending.request_id, pending.first_chunk, pending.count, pending.slot);
   counters_->retrieved_chunks += pending.count;
   for (const auto& p : pending.pins) counters_->retrieved_bytes += p.size();
+  pending.pins.clear();
+  if (tiers_) tiers_->AfterRetrieve(pending.keys);
   return Status::Ok();
 }
 

@@ -19,6 +19,7 @@
 #include "common/clock.h"
 #include "common/status.h"
 #include "l1/l1_cache.h"
+#include "l2/tier_set.h"
 #include "server/config.h"
 #include "server/instance_registry.h"
 #include "server/service_counters.h"
@@ -44,6 +45,8 @@ class EngineDrivenTransfers {
   Status CommitStore(const wire::EngineDrivenRequest& req);
   Result<std::vector<wire::ShmSlot>> PrepareRetrieve(const wire::EngineDrivenRequest& req);
   Status CommitRetrieve(const wire::EngineDrivenRequest& req);
+  // The tiers committed objects are written behind to (null: none). Set once, before use.
+  void set_tiers(l2::TierSet* tiers) { tiers_ = tiers; }
 
   // Drops every half-done operation of the instance (unregistered or reaped).
   void DropInstance(int64_t instance_id);
@@ -56,6 +59,9 @@ class EngineDrivenTransfers {
   // Operations between PREPARE and COMMIT, keyed by (instance, request#start:end).
   struct PendingStore {
     std::vector<l1::WriteReservation> reservations;
+    std::vector<l1::ChunkKey> keys;   // parallel to reservations
+    std::string cache_salt;
+    uint32_t slot = 0;
     int64_t started_ns = 0;
   };
   struct PendingRetrieve {
@@ -64,6 +70,7 @@ class EngineDrivenTransfers {
     uint64_t first_chunk = 0, count = 0;
     uint32_t slot = 0;
     int64_t started_ns = 0;
+    std::vector<l1::ChunkKey> keys;  // with tiers only: prefetched chunks may leave L1 after
   };
   using PendingKey = std::pair<int64_t, std::string>;
 
@@ -73,6 +80,7 @@ class EngineDrivenTransfers {
   SessionTable* const sessions_;
   InstanceRegistry* const registry_;
   ServiceCounters* const counters_;
+  l2::TierSet* tiers_ = nullptr;
 
   mutable std::mutex mu_;
   std::map<PendingKey, PendingStore> pending_stores_;        // guarded by mu_

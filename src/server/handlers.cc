@@ -125,13 +125,15 @@ std::string HandleRequest(KvService& svc, const wire::OpInfo& op, wire::Frames p
     case Op::kQueryPrefetchLookupHits: {
       auto id = Decoded(wire::DecodeRequestId, p);
       if (!id.ok()) return Fail(op, client, id.status(), wire::EncodeInt(0));
-      // Lookups complete before their ack, so a result is always final: unknown → 0.
-      return wire::EncodeInt(svc.QueryPrefetchStatus(*id).value_or(0));
+      // nil while the lookup's prefetch from the tiers runs; then the hit count (unknown: 0).
+      auto hits = svc.QueryPrefetchStatus(*id);
+      return hits ? wire::EncodeInt(*hits) : wire::EncodeNil();
     }
     case Op::kWaitPrefetchStatus: {
       auto req = Decoded(wire::DecodeWaitPrefetch, p);
       if (!req.ok()) return Fail(op, client, req.status(), wire::EncodeInt(0));
-      return wire::EncodeInt(svc.QueryPrefetchStatus(req->first).value_or(0));
+      auto hits = svc.QueryPrefetchStatus(req->first);
+      return hits ? wire::EncodeInt(*hits) : wire::EncodeNil();
     }
     case Op::kFreeLookupLocks: {
       auto req = Decoded(wire::DecodeLookup, p);

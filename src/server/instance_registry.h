@@ -18,6 +18,7 @@
 
 #include "common/clock.h"
 #include "common/status.h"
+#include "l2/tier_set.h"
 #include "layout/layout.h"
 #include "transfer/copy_engine.h"
 #include "transfer/shm_mapping.h"
@@ -52,6 +53,8 @@ struct Instance {
   // engine-driven: the slot shape the worker copies.
   std::vector<int64_t> object_shape;
   std::string dtype;
+  // How its objects are named and laid out in the tiers (server/tiers.h).
+  l2::ObjectFormat tier_format;
 };
 
 class InstanceRegistry {

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 
+#include "server/tiers.h"
+
 namespace kvd::server {
 
 Result<std::unique_ptr<KvService>> KvService::Create(const ServerConfig& config,
@@ -28,23 +30,33 @@ Result<std::unique_ptr<KvService>> KvService::Create(const ServerConfig& config,
     if (!pool.ok()) return pool.status();
     shm.refused.push_back(*pool);
   }
-  return std::unique_ptr<KvService>(
-      new KvService(config, clock, std::move(l1).value(), std::move(shm)));
+  auto tiers = MakeTierSet(config, l1->get(), clock);
+  if (!tiers.ok()) return tiers.status();
+  return std::unique_ptr<KvService>(new KvService(config, clock, std::move(l1).value(),
+                                                  std::move(shm), std::move(tiers).value()));
 }
 
 KvService::KvService(const ServerConfig& config, const Clock* clock,
-                     std::unique_ptr<l1::L1Cache> l1, transfer::ShmAccessPolicy shm_policy)
+                     std::unique_ptr<l1::L1Cache> l1, transfer::ShmAccessPolicy shm_policy,
+                     std::unique_ptr<l2::TierSet> tiers)
     : config_(config),
       clock_(clock),
       l1_(std::move(l1)),
+      tiers_(std::move(tiers)),
       sessions_(clock, static_cast<uint32_t>(config.chunk_size), config.session_ttl_seconds),
       registry_(clock),
       lookups_(config_, l1_.get(), &sessions_, &registry_, &counters_),
       lmcache_(config_, clock, l1_.get(), &sessions_, &registry_, &counters_,
                std::move(shm_policy)),
-      engine_driven_(config_, clock, l1_.get(), &sessions_, &registry_, &counters_) {}
+      engine_driven_(config_, clock, l1_.get(), &sessions_, &registry_, &counters_) {
+  lookups_.set_tiers(tiers_.get());
+  lmcache_.set_tiers(tiers_.get());
+  engine_driven_.set_tiers(tiers_.get());
+}
 
-KvService::~KvService() = default;
+KvService::~KvService() {
+  if (tiers_) tiers_->Close();  // before anything its callbacks use goes away
+}
 
 Status KvService::Unregister(int64_t instance_id) {
   std::shared_ptr<const Instance> gone = registry_.Remove(instance_id);

@@ -29,6 +29,7 @@
 #include "common/clock.h"
 #include "common/status.h"
 #include "l1/l1_cache.h"
+#include "l2/tier_set.h"
 #include "server/config.h"
 #include "server/engine_driven_transfers.h"
 #include "server/instance_registry.h"
@@ -97,6 +98,10 @@ class KvService {
   void Maintain();
 
   const ServiceCounters& counters() const { return counters_; }
+  // The tiers behind L1; null without --l2-adapter.
+  const l2::TierSet* tiers() const { return tiers_.get(); }
+  // Waits until no write to a tier is in flight (tests and benchmarks). True when idle.
+  bool WaitTiersIdle(double timeout_s) { return !tiers_ || tiers_->WaitIdle(timeout_s); }
   // count_locked walks the L1 table (see L1Cache::stats): on demand only.
   l1::L1Stats l1_stats() const { return l1_->stats(); }
   size_t num_instances() const { return registry_.size(); }
@@ -109,13 +114,15 @@ class KvService {
 
  private:
   KvService(const ServerConfig& config, const Clock* clock, std::unique_ptr<l1::L1Cache> l1,
-            transfer::ShmAccessPolicy shm_policy);
+            transfer::ShmAccessPolicy shm_policy, std::unique_ptr<l2::TierSet> tiers);
 
   // Declaration order is destruction order in reverse: the parts (which hold L1 handles)
   // go before the sessions, the registry and the cache they borrow.
   const ServerConfig config_;
   const Clock* const clock_;
   std::unique_ptr<l1::L1Cache> l1_;
+  // Closed first in the destructor: its callbacks use the sessions and the parts below.
+  std::unique_ptr<l2::TierSet> tiers_;
   SessionTable sessions_;
   ServiceCounters counters_;
   InstanceRegistry registry_;

@@ -13,6 +13,7 @@
 
 #include "server/chunk_keys.h"
 #include "server/request_phases.h"
+#include "server/tiers.h"
 #include "transfer/copy_engine.h"
 #include "transfer/cuda/ipc_handles.h"
 #include "transfer/shm_mapping.h"
@@ -278,6 +279,12 @@ Status LmcacheTransfers::Register(const wire::RegisterKvCacheRequest& req) {
     inst->key_namespace = "vllm-cpu blocks of " + std::to_string(layout->block_size_dependent);
   }
   inst->layout = std::move(layout).value();
+  inst->tier_format = TierFormatOf(inst->layout, inst->key_namespace);
+  if (tiers_ && !inst->tier_format.layout_tag.empty()) {
+    spdlog::info("instance {}: tier objects of this layout are kvd-private (layout tag {}): "
+                 "lmcache servers sharing the tiers will not read them (docs/tiers.md)",
+                 req.instance_id, inst->tier_format.layout_tag);
+  }
   const std::string described = inst->layout.Describe();
   if (Status st = registry_->PutExclusive(std::move(inst)); !st.ok()) {
     return Status::FailedPrecondition("instance " + std::to_string(req.instance_id) + ": " +
@@ -324,6 +331,7 @@ Status LmcacheTransfers::Store(const wire::TransferRequest& req, std::string* ev
   // The reservations belong to the copy's completion, which commits them once every byte
   // landed (or aborts them by dropping them).
   auto held = std::make_shared<std::vector<l1::WriteReservation>>();
+  auto held_keys = std::make_shared<std::vector<l1::ChunkKey>>();
   std::vector<transfer::ChunkTask> tasks;
   uint64_t bytes = 0;
   std::optional<ScopedPhase> index_phase(std::in_place, Phase::kIndex);
@@ -341,6 +349,7 @@ Status LmcacheTransfers::Store(const wire::TransferRequest& req, std::string* ev
       tasks.push_back({i, r->data(), 0});
       bytes += r->size();
       held->push_back(std::move(r).value());
+      held_keys->push_back((*keys)[i]);
     } else if (r.status().code() != StatusCode::kAlreadyExists) {
       return fail(r.status());  // reservations made so far are aborted with `held`
     }
@@ -350,12 +359,24 @@ Status LmcacheTransfers::Store(const wire::TransferRequest& req, std::string* ev
   ScopedPhase copy_phase(Phase::kCopy);  // the copy, and the commit when it runs inline
   Status st = Submit(
       inst, transfer::CopyDirection::kGather, req, std::move(tasks),
-      [held](const Status& done) {
-        // Last chunk first: the request's later chunks become the older ones (lmcache's order).
-        if (done.ok() && l1::CommitInReverse(*held) < held->size()) {
-          spdlog::debug("store: a reservation expired before the copy ended");
+      [held, held_keys, tiers = tiers_, inst, salt = req.key.cache_salt, slot](const Status& done) {
+        std::vector<l1::ChunkKey> committed;
+        if (done.ok()) {
+          // Last chunk first: the request's later chunks become the older ones (lmcache's order).
+          for (size_t j = held->size(); j-- > 0;) {
+            if ((*held)[j].Commit()) {
+              committed.push_back((*held_keys)[j]);
+            } else {
+              spdlog::debug("store: a reservation expired before the copy ended");
+            }
+          }
         }
         held->clear();  // aborts what was not committed
+        if (tiers && !committed.empty()) {
+          tiers->StoreBehind(CommittedObjects(committed, inst->model_name, inst->world_size, salt,
+                                              slot, inst->tier_format),
+                             inst->tier_format);
+        }
       },
       event_handle);
   if (!st.ok()) return fail(st);
@@ -429,7 +450,11 @@ Status LmcacheTransfers::Retrieve(const wire::TransferRequest& req, std::string*
   ScopedPhase copy_phase(Phase::kCopy);
   Status st = Submit(
       inst, transfer::CopyDirection::kScatter, req, std::move(tasks),
-      [held](const Status&) { l1::ReleaseInReverse(*held); }, event_handle);
+      [held, tiers = tiers_, keys_copy = tiers_ ? *keys : std::vector<l1::ChunkKey>()](const Status&) {
+        l1::ReleaseInReverse(*held);
+        if (tiers) tiers->AfterRetrieve(keys_copy);
+      },
+      event_handle);
   if (!st.ok()) return fail(st);
   counters_->retrieved_chunks += n;
   counters_->retrieved_bytes += n * inst->object_bytes;

@@ -29,6 +29,7 @@
 #include "common/clock.h"
 #include "common/status.h"
 #include "l1/l1_cache.h"
+#include "l2/tier_set.h"
 #include "server/config.h"
 #include "server/inflight_copies.h"
 #include "server/instance_registry.h"
@@ -60,6 +61,8 @@ class LmcacheTransfers {
   // committed, and read pins dropped, when the copy has completed.
   Status Store(const wire::TransferRequest& req, std::string* event_handle);
   Status Retrieve(const wire::TransferRequest& req, std::string* event_handle);
+  // The tiers committed objects are written behind to (null: none). Set once, before use.
+  void set_tiers(l2::TierSet* tiers) { tiers_ = tiers; }
 
   // Cancels the instances whose asynchronous copies are past their deadline (see above);
   // returns how many. Called periodically (KvService::Maintain).
@@ -85,6 +88,7 @@ class LmcacheTransfers {
   SessionTable* const sessions_;
   InstanceRegistry* const registry_;
   ServiceCounters* const counters_;
+  l2::TierSet* tiers_ = nullptr;
   const int copy_threads_;  // most threads one CPU copy may use
   const transfer::ShmAccessPolicy shm_policy_;
   // Shared with the completions, which may run after this object is gone.

@@ -1,10 +1,13 @@
 #include "server/lookups.h"
 
 #include <algorithm>
+#include <memory>
+#include <span>
 #include <vector>
 
 #include "server/chunk_keys.h"
 #include "server/request_phases.h"
+#include "server/tiers.h"
 
 namespace kvd::server {
 
@@ -32,8 +35,9 @@ Status Lookups::Lookup(const wire::LookupRequest& req) {
     sessions_->SetLookupResult(key.request_id, 0);
     return Status::Ok();
   }
+  // With tiers, a namespace L1 has not seen yet (a restart) may still have objects in them.
   auto chunks = RequestChunkKeys(*sessions_, l1_->namespaces(), config_.chunk_size, key,
-                                 /*create_namespace=*/false, ns.key_namespace);
+                                 /*create_namespace=*/tiers_ != nullptr, ns.key_namespace);
   if (!chunks.ok()) {
     l1_->ReleaseAllLocks(key.request_id);
     sessions_->SetLookupResult(key.request_id, 0);
@@ -41,21 +45,64 @@ Status Lookups::Lookup(const wire::LookupRequest& req) {
   }
   // The locks belong to this request: only its own RETRIEVEs, FREE_LOOKUP_LOCKS, next LOOKUP
   // or the read TTL release them.
+  const uint32_t world = static_cast<uint32_t>(key.world_size);
+  const uint32_t readers = ReadLocksPerSlot(key, req.tp_size);
   size_t hits;
   {
     ScopedPhase index(Phase::kIndex);
-    hits = l1_->LookupAndLock(key.request_id, chunks->first_chunk, chunks->keys,
-                              static_cast<uint32_t>(key.world_size),
-                              ReadLocksPerSlot(key, req.tp_size));
+    hits = l1_->LookupAndLock(key.request_id, chunks->first_chunk, chunks->keys, world, readers);
   }
   counters_->lookup_chunks += (key.end - key.start) / config_.chunk_size;
   counters_->hit_chunks += hits;
-  sessions_->SetLookupResult(key.request_id, static_cast<int64_t>(hits));
+  counters_->hit_l1_chunks += hits;
+  std::optional<l2::ObjectFormat> format;
+  if (tiers_ && hits < chunks->keys.size()) format = TierFormatFor(key.model_name, key.world_size);
+  if (!format) {
+    sessions_->SetLookupResult(key.request_id, static_cast<int64_t>(hits));
+    return Status::Ok();
+  }
+  // The L1 prefix stays read-locked (for this request) while the tiers load the rest; then
+  // the whole prefix is locked again in one call (LookupAndLock replaces the owner's locks).
+  const uint64_t generation = sessions_->BeginLookup(key.request_id);
+  auto all = std::make_shared<RequestChunks>(std::move(chunks).value());
+  l2::PrefetchRequest p;
+  p.chunks.assign(all->keys.begin() + static_cast<std::ptrdiff_t>(hits), all->keys.end());
+  for (const auto& c : p.chunks) p.hashes.push_back(c.chunk_hash);
+  p.model_name = key.model_name;
+  p.cache_salt = key.cache_salt;
+  p.world_size = world;
+  p.format = *format;
+  const std::string request_id = key.request_id;
+  tiers_->Prefetch(std::move(p), [this, all, hits, world, readers, request_id, generation](size_t n) {
+    // A later LOOKUP of the request (or its end) supersedes this one: its locks are not ours.
+    if (!sessions_->LookupCurrent(request_id, generation)) return;
+    size_t total = hits;
+    if (n > 0) {
+      std::span<const l1::ChunkKey> prefix(all->keys.data(), hits + n);
+      total = l1_->LookupAndLock(request_id, all->first_chunk, prefix, world, readers);
+    }
+    if (!sessions_->FinishLookup(request_id, generation, static_cast<int64_t>(total))) return;
+    const size_t more = total > hits ? total - hits : 0;
+    counters_->hit_chunks += more;
+    counters_->hit_l2_chunks += more;
+  });
   return Status::Ok();
 }
 
+std::optional<l2::ObjectFormat> Lookups::TierFormatFor(const std::string& model,
+                                                       int64_t world_size) const {
+  for (const auto& e : registry_->Snapshot()) {
+    const auto& i = *e.instance;
+    if (i.model_name == model && i.world_size == world_size && i.tier_format.object_bytes > 0) {
+      return i.tier_format;
+    }
+  }
+  return std::nullopt;
+}
+
 std::optional<int64_t> Lookups::QueryPrefetchStatus(std::string_view request_id) {
-  return sessions_->TakeLookupResult(request_id);
+  if (sessions_->LookupRunning(request_id)) return std::nullopt;
+  return sessions_->TakeLookupResult(request_id).value_or(0);
 }
 
 Status Lookups::FreeLookupLocks(const wire::LookupRequest& req) {

@@ -3,6 +3,11 @@
 // QUERY_PREFETCH_STATUS; FREE_LOOKUP_LOCKS gives locks back; END_SESSION forgets the
 // request's hashes and refreshes its chunks' recency.
 //
+// With tiers, a prefix that continues past L1 is prefetched: the lookup read-locks its L1
+// prefix, asks the tiers for the rest (l2::TierSet::Prefetch) and answers at once;
+// QUERY_PREFETCH_STATUS answers "running" (nil) until the loaded chunks are in L1 and
+// read-locked, then the whole hit count.
+//
 // Thread-safe (SessionTable and L1Cache are); no lock of its own.
 #pragma once
 
@@ -12,6 +17,7 @@
 
 #include "common/status.h"
 #include "l1/l1_cache.h"
+#include "l2/tier_set.h"
 #include "server/config.h"
 #include "server/instance_registry.h"
 #include "server/service_counters.h"
@@ -29,8 +35,11 @@ class Lookups {
   // LOOKUP: hit prefix (in chunks), read-locked, recorded for QueryPrefetchStatus. A model
   // no worker registered has 0 hits.
   Status Lookup(const wire::LookupRequest& req);
-  // The recorded result, taken once; nullopt when none is pending.
+  // The recorded result, taken once (0 when none is pending); nullopt while a prefetch for
+  // the request is still running.
   std::optional<int64_t> QueryPrefetchStatus(std::string_view request_id);
+  // The tiers a lookup prefetches from (null: none). Set once, before use.
+  void set_tiers(l2::TierSet* tiers) { tiers_ = tiers; }
   // FREE_LOOKUP_LOCKS: releases the locks a lookup took on a range.
   Status FreeLookupLocks(const wire::LookupRequest& req);
   // END_SESSION.
@@ -40,11 +49,15 @@ class Lookups {
   static uint32_t ReadLocksPerSlot(const wire::CacheKey& key, int64_t tp_size);
 
  private:
+  // The tier format of a registered instance of the model (nullopt: none registered).
+  std::optional<l2::ObjectFormat> TierFormatFor(const std::string& model, int64_t world_size) const;
+
   const ServerConfig& config_;
   l1::L1Cache* const l1_;
   SessionTable* const sessions_;
   const InstanceRegistry* const registry_;
   ServiceCounters* const counters_;
+  l2::TierSet* tiers_ = nullptr;
 };
 
 }  // namespace kvd::server

@@ -9,6 +9,8 @@ namespace kvd::server {
 
 struct ServiceCounters {
   std::atomic<uint64_t> lookups{0}, lookup_chunks{0}, hit_chunks{0};
+  // Of hit_chunks: found in L1 / brought into L1 from the tiers by the lookup's prefetch.
+  std::atomic<uint64_t> hit_l1_chunks{0}, hit_l2_chunks{0};
   std::atomic<uint64_t> stores{0}, store_failures{0}, stored_chunks{0}, stored_bytes{0};
   std::atomic<uint64_t> retrieves{0}, retrieve_failures{0}, retrieved_chunks{0},
       retrieved_bytes{0};

@@ -61,6 +61,41 @@ void SessionTable::SetLookupResult(std::string_view request_id, int64_t hit_chun
   auto s = Get(request_id, true);
   std::lock_guard<std::mutex> lock(s->mu);
   s->lookup_result = hit_chunks;
+  s->lookup_generation++;
+  s->lookup_running = false;
+}
+
+uint64_t SessionTable::BeginLookup(std::string_view request_id) {
+  auto s = Get(request_id, true);
+  std::lock_guard<std::mutex> lock(s->mu);
+  s->lookup_result.reset();
+  s->lookup_running = true;
+  return ++s->lookup_generation;
+}
+
+bool SessionTable::FinishLookup(std::string_view request_id, uint64_t generation,
+                                int64_t hit_chunks) {
+  auto s = Get(request_id, false);
+  if (!s) return false;  // ended meanwhile
+  std::lock_guard<std::mutex> lock(s->mu);
+  if (s->lookup_generation != generation) return false;
+  s->lookup_result = hit_chunks;
+  s->lookup_running = false;
+  return true;
+}
+
+bool SessionTable::LookupCurrent(std::string_view request_id, uint64_t generation) {
+  auto s = Get(request_id, false);
+  if (!s) return false;
+  std::lock_guard<std::mutex> lock(s->mu);
+  return s->lookup_running && s->lookup_generation == generation;
+}
+
+bool SessionTable::LookupRunning(std::string_view request_id) {
+  auto s = Get(request_id, false);
+  if (!s) return false;
+  std::lock_guard<std::mutex> lock(s->mu);
+  return s->lookup_running;
 }
 
 std::optional<int64_t> SessionTable::TakeLookupResult(std::string_view request_id) {

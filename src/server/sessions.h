@@ -52,6 +52,16 @@ class SessionTable {
 
   // Lookup results: set by LOOKUP, taken (once) by QUERY_PREFETCH_STATUS.
   void SetLookupResult(std::string_view request_id, int64_t hit_chunks);
+  // A lookup whose prefix is still being loaded from the tiers: until FinishLookup with the
+  // returned generation, the request's result is "running". A later BeginLookup or
+  // SetLookupResult for the request supersedes it (its FinishLookup is then ignored).
+  uint64_t BeginLookup(std::string_view request_id);
+  // False (and nothing recorded) when superseded or the session ended.
+  bool FinishLookup(std::string_view request_id, uint64_t generation, int64_t hit_chunks);
+  // True while `generation` is the request's latest lookup and it has not finished.
+  bool LookupCurrent(std::string_view request_id, uint64_t generation);
+  // True while a BeginLookup has not finished.
+  bool LookupRunning(std::string_view request_id);
   // nullopt: no result pending for this request (the caller answers 0).
   std::optional<int64_t> TakeLookupResult(std::string_view request_id);
 
@@ -68,6 +78,8 @@ class SessionTable {
     std::vector<uint32_t> tokens;          // the tokens that `hashes` cover (all < 2^32)
     std::vector<keys::Hash32> hashes;
     std::optional<int64_t> lookup_result;
+    uint64_t lookup_generation = 0;
+    bool lookup_running = false;
     SessionIdentity identity;
     int64_t last_used_ns = 0;
   };

@@ -1,0 +1,334 @@
+// TierSet prefetch: ask every tier, plan each object from the lowest-index tier that has it,
+// reserve L1 slots, load straight into them, commit the chunks that arrived whole.
+#include <spdlog/spdlog.h>
+
+#include "l2/tier_set.h"
+#include "l2/tier_set_internal.h"
+
+namespace kvd::l2 {
+
+void TierSet::Prefetch(PrefetchRequest request, std::function<void(size_t)> done) {
+  if (tiers_.empty() || request.chunks.empty() || request.world_size == 0 ||
+      request.hashes.size() != request.chunks.size() || request.format.object_bytes == 0) {
+    done(0);
+    return;
+  }
+  auto job = std::make_shared<PrefetchJob>();
+  job->chunks = request.chunks.size();
+  job->ranks = request.world_size;
+  job->deadline_ns = options_.clock->NowNanos() + static_cast<int64_t>(options_.prefetch_timeout_s * 1e9);
+  job->keys.reserve(job->chunks * job->ranks);
+  for (size_t c = 0; c < job->chunks; ++c) {
+    for (uint32_t r = 0; r < job->ranks; ++r) {
+      ObjectKey k;
+      k.model_name = request.model_name;
+      k.kv_rank = KvRank(request.world_size, r);
+      k.object_group = 0;
+      k.chunk_hash = request.hashes[c];
+      k.cache_salt = request.cache_salt;
+      k.layout_tag = request.format.layout_tag;
+      job->keys.push_back(std::move(k));
+    }
+  }
+  job->req = std::move(request);
+  job->done = std::move(done);
+  prefetch_requests_++;
+  StartOrQueue(std::move(job));
+}
+
+void TierSet::StartOrQueue(std::shared_ptr<PrefetchJob> job) {
+  {
+    std::lock_guard<std::mutex> lock(jobs_mu_);
+    if (closed_) {
+      job->answered = true;
+      job->done(0);
+      return;
+    }
+    if (active_jobs_ >= options_.prefetch_max_in_flight) {
+      queued_.push_back(std::move(job));
+      return;
+    }
+    active_jobs_++;
+    running_.push_back(job);
+  }
+  RunJob(job);
+}
+
+void TierSet::JobFinished() {
+  std::shared_ptr<PrefetchJob> next;
+  {
+    std::lock_guard<std::mutex> lock(jobs_mu_);
+    active_jobs_--;
+    std::erase_if(running_, [](const std::weak_ptr<PrefetchJob>& w) { return w.expired(); });
+    while (!queued_.empty() && !next) {
+      next = std::move(queued_.front());
+      queued_.pop_front();
+      if (next->answered.load()) next.reset();  // timed out while waiting
+    }
+    if (next) {
+      active_jobs_++;
+      running_.push_back(next);
+    }
+  }
+  if (next) RunJob(next);
+}
+
+void TierSet::Answer(const std::shared_ptr<PrefetchJob>& job, size_t chunks) {
+  if (job->answered.exchange(true)) return;
+  job->done(chunks);
+}
+
+void TierSet::CheckTimeouts() {
+  const int64_t now = options_.clock->NowNanos();
+  std::vector<std::shared_ptr<PrefetchJob>> late;
+  {
+    std::lock_guard<std::mutex> lock(jobs_mu_);
+    for (auto& w : running_) {
+      auto j = w.lock();
+      if (j && !j->answered.load() && now > j->deadline_ns) late.push_back(j);
+    }
+    for (auto& j : queued_) {
+      if (!j->answered.load() && now > j->deadline_ns) late.push_back(j);
+    }
+  }
+  for (auto& j : late) {
+    if (!j->answered.load()) {
+      prefetch_timeouts_++;
+      spdlog::warn("l2: a prefetch of {} chunk(s) did not finish in {:.1f} s; answering from L1",
+                   j->chunks, options_.prefetch_timeout_s);
+    }
+    Answer(j, 0);
+  }
+}
+
+void TierSet::RunJob(const std::shared_ptr<PrefetchJob>& job) {
+  const size_t n = job->keys.size();
+  job->found.assign(tiers_.size(), std::vector<uint8_t>(n, 0));
+  job->found_bytes.assign(n, 0);
+  job->pending.store(static_cast<int>(tiers_.size()));
+  for (size_t ti = 0; ti < tiers_.size(); ++ti) {
+    TierState& t = *tiers_[ti];
+    {
+      std::lock_guard<std::mutex> lock(t.mu);
+      t.st.prefetch_lookup_objects += n;
+    }
+    calls_in_flight_++;
+    t.spec.tier->Exists(job->keys, [this, job, ti, &t](std::vector<ItemResult> results) {
+      uint64_t found = 0, errors = 0;
+      const int64_t now = options_.clock->NowNanos();
+      {
+        std::lock_guard<std::mutex> jl(job->mu);
+        for (size_t i = 0; i < results.size() && i < job->keys.size(); ++i) {
+          if (results[i].status.ok()) {
+            job->found[ti][i] = 1;
+            if (results[i].bytes) job->found_bytes[i] = results[i].bytes;
+            found++;
+          } else if (results[i].status.code() != StatusCode::kNotFound) {
+            errors++;
+          }
+        }
+      }
+      {
+        std::lock_guard<std::mutex> lock(t.mu);
+        t.st.prefetch_found_objects += found;
+        if (errors) {
+          t.st.lookup_errors += errors;
+          for (const auto& r : results) {
+            if (!r.status.ok() && r.status.code() != StatusCode::kNotFound) {
+              t.NoteError(r.status.message());
+              break;
+            }
+          }
+        }
+        for (size_t i = 0; i < results.size() && i < job->keys.size(); ++i) {
+          if (results[i].status.ok()) {
+            AccountLocked(t, job->keys[i], results[i].bytes ? results[i].bytes : job->req.format.object_bytes, now);
+          }
+        }
+      }
+      if (job->pending.fetch_sub(1) == 1) OnExists(job);
+      calls_in_flight_--;
+    });
+  }
+}
+
+void TierSet::OnExists(const std::shared_ptr<PrefetchJob>& job) {
+  const uint32_t W = job->ranks;
+  const uint64_t size = job->req.format.object_bytes;
+  const size_t n = job->keys.size();
+  job->source.assign(n, PrefetchJob::kNone);
+  job->res.resize(n);
+  job->load_status.assign(n, Status::Ok());
+  job->load_bytes.assign(n, 0);
+  job->staging.resize(n);
+  // Plan: the prefix of chunks whose every object is in L1 or some tier.
+  size_t planned = 0;
+  for (size_t c = 0; c < job->chunks && !job->answered.load(); ++c) {
+    bool whole = true;
+    for (uint32_t r = 0; r < W && whole; ++r) {
+      const size_t i = c * W + r;
+      if (l1_->IsResident(job->req.chunks[c], r)) {
+        job->source[i] = PrefetchJob::kInL1;
+        continue;
+      }
+      for (size_t ti = 0; ti < tiers_.size(); ++ti) {
+        if (job->found[ti][i]) {
+          job->source[i] = static_cast<int>(ti);
+          break;
+        }
+      }
+      whole = job->source[i] != PrefetchJob::kNone;
+    }
+    if (!whole) break;
+    planned = c + 1;
+  }
+  // Reserve L1 slots; a chunk that cannot get room ends the prefix.
+  for (size_t c = 0; c < planned; ++c) {
+    bool ok = true;
+    for (uint32_t r = 0; r < W && ok; ++r) {
+      const size_t i = c * W + r;
+      if (job->source[i] < 0) continue;
+      auto res = l1_->ReserveWrite(job->req.chunks[c], W, r, size);
+      if (res.ok()) {
+        job->res[i] = std::move(res).value();
+      } else if (res.status().code() == StatusCode::kAlreadyExists) {
+        job->source[i] = PrefetchJob::kInL1;  // resident now, or another writer fills it
+      } else {
+        ok = false;
+      }
+    }
+    if (!ok) {
+      for (size_t i = c * W; i < n; ++i) job->res[i].Abort();
+      planned = c;
+      break;
+    }
+  }
+  job->planned = planned;
+  // One load batch per tier.
+  std::vector<std::vector<LoadItem>> items(tiers_.size());
+  std::vector<std::vector<size_t>> index(tiers_.size());
+  for (size_t i = 0; i < planned * W; ++i) {
+    const int ti = job->source[i];
+    if (ti < 0) continue;
+    TierState& t = *tiers_[ti];
+    LoadItem it;
+    it.key = job->keys[i];
+    if (t.spec.serde->identity()) {
+      it.dst = job->res[i].data();
+      it.size = size;
+    } else {
+      job->staging[i].resize(t.spec.serde->MaxStoredBytes(job->req.format.layout));
+      it.dst = job->staging[i].data();
+      it.size = job->staging[i].size();
+      it.size_is_capacity = true;
+    }
+    items[ti].push_back(std::move(it));
+    index[ti].push_back(i);
+  }
+  int calls = 0;
+  for (const auto& v : items) calls += !v.empty();
+  if (calls == 0) {
+    OnLoaded(job);
+    return;
+  }
+  job->pending.store(calls);
+  const int64_t now = options_.clock->NowNanos();
+  for (size_t ti = 0; ti < tiers_.size(); ++ti) {
+    if (items[ti].empty()) continue;
+    TierState& t = *tiers_[ti];
+    const size_t count = items[ti].size();
+    {
+      std::lock_guard<std::mutex> lock(t.mu);
+      t.st.load_requests++;
+      t.st.load_objects += count;
+      t.st.inflight_load_objects += count;
+      for (size_t i : index[ti]) TouchLocked(t, RespKey(job->keys[i]), now, +1);
+    }
+    calls_in_flight_++;
+    auto idx = std::make_shared<std::vector<size_t>>(std::move(index[ti]));
+    t.spec.tier->Load(std::move(items[ti]), [this, job, idx, &t, now, count](std::vector<ItemResult> results) {
+      const int64_t end = options_.clock->NowNanos();
+      {
+        std::lock_guard<std::mutex> jl(job->mu);
+        for (size_t j = 0; j < idx->size(); ++j) {
+          job->load_status[(*idx)[j]] = j < results.size() ? results[j].status : Status::Internal("no answer");
+          job->load_bytes[(*idx)[j]] = j < results.size() ? results[j].bytes : 0;
+        }
+      }
+      {
+        std::lock_guard<std::mutex> lock(t.mu);
+        t.st.inflight_load_objects -= count;
+        t.st.load_completed_requests++;
+        t.st.load_seconds += static_cast<double>(end - now) * 1e-9;
+        for (size_t j = 0; j < idx->size(); ++j) {
+          const size_t i = (*idx)[j];
+          TouchLocked(t, RespKey(job->keys[i]), end, -1);
+          const Status& s = j < results.size() ? results[j].status : Status::Internal("no answer");
+          if (s.ok()) {
+            t.st.loaded_objects++;
+            t.st.loaded_bytes += results[j].bytes;
+          } else if (s.code() == StatusCode::kNotFound) {
+            t.st.load_missing_objects++;
+          } else if (s.code() == StatusCode::kInternal) {
+            t.st.load_corrupt_objects++;
+            t.NoteError(s.message());
+          } else {
+            t.st.load_failed_objects++;
+            t.NoteError(s.message());
+          }
+        }
+      }
+      if (job->pending.fetch_sub(1) == 1) OnLoaded(job);
+      calls_in_flight_--;
+    });
+  }
+}
+
+void TierSet::OnLoaded(const std::shared_ptr<PrefetchJob>& job) {
+  const uint32_t W = job->ranks;
+  size_t arrived = 0;
+  bool broken = false;
+  std::vector<l1::ChunkKey> committed;
+  for (size_t c = 0; c < job->planned; ++c) {
+    bool ok = !broken;
+    for (uint32_t r = 0; r < W && ok; ++r) {
+      const size_t i = c * W + r;
+      if (job->source[i] < 0) continue;
+      ok = job->load_status[i].ok();
+      if (ok && !job->staging[i].empty()) {
+        const Serde& serde = *tiers_[job->source[i]]->spec.serde;
+        const std::span<const uint8_t> stored(job->staging[i].data(),
+                                              std::min<uint64_t>(job->load_bytes[i], job->staging[i].size()));
+        ok = serde.Decode(stored, job->req.format.layout, {job->res[i].data(), job->res[i].size()}).ok();
+      }
+    }
+    if (!ok) {
+      broken = true;
+      for (uint32_t r = 0; r < W; ++r) job->res[c * W + r].Abort();
+      continue;
+    }
+    bool any = false;
+    for (uint32_t r = 0; r < W; ++r) {
+      auto& res = job->res[c * W + r];
+      if (res.valid()) {
+        any = true;
+        if (!res.Commit()) broken = true;
+      }
+    }
+    if (broken) continue;
+    if (any) committed.push_back(job->req.chunks[c]);
+    arrived = c + 1;
+  }
+  job->res.clear();
+  job->staging.clear();
+  prefetch_hit_chunks_ += committed.size();
+  if (arrived < job->planned) prefetch_failed_chunks_ += job->planned - arrived;
+  if (options_.prefetch_policy == "default" && !committed.empty()) {
+    std::lock_guard<std::mutex> lock(temp_mu_);
+    temporary_.insert(committed.begin(), committed.end());
+  }
+  Answer(job, arrived);
+  JobFinished();
+}
+
+}  // namespace kvd::l2

@@ -1,0 +1,311 @@
+// TierSet: construction, store-behind, the control loop and stats. Prefetch lives in
+// tier_prefetch.cc, tier accounting and eviction in tier_eviction.cc.
+#include "l2/tier_set.h"
+
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+
+#include "l2/tier_set_internal.h"
+
+namespace kvd::l2 {
+
+Result<std::unique_ptr<TierSet>> TierSet::Create(const TierSetOptions& options,
+                                                 std::vector<TierSpec> tiers, l1::L1Cache* l1) {
+  if (!options.clock) return Status::InvalidArgument("TierSet needs a clock");
+  if (!l1) return Status::InvalidArgument("TierSet needs the L1 cache");
+  if (options.store_policy != "default" && options.store_policy != "skip_l1") {
+    return Status::InvalidArgument("--l2-store-policy must be default or skip_l1, got '" +
+                                   options.store_policy + "'");
+  }
+  if (options.prefetch_policy != "default" && options.prefetch_policy != "retain") {
+    return Status::InvalidArgument("--l2-prefetch-policy must be default or retain, got '" +
+                                   options.prefetch_policy + "'");
+  }
+  if (options.prefetch_max_in_flight < 1) {
+    return Status::InvalidArgument("--l2-prefetch-max-in-flight must be at least 1");
+  }
+  auto set = std::unique_ptr<TierSet>(new TierSet(options, l1));
+  std::map<std::string, int> per_type;
+  for (const auto& t : tiers) per_type[t.config.type]++;
+  for (auto& spec : tiers) {
+    if (!spec.tier || !spec.serde) return Status::InvalidArgument("TierSpec without tier or serde");
+    auto st = std::make_unique<TierState>();
+    st->name = per_type[spec.config.type] > 1
+                   ? spec.config.type + "#" + std::to_string(spec.config.index)
+                   : spec.config.type;
+    st->capacity = spec.config.capacity_bytes();
+    st->eviction = spec.config.eviction;
+    st->spec = std::move(spec);
+    set->tiers_.push_back(std::move(st));
+  }
+  if (options.scan_at_start) {
+    for (auto& t : set->tiers_) {
+      if (t->capacity > 0) set->ScanTier(*t);
+    }
+  }
+  set->control_ = std::thread([s = set.get()] { s->ControlLoop(); });
+  return set;
+}
+
+TierSet::TierSet(const TierSetOptions& options, l1::L1Cache* l1) : options_(options), l1_(l1) {}
+
+TierSet::~TierSet() { Close(); }
+
+bool TierSet::WaitIdle(double timeout_s) {
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+  while (calls_in_flight_.load() > 0) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  return true;
+}
+
+void TierSet::Close() {
+  {
+    std::lock_guard<std::mutex> lock(jobs_mu_);
+    if (closed_) return;
+    closed_ = true;
+  }
+  {
+    std::lock_guard<std::mutex> lock(control_mu_);
+    stop_control_ = true;
+  }
+  control_cv_.notify_all();
+  if (control_.joinable()) control_.join();
+  // Queued prefetches answer now; running ones answer when their tiers do (Close below
+  // makes every tier answer what it still holds).
+  std::deque<std::shared_ptr<PrefetchJob>> queued;
+  {
+    std::lock_guard<std::mutex> lock(jobs_mu_);
+    queued.swap(queued_);
+  }
+  for (auto& j : queued) Answer(j, 0);
+  for (auto& t : tiers_) t->spec.tier->Close();
+  WaitIdle(30);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Store-behind
+
+void TierSet::StoreBehind(std::vector<CommittedObject> objects, const ObjectFormat& format) {
+  if (tiers_.empty() || objects.empty()) return;
+  {
+    std::lock_guard<std::mutex> lock(jobs_mu_);
+    if (closed_) return;
+  }
+  auto batch = std::make_shared<StoreBatch>();
+  batch->set = this;
+  for (auto& o : objects) {
+    auto pin = l1_->PinForRead(o.chunk, o.slot);
+    if (!pin.ok()) continue;  // already gone from L1: nothing to write
+    batch->pins.push_back(std::move(pin).value());
+    batch->objects.push_back(std::move(o));
+  }
+  if (batch->objects.empty()) return;
+  batch->remaining.store(static_cast<int>(tiers_.size()));
+  batch->stored.assign(batch->objects.size(), false);
+  for (auto& tp : tiers_) {
+    TierState& t = *tp;
+    std::vector<StoreItem> items;
+    std::vector<size_t> index;
+    uint64_t bytes = 0;
+    {
+      std::lock_guard<std::mutex> lock(t.mu);
+      t.st.store_requests++;
+      t.st.store_objects += batch->objects.size();
+      for (size_t i = 0; i < batch->objects.size(); ++i) {
+        const uint64_t sz = batch->pins[i].size();
+        const bool fits = t.inflight_batches < options_.store_max_inflight_batches &&
+                          t.st.inflight_store_bytes + bytes + sz <= options_.store_max_inflight_bytes;
+        if (!fits) {
+          t.st.store_skipped_objects++;
+          continue;
+        }
+        bytes += sz;
+        items.push_back({batch->objects[i].key, batch->pins[i].data(), sz});
+        index.push_back(i);
+      }
+      if (!items.empty()) {
+        t.inflight_batches++;
+        t.st.inflight_store_objects += items.size();
+        t.st.inflight_store_bytes += bytes;
+      }
+    }
+    if (items.empty()) {
+      batch->TierDone();
+      continue;
+    }
+    if (!t.spec.serde->identity()) {
+      // Encoded forms are owned by the tier's part of the batch.
+      auto enc = std::make_shared<std::vector<std::vector<uint8_t>>>();
+      for (auto& it : items) {
+        std::vector<uint8_t> buf(t.spec.serde->MaxStoredBytes(format.layout));
+        auto n = t.spec.serde->Encode({it.data, it.size}, format.layout, buf);
+        if (n.ok()) {
+          buf.resize(*n);
+        } else {
+          buf.clear();
+          spdlog::warn("{}: {} encode failed: {}", t.name, t.spec.serde->name(), n.status().message());
+        }
+        enc->push_back(std::move(buf));
+        it.data = enc->back().data();
+        it.size = enc->back().size();
+      }
+      batch->encoded.push_back(enc);
+    }
+    const int64_t t0 = options_.clock->NowNanos();
+    const size_t n_items = items.size();
+    calls_in_flight_++;
+    t.spec.tier->Store(std::move(items), [this, &t, batch, index, bytes, t0, n_items](
+                                             std::vector<ItemResult> results) {
+      const double secs = static_cast<double>(options_.clock->NowNanos() - t0) * 1e-9;
+      {
+        std::lock_guard<std::mutex> lock(t.mu);
+        t.inflight_batches--;
+        t.st.inflight_store_objects -= n_items;
+        t.st.inflight_store_bytes -= bytes;
+        t.st.store_completed_requests++;
+        t.st.store_seconds += secs;
+        for (size_t j = 0; j < results.size() && j < index.size(); ++j) {
+          const auto& r = results[j];
+          const auto& obj = batch->objects[index[j]];
+          if (r.status.ok()) {
+            batch->stored[index[j]] = true;
+            if (r.bytes > 0) {
+              t.st.stored_objects++;
+              t.st.stored_bytes += r.bytes;
+            } else {
+              t.st.store_existing_objects++;
+            }
+            AccountLocked(t, obj.key, r.bytes > 0 ? r.bytes : batch->pins[index[j]].size(),
+                          options_.clock->NowNanos());
+          } else if (r.status.code() == StatusCode::kResourceExhausted) {
+            t.st.store_full_objects++;
+            t.NoteError(r.status.message());
+          } else {
+            t.st.store_failed_objects++;
+            t.NoteError(r.status.message());
+          }
+        }
+      }
+      batch->TierDone();
+      calls_in_flight_--;
+    });
+  }
+}
+
+void TierSet::StoreBatch::TierDone() {
+  if (remaining.fetch_sub(1) != 1) return;
+  // The last tier answered: the pins go, then (skip_l1) the L1 copies a tier now holds.
+  pins.clear();
+  encoded.clear();
+  if (set->options_.store_policy == "skip_l1") {
+    std::vector<l1::ChunkKey> chunks;
+    for (size_t i = 0; i < objects.size(); ++i) {
+      if (stored[i]) chunks.push_back(objects[i].chunk);
+    }
+    set->skip_l1_removed_ += set->l1_->RemoveIfIdle(chunks);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Control loop: prefetch timeouts (every 50 ms), prefetched-chunk removal and tier eviction
+// (every second).
+
+void TierSet::ControlLoop() {
+  int64_t last_second = 0;
+  std::unique_lock<std::mutex> lock(control_mu_);
+  while (!stop_control_) {
+    control_cv_.wait_for(lock, std::chrono::milliseconds(50));
+    if (stop_control_) break;
+    lock.unlock();
+    CheckTimeouts();
+    const int64_t now = options_.clock->NowNanos();
+    if (now - last_second >= 1'000'000'000LL) {
+      last_second = now;
+      SweepTemporary();
+      for (auto& t : tiers_) EvictTier(*t);
+    }
+    lock.lock();
+  }
+}
+
+void TierSet::SweepTemporary() {
+  std::vector<l1::ChunkKey> keys;
+  {
+    std::lock_guard<std::mutex> lock(temp_mu_);
+    if (temporary_.empty()) return;
+    keys.assign(temporary_.begin(), temporary_.end());
+  }
+  l1_->RemoveIfIdle(keys);
+  std::lock_guard<std::mutex> lock(temp_mu_);
+  for (const auto& k : keys) {
+    if (!l1_->IsResident(k, 0)) temporary_.erase(k);
+  }
+}
+
+void TierSet::AfterRetrieve(std::span<const l1::ChunkKey> chunks) {
+  std::vector<l1::ChunkKey> mine;
+  {
+    std::lock_guard<std::mutex> lock(temp_mu_);
+    if (temporary_.empty()) return;
+    for (const auto& k : chunks) {
+      if (temporary_.count(k)) mine.push_back(k);
+    }
+  }
+  if (mine.empty()) return;
+  l1_->RemoveIfIdle(mine);
+  std::lock_guard<std::mutex> lock(temp_mu_);
+  for (const auto& k : mine) {
+    if (!l1_->IsResident(k, 0)) temporary_.erase(k);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Stats
+
+void TierSet::TierState::NoteError(const std::string& what) {
+  last_error = what;
+  last_error_count++;
+}
+
+TierSetStats TierSet::stats() const {
+  TierSetStats s;
+  s.store_policy = options_.store_policy;
+  s.prefetch_policy = options_.prefetch_policy;
+  for (const auto& tp : tiers_) {
+    TierStats ts;
+    {
+      std::lock_guard<std::mutex> lock(tp->mu);
+      ts = tp->st;
+      ts.usage_bytes = tp->usage;
+      ts.objects = tp->index.size();
+      ts.scanned = tp->scanned;
+    }
+    ts.name = tp->name;
+    ts.type = tp->spec.config.type;
+    ts.describe = tp->spec.tier->Describe();
+    ts.capacity_bytes = tp->capacity;
+    ts.health = tp->spec.tier->Health();
+    s.tiers.push_back(std::move(ts));
+  }
+  s.prefetch_requests = prefetch_requests_.load();
+  s.prefetch_hit_chunks = prefetch_hit_chunks_.load();
+  s.prefetch_failed_chunks = prefetch_failed_chunks_.load();
+  s.prefetch_timeouts = prefetch_timeouts_.load();
+  s.skip_l1_removed_chunks = skip_l1_removed_.load();
+  {
+    std::lock_guard<std::mutex> lock(jobs_mu_);
+    s.active_prefetch_jobs = static_cast<uint64_t>(active_jobs_);
+    s.queued_prefetch_jobs = queued_.size();
+  }
+  {
+    std::lock_guard<std::mutex> lock(temp_mu_);
+    s.temporary_chunks = temporary_.size();
+  }
+  return s;
+}
+
+}  // namespace kvd::l2

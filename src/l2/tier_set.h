@@ -1,0 +1,221 @@
+// TierSet: the tiers behind L1, in priority order (the order of --l2-adapter flags), and
+// what moves objects between them and L1:
+//
+//   STORE-BEHIND. StoreBehind() is called with objects just committed to L1. It pins them
+//   (l1::ReadPin), hands them to every tier and returns at once; a STORE's reply never waits
+//   for a tier. Each tier has a budget of bytes and batches in flight; an object that does
+//   not fit a tier's budget is not written to that tier and is counted as skipped — a slow or
+//   dead tier costs skipped writes, never a stalled STORE or unbounded memory. The pin is
+//   dropped when the last tier answered. Objects loaded from a tier are not written back.
+//   With store_policy skip_l1 the L1 copy of a chunk is removed once a tier holds it.
+//
+//   PREFETCH. Prefetch() is called by a LOOKUP for the chunks after its L1 prefix. Every tier
+//   is asked which objects it has; each object is planned from the lowest-index tier that has
+//   it; the prefix continues while every object (all ranks) of a chunk is somewhere. L1 slots
+//   are reserved (l1::WriteReservation) and the tiers load straight into them; a chunk is
+//   committed when all its objects arrived intact, and the prefix ends at the first chunk
+//   that did not. `done(n)` then reports the n leading chunks now resident in L1. At most
+//   prefetch_max_in_flight prefetches run at once (the others wait their turn); a prefetch
+//   that takes longer than prefetch_timeout answers with the L1 prefix alone; loads already
+//   issued are still committed (or dropped) when the tier answers, and one that has not
+//   issued its loads yet issues none. With prefetch_policy
+//   default (lmcache's) the chunks loaded for a lookup leave L1 once their readers are done;
+//   retain keeps them.
+//
+//   TIER EVICTION. A tier with max_capacity_gb keeps an index of its objects (sizes, recency),
+//   filled at startup by scanning the tier, so objects of earlier runs and of other servers
+//   are accounted and evicted too. With an LRU eviction block, once usage reaches
+//   trigger_watermark x capacity the least recently used objects are deleted until
+//   eviction_ratio x capacity bytes are freed (objects being loaded are skipped).
+//
+// THREADS. All public methods are thread-safe and never block on a tier. Tier callbacks run
+// on tier threads; one control thread of the TierSet runs prefetch timeouts, the removal of
+// prefetched chunks and tier eviction. Close() (also the destructor) stops new work, waits
+// for every tier call to answer, then closes the tiers; it must run before the L1 cache is
+// destroyed.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <list>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "common/clock.h"
+#include "common/status.h"
+#include "l1/l1_cache.h"
+#include "l2/adapter_config.h"
+#include "l2/object_key.h"
+#include "l2/serde.h"
+#include "l2/tier.h"
+
+namespace kvd::l2 {
+
+struct TierSetOptions {
+  std::string store_policy = "default";     // default | skip_l1
+  std::string prefetch_policy = "default";  // default | retain
+  int prefetch_max_in_flight = 8;
+  double prefetch_timeout_s = 10;
+  // Per tier: objects pinned in L1 waiting for that tier's write.
+  uint64_t store_max_inflight_bytes = 1ull << 30;
+  uint32_t store_max_inflight_batches = 64;
+  bool scan_at_start = true;                // account objects of earlier runs (capacity tiers)
+  const Clock* clock = nullptr;             // required
+};
+
+// One configured tier.
+struct TierSpec {
+  AdapterConfig config;
+  std::shared_ptr<Tier> tier;
+  std::shared_ptr<const Serde> serde;
+};
+
+// What the objects of one registered layout look like in the tiers.
+struct ObjectFormat {
+  uint64_t object_bytes = 0;
+  std::string layout_tag;  // "" : lmcache-compatible names; else kvd-private (object_key.h)
+  ObjectLayout layout;     // for serdes
+};
+
+// An object just committed to L1.
+struct CommittedObject {
+  l1::ChunkKey chunk;
+  uint32_t num_slots = 0;  // slots of its L1 entry (world size)
+  uint32_t slot = 0;       // its slot (rank)
+  ObjectKey key;
+};
+
+// The chunks a lookup wants from the tiers, in prefix order.
+struct PrefetchRequest {
+  std::vector<l1::ChunkKey> chunks;
+  std::vector<std::array<uint8_t, 32>> hashes;  // one per chunk
+  std::string model_name;
+  std::string cache_salt;
+  uint32_t world_size = 0;
+  ObjectFormat format;
+};
+
+struct TierStats {
+  std::string name;          // l2_name label: the type, or "<type>#<index>" when repeated
+  std::string type;
+  std::string describe;
+  TierHealth health;
+  uint64_t capacity_bytes = 0;
+  uint64_t usage_bytes = 0;  // accounted objects (capacity tiers), else bytes this run wrote
+  uint64_t objects = 0;      // accounted objects
+  bool scanned = false;      // the index covers objects of earlier runs
+  // store-behind
+  uint64_t store_requests = 0, store_objects = 0;            // submitted
+  uint64_t store_completed_requests = 0, stored_objects = 0, stored_bytes = 0;
+  uint64_t store_existing_objects = 0;                       // already in the tier
+  uint64_t store_failed_objects = 0, store_full_objects = 0; // errors (full: no space)
+  uint64_t store_skipped_objects = 0;                        // over the in-flight budget
+  uint64_t inflight_store_objects = 0, inflight_store_bytes = 0;
+  double store_seconds = 0;                                  // summed batch latency
+  // prefetch
+  uint64_t prefetch_lookup_objects = 0, prefetch_found_objects = 0;
+  uint64_t load_requests = 0, load_objects = 0;              // submitted
+  uint64_t load_completed_requests = 0, loaded_objects = 0, loaded_bytes = 0;
+  uint64_t load_missing_objects = 0, load_corrupt_objects = 0, load_failed_objects = 0;
+  uint64_t inflight_load_objects = 0;
+  double load_seconds = 0;
+  uint64_t lookup_errors = 0;
+  // eviction
+  uint64_t evicted_objects = 0, evicted_bytes = 0;
+};
+
+struct TierSetStats {
+  std::vector<TierStats> tiers;
+  uint64_t prefetch_requests = 0;        // lookups that went to the tiers
+  uint64_t prefetch_hit_chunks = 0;      // chunks they brought into L1
+  uint64_t prefetch_failed_chunks = 0;   // planned chunks that did not arrive
+  uint64_t prefetch_timeouts = 0;
+  uint64_t active_prefetch_jobs = 0;
+  uint64_t queued_prefetch_jobs = 0;
+  uint64_t temporary_chunks = 0;         // prefetched chunks waiting to leave L1 (default)
+  uint64_t skip_l1_removed_chunks = 0;
+  std::string store_policy, prefetch_policy;
+};
+
+class TierSet {
+ public:
+  // `l1` must outlive the TierSet (Close it first). Tiers are used in `tiers` order.
+  static Result<std::unique_ptr<TierSet>> Create(const TierSetOptions& options,
+                                                 std::vector<TierSpec> tiers, l1::L1Cache* l1);
+  ~TierSet();
+  TierSet(const TierSet&) = delete;
+  TierSet& operator=(const TierSet&) = delete;
+
+  size_t size() const { return tiers_.size(); }
+
+  void StoreBehind(std::vector<CommittedObject> objects, const ObjectFormat& format);
+
+  // `done(n)` runs exactly once (on a tier thread or the control thread, or inline when
+  // nothing is to be done), n = leading chunks of the request now resident in L1.
+  void Prefetch(PrefetchRequest request, std::function<void(size_t)> done);
+
+  // Chunks a retrieve just read: prefetched chunks among them leave L1 if idle (default
+  // prefetch policy). Cheap when there are none.
+  void AfterRetrieve(std::span<const l1::ChunkKey> chunks);
+
+  TierSetStats stats() const;
+  // Waits until no store-behind write is in flight (tests, benchmarks, shutdown).
+  bool WaitIdle(double timeout_s);
+  void Close();
+
+ private:
+  // Defined in tier_set_internal.h.
+  struct TierState;
+  struct StoreBatch;
+  struct PrefetchJob;
+
+  TierSet(const TierSetOptions& options, l1::L1Cache* l1);
+  void ControlLoop();
+  void CheckTimeouts();
+  void SweepTemporary();
+  // prefetch (tier_prefetch.cc)
+  void StartOrQueue(std::shared_ptr<PrefetchJob> job);
+  void RunJob(const std::shared_ptr<PrefetchJob>& job);
+  void OnExists(const std::shared_ptr<PrefetchJob>& job);
+  void OnLoaded(const std::shared_ptr<PrefetchJob>& job);
+  void Answer(const std::shared_ptr<PrefetchJob>& job, size_t chunks);
+  void JobFinished();
+  // accounting and eviction (tier_eviction.cc); *Locked: TierState::mu held
+  void AccountLocked(TierState& t, const ObjectKey& key, uint64_t bytes, int64_t now_ns);
+  void TouchLocked(TierState& t, const std::string& id, int64_t now_ns, int busy_delta);
+  void EvictTier(TierState& t);
+  void ScanTier(TierState& t);
+
+  const TierSetOptions options_;
+  l1::L1Cache* const l1_;
+  std::vector<std::unique_ptr<TierState>> tiers_;
+  std::atomic<uint64_t> calls_in_flight_{0};
+
+  mutable std::mutex jobs_mu_;
+  std::deque<std::shared_ptr<PrefetchJob>> queued_;     // guarded by jobs_mu_
+  std::vector<std::weak_ptr<PrefetchJob>> running_;     // guarded by jobs_mu_ (for timeouts)
+  int active_jobs_ = 0;                                 // guarded by jobs_mu_
+  bool closed_ = false;                                 // guarded by jobs_mu_
+
+  mutable std::mutex temp_mu_;
+  std::unordered_set<l1::ChunkKey, l1::ChunkKeyHash> temporary_;  // guarded by temp_mu_
+
+  std::atomic<uint64_t> prefetch_requests_{0}, prefetch_hit_chunks_{0}, prefetch_failed_chunks_{0},
+      prefetch_timeouts_{0}, skip_l1_removed_{0};
+
+  std::mutex control_mu_;
+  std::condition_variable control_cv_;
+  bool stop_control_ = false;  // guarded by control_mu_
+  std::thread control_;
+};
+
+}  // namespace kvd::l2

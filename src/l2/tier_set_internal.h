@@ -1,0 +1,75 @@
+// TierSet's internal state, shared by tier_set.cc, tier_prefetch.cc and tier_eviction.cc.
+#pragma once
+
+#include <list>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "l2/tier_set.h"
+
+namespace kvd::l2 {
+
+struct TierSet::TierState {
+  TierSpec spec;
+  std::string name;
+  uint64_t capacity = 0;
+  std::optional<TierEvictionConfig> eviction;
+
+  std::mutex mu;
+  // Guarded by mu:
+  TierStats st;                     // counters (sizes and names filled in stats())
+  uint32_t inflight_batches = 0;
+  std::string last_error;
+  uint64_t last_error_count = 0;
+  // The object index (capacity tiers; others keep usage only): id = RespKey(key) without a
+  // prefix, recency order front = least recently used.
+  struct Obj {
+    uint64_t bytes = 0;
+    std::list<std::string>::iterator lru;
+    int busy = 0;                   // loads in progress: not evicted
+  };
+  std::unordered_map<std::string, Obj> index;
+  std::list<std::string> lru;
+  uint64_t usage = 0;
+  bool scanned = false;
+  bool evicting = false;
+
+  void NoteError(const std::string& what);  // requires mu
+};
+
+struct TierSet::StoreBatch {
+  TierSet* set = nullptr;
+  std::vector<CommittedObject> objects;
+  std::vector<l1::ReadPin> pins;        // parallel to objects
+  std::vector<bool> stored;             // some tier holds it (guarded by the tiers' callbacks:
+                                        // each index is written by tiers, read after the last)
+  std::vector<std::shared_ptr<std::vector<std::vector<uint8_t>>>> encoded;  // serde forms
+  std::atomic<int> remaining{0};        // tiers that have not answered
+  void TierDone();
+};
+
+struct TierSet::PrefetchJob {
+  PrefetchRequest req;
+  std::function<void(size_t)> done;
+  std::atomic<bool> answered{false};
+  int64_t deadline_ns = 0;
+  size_t chunks = 0;
+  uint32_t ranks = 0;
+  std::vector<ObjectKey> keys;                 // chunk c, rank r at c * ranks + r
+  std::vector<std::vector<uint8_t>> found;     // per tier, per object: 1 = present
+  std::vector<uint64_t> found_bytes;           // per object: size a tier reported (0: unknown)
+  std::atomic<int> pending{0};                 // tier calls not answered
+  std::vector<int> source;                     // per object: tier, kInL1, or kNone
+  std::vector<l1::WriteReservation> res;       // per object (empty when not loaded)
+  std::vector<std::vector<uint8_t>> staging;   // per object, for serdes that transform
+  std::vector<Status> load_status;             // per object
+  std::vector<uint64_t> load_bytes;            // per object: stored size the tier read
+  size_t planned = 0;                          // chunks planned for loading
+  std::mutex mu;                               // guards found / load_status writes
+  static constexpr int kInL1 = -2;
+  static constexpr int kNone = -1;
+};
+
+}  // namespace kvd::l2

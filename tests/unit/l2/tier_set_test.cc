@@ -1,0 +1,346 @@
+// TierSet over a real L1 cache and in-memory tiers (with the fault decorator): store-behind
+// never blocks and stays within its budget, prefetch loads byte-exact prefixes and shrinks on
+// failure, the prefetch policies, skip_l1, and eviction that covers objects of earlier runs.
+#include <chrono>
+#include <cstring>
+#include <future>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "common/clock.h"
+#include "l1/l1_cache.h"
+#include "l2/fault_tier.h"
+#include "l2/memory_tier.h"
+#include "l2/tier_set.h"
+#include "tier_test_util.h"
+
+namespace kvd::l2 {
+namespace {
+
+using namespace testing;
+
+constexpr uint64_t kObj = 64 * 1024;
+constexpr uint32_t kRanks = 2;
+
+class TierSetTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    l1::L1CacheOptions o;
+    o.capacity_bytes = 64ull << 20;
+    o.clock = &clock_;
+    l1_ = std::move(l1::L1Cache::Create(o)).value();
+    ns_ = std::move(l1_->namespaces().Intern("m/x", kRanks, "")).value();
+  }
+  void TearDown() override {
+    if (set_) set_->Close();
+    set_.reset();
+    l1_.reset();
+  }
+
+  // Builds the set over the given tiers (specs get plain configs).
+  void Make(std::vector<std::shared_ptr<Tier>> tiers, TierSetOptions o = {},
+            std::vector<AdapterConfig> configs = {}) {
+    o.clock = &clock_;
+    std::vector<TierSpec> specs;
+    for (size_t i = 0; i < tiers.size(); ++i) {
+      TierSpec s;
+      if (i < configs.size()) s.config = configs[i];
+      s.config.index = static_cast<int>(i);
+      if (s.config.type.empty()) s.config.type = "memory";
+      s.tier = tiers[i];
+      s.serde = std::move(MakeSerde(nullptr)).value();
+      specs.push_back(std::move(s));
+    }
+    auto r = TierSet::Create(o, std::move(specs), l1_.get());
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    set_ = std::move(r).value();
+  }
+
+  l1::ChunkKey Chunk(int c) {
+    l1::ChunkKey k;
+    k.ns = ns_;  // one namespace for the model of these tests
+    k.chunk_hash = Key(c).chunk_hash;
+    return k;
+  }
+  ObjectKey Obj(int c, uint32_t r) {
+    ObjectKey k = Key(c, "m/x", 0);
+    k.kv_rank = KvRank(kRanks, r);
+    return k;
+  }
+  static std::vector<uint8_t> Value(int c, uint32_t r) { return Bytes(kObj, c * 10 + r); }
+
+  // Writes chunk c (all ranks) into L1; returns the committed objects.
+  std::vector<CommittedObject> WriteL1(int c) {
+    std::vector<CommittedObject> out;
+    for (uint32_t r = 0; r < kRanks; ++r) {
+      auto res = l1_->ReserveWrite(Chunk(c), kRanks, r, kObj);
+      EXPECT_TRUE(res.ok());
+      auto v = Value(c, r);
+      std::memcpy(res->data(), v.data(), v.size());
+      EXPECT_TRUE(res->Commit());
+      out.push_back({Chunk(c), kRanks, r, Obj(c, r)});
+    }
+    return out;
+  }
+  ObjectFormat Format() { return {kObj, "", {}}; }
+
+  PrefetchRequest Request(int first, int count) {
+    PrefetchRequest p;
+    for (int c = first; c < first + count; ++c) {
+      p.chunks.push_back(Chunk(c));
+      p.hashes.push_back(Key(c).chunk_hash);
+    }
+    p.model_name = "m/x";
+    p.world_size = kRanks;
+    p.format = Format();
+    return p;
+  }
+
+  size_t PrefetchSync(PrefetchRequest p) {
+    auto pr = std::make_shared<std::promise<size_t>>();
+    auto f = pr->get_future();
+    set_->Prefetch(std::move(p), [pr](size_t n) { pr->set_value(n); });
+    EXPECT_EQ(f.wait_for(std::chrono::seconds(20)), std::future_status::ready);
+    return f.get();
+  }
+
+  bool L1Holds(int c) {
+    for (uint32_t r = 0; r < kRanks; ++r) {
+      auto pin = l1_->PinForRead(Chunk(c), r);
+      if (!pin.ok()) return false;
+      auto v = Value(c, r);
+      if (pin->size() != v.size() || std::memcmp(pin->data(), v.data(), v.size()) != 0) return false;
+    }
+    return true;
+  }
+
+  FakeClock clock_;
+  std::unique_ptr<l1::L1Cache> l1_;
+  l1::NamespaceId ns_ = 0;
+  std::unique_ptr<TierSet> set_;
+};
+
+TEST_F(TierSetTest, StoreBehindWritesEveryTierAndReleasesPins) {
+  auto a = std::make_shared<MemoryTier>(), b = std::make_shared<MemoryTier>();
+  Make({a, b});
+  for (int c = 0; c < 4; ++c) set_->StoreBehind(WriteL1(c), Format());
+  ASSERT_TRUE(set_->WaitIdle(10));
+  EXPECT_EQ(a->size(), 8u);
+  EXPECT_EQ(b->size(), 8u);
+  EXPECT_EQ(l1_->stats().pinned_objects, 0u);
+  std::vector<uint8_t> out;
+  ASSERT_TRUE(LoadOne(*b, Obj(3, 1), &out, kObj).status.ok());
+  EXPECT_EQ(out, Value(3, 1));
+  auto s = set_->stats();
+  EXPECT_EQ(s.tiers[0].stored_objects, 8u);
+  EXPECT_EQ(s.tiers[1].stored_bytes, 8 * kObj);
+}
+
+TEST_F(TierSetTest, StalledTierNeverBlocksAndIsBoundedThenSkips) {
+  auto fast = std::make_shared<MemoryTier>();
+  auto slow = std::make_shared<FaultTier>(std::make_shared<MemoryTier>());
+  slow->Stall();
+  TierSetOptions o;
+  o.store_max_inflight_bytes = 6 * kObj;  // three chunks of two ranks
+  Make({slow, fast}, o);
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int c = 0; c < 10; ++c) {
+    set_->StoreBehind(WriteL1(c), Format());
+    // The fast tier keeps up whatever the stalled one does.
+    for (int i = 0; i < 400 && fast->size() < 2u * (c + 1); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
+  EXPECT_EQ(fast->size(), 20u);
+  // The stalled one holds at most its budget in flight and skipped the rest.
+  auto s = set_->stats();
+  EXPECT_LE(s.tiers[0].inflight_store_bytes, 6 * kObj);
+  EXPECT_EQ(s.tiers[0].store_skipped_objects, 14u);
+  EXPECT_LE(l1_->stats().pinned_objects, 6u);
+  // L1 keeps working meanwhile: lookups, new writes, pins.
+  auto more = WriteL1(50);
+  EXPECT_TRUE(L1Holds(50));
+  slow->Resume();
+  ASSERT_TRUE(set_->WaitIdle(10));
+  EXPECT_EQ(set_->stats().tiers[0].stored_objects, 6u);
+  EXPECT_EQ(l1_->stats().pinned_objects, 0u);
+}
+
+TEST_F(TierSetTest, PrefetchLoadsFromTheFirstTierHoldingEachObject) {
+  auto a = std::make_shared<MemoryTier>(), b = std::make_shared<MemoryTier>();
+  Make({a, b});
+  // Chunks 0-3 in b only, chunk 1 rank 0 also in a (with the same bytes).
+  for (int c = 0; c < 4; ++c) {
+    for (uint32_t r = 0; r < kRanks; ++r) b->Put(Obj(c, r), Value(c, r));
+  }
+  a->Put(Obj(1, 0), Value(1, 0));
+  EXPECT_EQ(PrefetchSync(Request(0, 6)), 4u);  // chunks 4, 5 are nowhere
+  for (int c = 0; c < 4; ++c) EXPECT_TRUE(L1Holds(c)) << c;
+  auto s = set_->stats();
+  EXPECT_EQ(s.tiers[0].loaded_objects, 1u);
+  EXPECT_EQ(s.tiers[1].loaded_objects, 7u);
+  EXPECT_EQ(s.prefetch_hit_chunks, 4u);
+}
+
+TEST_F(TierSetTest, FailedLoadShrinksThePrefix) {
+  auto a = std::make_shared<MemoryTier>();
+  Make({a});
+  for (int c = 0; c < 5; ++c) {
+    for (uint32_t r = 0; r < kRanks; ++r) a->Put(Obj(c, r), Value(c, r));
+  }
+  a->Put(Obj(2, 1), std::vector<uint8_t>(100, 1));  // truncated
+  EXPECT_EQ(PrefetchSync(Request(0, 5)), 2u);
+  EXPECT_TRUE(L1Holds(0));
+  EXPECT_TRUE(L1Holds(1));
+  EXPECT_FALSE(l1_->IsResident(Chunk(2), 0));
+  EXPECT_FALSE(l1_->IsResident(Chunk(2), 1));
+  EXPECT_FALSE(l1_->IsResident(Chunk(3), 0));
+  EXPECT_EQ(set_->stats().tiers[0].load_corrupt_objects, 1u);
+  EXPECT_EQ(l1_->stats().staging_objects, 0u);
+}
+
+TEST_F(TierSetTest, UnreachableTierIsAMissNotAnError) {
+  auto f = std::make_shared<FaultTier>(std::make_shared<MemoryTier>());
+  f->FailOps(kAllTierOps, StatusCode::kUnavailable);
+  Make({f});
+  EXPECT_EQ(PrefetchSync(Request(0, 3)), 0u);
+  set_->StoreBehind(WriteL1(0), Format());
+  ASSERT_TRUE(set_->WaitIdle(10));
+  auto s = set_->stats();
+  EXPECT_EQ(s.tiers[0].store_failed_objects, 2u);
+  EXPECT_EQ(s.tiers[0].lookup_errors, 6u);
+  EXPECT_TRUE(L1Holds(0));
+}
+
+TEST_F(TierSetTest, StalledPrefetchTimesOutAndAnswersFromL1) {
+  auto inner = std::make_shared<MemoryTier>();
+  auto f = std::make_shared<FaultTier>(inner);
+  for (uint32_t r = 0; r < kRanks; ++r) inner->Put(Obj(0, r), Value(0, r));
+  TierSetOptions o;
+  o.prefetch_timeout_s = 0.2;
+  o.prefetch_policy = "retain";  // keep the late chunk (default would let it go at once)
+  Make({f}, o);
+  f->Stall();
+  auto pr = std::make_shared<std::promise<size_t>>();
+  auto fut = pr->get_future();
+  set_->Prefetch(Request(0, 1), [pr](size_t n) { pr->set_value(n); });
+  // The control loop uses the injected clock: move it past the deadline.
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  clock_.AdvanceSeconds(1);
+  ASSERT_EQ(fut.wait_for(std::chrono::seconds(5)), std::future_status::ready);
+  EXPECT_EQ(fut.get(), 0u);
+  EXPECT_EQ(set_->stats().prefetch_timeouts, 1u);
+  // When the tier answers at last, a prefetch nobody waits for loads nothing and ends.
+  f->Resume();
+  for (int i = 0; i < 400 && set_->stats().active_prefetch_jobs > 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_EQ(set_->stats().active_prefetch_jobs, 0u);
+  EXPECT_EQ(l1_->stats().staging_objects, 0u);
+  EXPECT_EQ(PrefetchSync(Request(0, 1)), 1u);  // and the next lookup gets it
+  EXPECT_TRUE(L1Holds(0));
+}
+
+TEST_F(TierSetTest, PrefetchMaxInFlightQueuesTheRest) {
+  auto inner = std::make_shared<MemoryTier>();
+  auto f = std::make_shared<FaultTier>(inner);
+  for (int c = 0; c < 3; ++c) {
+    for (uint32_t r = 0; r < kRanks; ++r) inner->Put(Obj(c, r), Value(c, r));
+  }
+  TierSetOptions o;
+  o.prefetch_max_in_flight = 1;
+  Make({f}, o);
+  f->Stall();
+  std::vector<std::shared_ptr<std::promise<size_t>>> ps;
+  std::vector<std::future<size_t>> fs;
+  for (int c = 0; c < 3; ++c) {
+    ps.push_back(std::make_shared<std::promise<size_t>>());
+    fs.push_back(ps.back()->get_future());
+    auto p = ps.back();
+    set_->Prefetch(Request(c, 1), [p](size_t n) { p->set_value(n); });
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  auto s = set_->stats();
+  EXPECT_EQ(s.active_prefetch_jobs, 1u);
+  EXPECT_EQ(s.queued_prefetch_jobs, 2u);
+  EXPECT_EQ(f->calls(TierOp::kExists), 1u);
+  f->Resume();
+  for (auto& x : fs) {
+    ASSERT_EQ(x.wait_for(std::chrono::seconds(5)), std::future_status::ready);
+    EXPECT_EQ(x.get(), 1u);
+  }
+}
+
+TEST_F(TierSetTest, DefaultPolicyDropsPrefetchedChunksAfterTheRetrieveRetainKeeps) {
+  for (const std::string policy : {"default", "retain"}) {
+    SetUp();
+    auto a = std::make_shared<MemoryTier>();
+    TierSetOptions o;
+    o.prefetch_policy = policy;
+    Make({a}, o);
+    for (uint32_t r = 0; r < kRanks; ++r) a->Put(Obj(0, r), Value(0, r));
+    ASSERT_EQ(PrefetchSync(Request(0, 1)), 1u);
+    std::vector<l1::ChunkKey> keys = {Chunk(0)};
+    // A lookup's read lock holds it through the retrieve...
+    ASSERT_EQ(l1_->LookupAndLock("req", 0, keys, kRanks, 1), 1u);
+    set_->AfterRetrieve(keys);
+    EXPECT_TRUE(L1Holds(0));
+    // ...after which the default policy lets it go.
+    l1_->ReleaseAllLocks("req");
+    set_->AfterRetrieve(keys);
+    EXPECT_EQ(l1_->IsResident(Chunk(0), 0), policy == "retain") << policy;
+    set_->Close();
+    set_.reset();
+  }
+}
+
+TEST_F(TierSetTest, SkipL1RemovesTheL1CopyOnceATierHasIt) {
+  auto a = std::make_shared<MemoryTier>();
+  TierSetOptions o;
+  o.store_policy = "skip_l1";
+  Make({a}, o);
+  set_->StoreBehind(WriteL1(0), Format());
+  ASSERT_TRUE(set_->WaitIdle(10));
+  EXPECT_EQ(a->size(), 2u);
+  EXPECT_FALSE(l1_->IsResident(Chunk(0), 0));
+  EXPECT_EQ(set_->stats().skip_l1_removed_chunks, 1u);
+  EXPECT_EQ(PrefetchSync(Request(0, 1)), 1u);  // and it comes back from the tier
+  EXPECT_TRUE(L1Holds(0));
+}
+
+TEST_F(TierSetTest, EvictionCoversObjectsOfEarlierRunsOldestFirst) {
+  auto a = std::make_shared<MemoryTier>();
+  // An earlier run left 8 objects (chunks 100-103).
+  for (int c = 100; c < 104; ++c) {
+    for (uint32_t r = 0; r < kRanks; ++r) a->Put(Obj(c, r), Value(c, r));
+  }
+  AdapterConfig cfg;
+  cfg.type = "memory";
+  cfg.max_capacity_gb = 12.0 * kObj / (1ull << 30);  // room for 12 objects
+  cfg.eviction = TierEvictionConfig{"LRU", 0.8, 0.5};
+  Make({a}, {}, {cfg});
+  for (int i = 0; i < 100 && !set_->stats().tiers[0].scanned; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  ASSERT_TRUE(set_->stats().tiers[0].scanned);
+  EXPECT_EQ(set_->stats().tiers[0].usage_bytes, 8 * kObj);
+  // This run stores 2 chunks: 12 objects = 100% >= 80%: evict 50% = 6 objects, oldest first.
+  for (int c = 0; c < 2; ++c) set_->StoreBehind(WriteL1(c), Format());
+  ASSERT_TRUE(set_->WaitIdle(10));
+  EXPECT_EQ(set_->stats().tiers[0].usage_bytes, 12 * kObj);
+  clock_.AdvanceSeconds(2);
+  for (int i = 0; i < 400 && set_->stats().tiers[0].evicted_objects == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_TRUE(set_->WaitIdle(10));
+  auto s = set_->stats().tiers[0];
+  EXPECT_EQ(s.evicted_objects, 6u);
+  EXPECT_EQ(s.usage_bytes, 6 * kObj);
+  EXPECT_EQ(a->size(), 6u);
+  // The objects of this run survived; six of the earlier run's went.
+  auto e = ExistsSync(*a, {Obj(0, 0), Obj(0, 1), Obj(1, 0), Obj(1, 1)});
+  for (const auto& x : e) EXPECT_TRUE(x.status.ok());
+}
+
+}  // namespace
+}  // namespace kvd::l2
