@@ -163,6 +163,13 @@ footer a { color: var(--muted); }
         <tbody><tr><td colspan="7" class="empty">waiting for data…</td></tr></tbody>
       </table>
     </div>
+    <div class="card" id="tiers-card" style="display:none">
+      <div class="card-h"><h2>Tiers behind L1</h2><div class="legend" id="tiers-note"></div></div>
+      <table id="tiers">
+        <thead><tr><th>Tier</th><th>Back-end</th><th>State</th><th class="r">Usage</th><th class="r">Stored</th><th class="r">Loaded</th><th class="r">Skipped / failed</th><th class="r">Evicted</th></tr></thead>
+        <tbody></tbody>
+      </table>
+    </div>
     <div class="card">
       <div class="card-h"><h2>Operations</h2><div class="legend">latency from receipt to reply</div></div>
       <table id="ops">
@@ -428,6 +435,20 @@ function renderStatus(s) {
       esc(idle < 1 ? "just now" : fmtDur(idle) + " ago") + "</td></tr>";
   });
   $("instances").tBodies[0].innerHTML = rows.length ? rows.join("") : '<tr><td colspan="7" class="empty">No workers registered yet</td></tr>';
+  const tiers = s.tiers || [];
+  $("tiers-card").style.display = tiers.length ? "" : "none";
+  if (tiers.length) {
+    const p = s.l2_policies || {};
+    setText("tiers-note", "store " + (p.store_policy || "") + " · prefetch " + (p.prefetch_policy || "") + " · " +
+      fmtNum(p.prefetch_hit_chunks || 0) + " chunks prefetched · " + fmtNum(p.active_prefetch_jobs || 0) + " running");
+    $("tiers").tBodies[0].innerHTML = tiers.map((t) =>
+      "<tr><td>" + esc(t.name) + "</td><td class=\"layout\" title=\"" + esc(t.describe) + "\">" + esc(t.describe) + "</td><td><span class=\"dot" +
+      (t.healthy ? "" : " idle") + "\"></span>" + esc(t.healthy ? "ok" : "down") + "</td><td class=\"r num\">" +
+      esc(t.capacity_bytes ? fmtBytes(t.usage_bytes) + " / " + fmtBytes(t.capacity_bytes) : "–") + "</td><td class=\"r num\">" +
+      esc(fmtBytes(t.store.stored_bytes)) + "</td><td class=\"r num\">" + esc(fmtBytes(t.prefetch.loaded_bytes)) + "</td><td class=\"r num\">" +
+      esc(fmtNum(t.store.skipped_over_budget) + " / " + fmtNum(t.store.failed + t.store.no_space + t.prefetch.corrupted + t.prefetch.unavailable)) +
+      "</td><td class=\"r num\">" + esc(fmtNum(t.evicted_objects)) + "</td></tr>").join("");
+  }
   const ops = Object.entries(s.ops || {}).sort((a, b) => b[1].requests - a[1].requests);
   $("ops").tBodies[0].innerHTML = ops.length ? ops.map(([n, o]) =>
     "<tr><td>" + esc(n) + "</td><td class=\"r num\">" + esc(fmtNum(o.requests)) + "</td><td class=\"r num\">" + esc(fmtNum(o.in_flight)) +

@@ -13,6 +13,43 @@ namespace {
 // Model names come from clients: never let invalid UTF-8 throw while serialising.
 std::string Dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 
+json TiersJson(const TiersView& v) {
+  json out = json::array();
+  for (const auto& t : v.tiers) {
+    out.push_back({{"name", t.name},
+                   {"type", t.type},
+                   {"describe", t.describe},
+                   {"healthy", t.healthy},
+                   {"health", t.health_detail},
+                   {"capacity_bytes", t.capacity_bytes},
+                   {"usage_bytes", t.usage_bytes},
+                   {"objects", t.objects},
+                   {"earlier_runs_scanned", t.scanned},
+                   {"store", {{"requests", t.store_requests},
+                              {"objects", t.store_objects},
+                              {"stored_objects", t.stored_objects},
+                              {"stored_bytes", t.stored_bytes},
+                              {"already_present", t.store_existing_objects},
+                              {"failed", t.store_failed_objects},
+                              {"no_space", t.store_full_objects},
+                              {"skipped_over_budget", t.store_skipped_objects},
+                              {"in_flight_objects", t.inflight_store_objects},
+                              {"in_flight_bytes", t.inflight_store_bytes}}},
+                   {"prefetch", {{"asked_objects", t.prefetch_lookup_objects},
+                                 {"found_objects", t.prefetch_found_objects},
+                                 {"lookup_errors", t.lookup_errors},
+                                 {"loaded_objects", t.loaded_objects},
+                                 {"loaded_bytes", t.loaded_bytes},
+                                 {"missing", t.load_missing_objects},
+                                 {"corrupted", t.load_corrupt_objects},
+                                 {"unavailable", t.load_failed_objects},
+                                 {"in_flight_objects", t.inflight_load_objects}}},
+                   {"evicted_objects", t.evicted_objects},
+                   {"evicted_bytes", t.evicted_bytes}});
+  }
+  return out;
+}
+
 }  // namespace
 
 std::string StatusJson(const Snapshot& s, const Health& health, const std::string& version) {
@@ -62,6 +99,17 @@ std::string StatusJson(const Snapshot& s, const Health& health, const std::strin
         {"evictions", l1.evictions},
         {"evicted_bytes", l1.evicted_bytes}}},
       {"instances", std::move(instances)},
+      {"tiers", TiersJson(s.tiers)},
+      {"l2_policies", {{"store_policy", s.tiers.store_policy},
+                       {"prefetch_policy", s.tiers.prefetch_policy},
+                       {"prefetch_requests", s.tiers.prefetch_requests},
+                       {"prefetch_hit_chunks", s.tiers.prefetch_hit_chunks},
+                       {"prefetch_failed_chunks", s.tiers.prefetch_failed_chunks},
+                       {"prefetch_timeouts", s.tiers.prefetch_timeouts},
+                       {"active_prefetch_jobs", s.tiers.active_prefetch_jobs},
+                       {"queued_prefetch_jobs", s.tiers.queued_prefetch_jobs},
+                       {"temporary_chunks", s.tiers.temporary_chunks},
+                       {"skip_l1_removed_chunks", s.tiers.skip_l1_removed_chunks}}},
       {"sessions", s.sessions},
       {"pending_engine_driven", {{"stores", s.pending_engine_stores},
                                  {"retrieves", s.pending_engine_retrieves}}},

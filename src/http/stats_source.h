@@ -35,6 +35,8 @@ struct CacheCounters {
   uint64_t lookups = 0;           // LOOKUP requests
   uint64_t lookup_tokens = 0;     // tokens of full chunks looked up
   uint64_t hit_tokens = 0;        // of which hits
+  uint64_t hit_l1_tokens = 0;     // ... found in L1
+  uint64_t hit_l2_tokens = 0;     // ... brought into L1 from the tiers
   uint64_t stores = 0;            // STORE / PREPARE_STORE requests
   uint64_t store_failures = 0;
   uint64_t stored_chunks = 0;
@@ -61,6 +63,39 @@ struct PhaseView {
   std::string name;
   std::vector<uint64_t> buckets;  // per latency bucket, not cumulative; bounds in Snapshot
   double sum_seconds = 0;
+};
+
+// One tier behind L1 (src/l2), as /status, /metrics and the dashboard show it.
+struct TierView {
+  std::string name;               // l2_name label: the adapter type, or "<type>#<index>"
+  std::string type;
+  std::string describe;           // "fs /data/kv", "valkey cluster h:p,…" (no credentials)
+  bool healthy = true;
+  std::string health_detail;
+  uint64_t capacity_bytes = 0;    // max_capacity_gb (0: none)
+  uint64_t usage_bytes = 0;       // accounted objects (capacity tiers)
+  uint64_t objects = 0;
+  bool scanned = false;           // objects of earlier runs accounted
+  uint64_t store_requests = 0, store_objects = 0, store_completed_requests = 0;
+  uint64_t stored_objects = 0, stored_bytes = 0, store_existing_objects = 0;
+  uint64_t store_failed_objects = 0, store_full_objects = 0, store_skipped_objects = 0;
+  uint64_t inflight_store_objects = 0, inflight_store_bytes = 0;
+  double store_seconds = 0;
+  uint64_t prefetch_lookup_objects = 0, prefetch_found_objects = 0, lookup_errors = 0;
+  uint64_t load_requests = 0, load_objects = 0, load_completed_requests = 0;
+  uint64_t loaded_objects = 0, loaded_bytes = 0;
+  uint64_t load_missing_objects = 0, load_corrupt_objects = 0, load_failed_objects = 0;
+  uint64_t inflight_load_objects = 0;
+  double load_seconds = 0;
+  uint64_t evicted_objects = 0, evicted_bytes = 0;
+};
+
+struct TiersView {
+  std::vector<TierView> tiers;    // in priority order; empty: no --l2-adapter
+  std::string store_policy, prefetch_policy;
+  uint64_t prefetch_requests = 0, prefetch_hit_chunks = 0, prefetch_failed_chunks = 0;
+  uint64_t prefetch_timeouts = 0, active_prefetch_jobs = 0, queued_prefetch_jobs = 0;
+  uint64_t temporary_chunks = 0, skip_l1_removed_chunks = 0;
 };
 
 struct OpView {
@@ -98,6 +133,7 @@ struct Snapshot {
   std::vector<OpView> ops;             // ops that have seen requests
   uint64_t unknown_ops = 0;
   LoopView loop;
+  TiersView tiers;
 
   uint64_t total_requests() const {
     uint64_t n = 0;
