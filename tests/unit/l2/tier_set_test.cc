@@ -2,6 +2,7 @@
 // never blocks and stays within its budget, prefetch loads byte-exact prefixes and shrinks on
 // failure, the prefetch policies, skip_l1, and eviction that covers objects of earlier runs.
 #include <chrono>
+#include <filesystem>
 #include <cstring>
 #include <future>
 #include <thread>
@@ -11,6 +12,7 @@
 #include "common/clock.h"
 #include "l1/l1_cache.h"
 #include "l2/fault_tier.h"
+#include "l2/fs_tier.h"
 #include "l2/memory_tier.h"
 #include "l2/tier_set.h"
 #include "tier_test_util.h"
@@ -340,6 +342,52 @@ TEST_F(TierSetTest, EvictionCoversObjectsOfEarlierRunsOldestFirst) {
   // The objects of this run survived; six of the earlier run's went.
   auto e = ExistsSync(*a, {Obj(0, 0), Obj(0, 1), Obj(1, 0), Obj(1, 1)});
   for (const auto& x : e) EXPECT_TRUE(x.status.ok());
+}
+
+}  // namespace
+}  // namespace kvd::l2
+
+namespace kvd::l2 {
+namespace {
+
+// The same on a real directory: files an earlier run left are found by the startup scan,
+// count towards max_capacity_gb and are evicted first, oldest first.
+TEST_F(TierSetTest, FsTierEvictsFilesOfEarlierRuns) {
+  char tmpl[] = "/tmp/kvd-evict-XXXXXX";
+  const std::string dir = ::mkdtemp(tmpl);
+  FsTierOptions fo;
+  fo.base_path = dir;
+  {
+    auto earlier = std::move(FsTier::Create(fo)).value();
+    for (int c = 200; c < 204; ++c) {
+      for (uint32_t r = 0; r < kRanks; ++r) ASSERT_TRUE(StoreOne(*earlier, Obj(c, r), Value(c, r)).status.ok());
+    }
+  }
+  auto tier = std::shared_ptr<Tier>(std::move(FsTier::Create(fo)).value());
+  AdapterConfig cfg;
+  cfg.type = "fs";
+  cfg.max_capacity_gb = 10.0 * kObj / (1ull << 30);
+  cfg.eviction = TierEvictionConfig{"LRU", 0.8, 0.4};
+  Make({tier}, {}, {cfg});
+  for (int i = 0; i < 200 && !set_->stats().tiers[0].scanned; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  EXPECT_EQ(set_->stats().tiers[0].usage_bytes, 8 * kObj);
+  set_->StoreBehind(WriteL1(0), Format());  // 10 objects = 100%: free 40% = 4 objects
+  ASSERT_TRUE(set_->WaitIdle(10));
+  clock_.AdvanceSeconds(2);
+  for (int i = 0; i < 400 && set_->stats().tiers[0].evicted_objects < 4; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_TRUE(set_->WaitIdle(10));
+  EXPECT_EQ(set_->stats().tiers[0].evicted_objects, 4u);
+  auto left = ScanSync(*tier);
+  ASSERT_TRUE(left.ok());
+  EXPECT_EQ(left->size(), 6u);
+  auto e = ExistsSync(*tier, {Obj(0, 0), Obj(0, 1)});
+  for (const auto& x : e) EXPECT_TRUE(x.status.ok());
+  set_->Close();
+  set_.reset();
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
 }
 
 }  // namespace
