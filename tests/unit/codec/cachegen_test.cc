@@ -5,8 +5,13 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <fstream>
+#include <iterator>
+
 #include "codec/codec.h"
 #include "codec/crc32c.h"
+#include "codec/device_decode.h"
 #include "codec/format.h"
 #include "codec/plane.h"
 #include "codec_test_util.h"
@@ -536,6 +541,27 @@ TEST_F(CorruptionTest, PrecisionIsTheObjectsOwn) {
   for (size_t i = 0; i < ref.size(); ++i) ASSERT_EQ(test::LoadAs(s_.dtype, a.data() + 2 * i), Bf16ToFloat(FloatToBf16(ref[i])));
   ps.prob_bits[0] = ps.prob_bits[1] = 9;
   EXPECT_FALSE(plane::Decode(payload, ps, &sc, b.data()).ok());
+}
+
+// An object written by a build of format version 1 (tests/data/codec/format_v1/: made
+// with `kvd-codec encode --layout 2,2,16,64,bfloat16 --bins 16` at commit 5bed4d2, where
+// the precision was implied by the bins) is refused by name by every decoder, and the
+// output buffer is left as it was.
+TEST(CachegenTest, FormatVersion1ObjectsAreRefusedByName) {
+  std::ifstream f(std::string(KVD_SOURCE_DIR) + "/tests/data/codec/format_v1/object_2x2x16x64_bf16_16bins.kvcg",
+                  std::ios::binary);
+  ASSERT_TRUE(f) << "test data missing";
+  const std::vector<uint8_t> v1((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  ASSERT_EQ(v1.size(), 1736u);
+  ASSERT_EQ(format::Get16(v1.data() + 4), 1);
+  ObjectLayout l;
+  l.groups.push_back({2, 2, 16, 64, Dtype::kBfloat16});
+  EXPECT_THAT(Inspect(v1).status().message(), HasSubstr("format version 1 not supported (this build reads 2)"));
+  std::vector<uint8_t> out(l.Bytes(), 0xab);
+  EXPECT_THAT(Decode(v1, out, &l).message(), HasSubstr("format version 1 not supported"));
+  EXPECT_TRUE(std::all_of(out.begin(), out.end(), [](uint8_t b) { return b == 0xab; }));
+  EXPECT_THAT(EmulateDeviceDecode(v1, out).message(), HasSubstr("format version 1 not supported"));
+  EXPECT_FALSE(Decode(v1).ok());
 }
 
 TEST(CachegenTest, EncodeRefusesBadInput) {
