@@ -555,6 +555,13 @@ Result<KvLayout> BuildLayout(const std::vector<wire::TensorDescriptor>& tensors,
       }
       acc.block_is_contiguous = !dsa && acc.row_runs.size() == 1 && acc.row_runs[0].offset == 0 &&
                                 token_stride == row_bytes;
+      if (!dsa && !acc.block_is_contiguous && acc.row_runs.size() > 1 &&
+          (itemsize == 1 || itemsize == 2 || itemsize == 4 || itemsize == 8) &&
+          token_stride == itemsize &&
+          std::all_of(acc.row_runs.begin(), acc.row_runs.end(),
+                      [&](const ByteRun& r) { return r.length == itemsize; })) {
+        acc.transposed_element = itemsize;
+      }
 
       std::ostringstream key;
       key << t.dtype << '|' << kv_size << '|' << tpb << '|' << t.shape[roles->block] << '|'

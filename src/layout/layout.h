@@ -60,6 +60,13 @@ struct TensorAccess {
   std::vector<ByteRun> row_runs;     // one token row, in object (hidden) order
   bool block_is_contiguous = false;  // a block's tokens of one plane are one run of
                                      // tokens_per_block * row_bytes bytes at offset 0
+  // > 0 (the element size, 1, 2, 4 or 8 bytes): the block holds this plane transposed.
+  // Every run is one element, and token t's element r is at row_runs[r].offset + t *
+  // element bytes (token_stride == length == element size), so each element of the row
+  // is a column of tokens_per_block adjacent elements (vLLM CPU keys, [HS][BS]). The copy
+  // then moves tiles of columns × tokens instead of one element at a time; the bytes
+  // moved are those the runs describe.
+  int64_t transposed_element = 0;
 };
 
 struct KernelGroup {

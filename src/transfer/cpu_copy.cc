@@ -7,6 +7,10 @@
 #include <cstring>
 #include <thread>
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 namespace kvd::transfer {
 
 Status ValidateBlockIds(const layout::KvLayout& layout,
@@ -44,6 +48,127 @@ Status ValidateBlockIds(const layout::KvLayout& layout,
 
 namespace {
 
+// ---- Transposed planes (TensorAccess::transposed_element) ------------------------------
+// In the block, element r of token t is at col[r] + t*E (a column per row element); in
+// the object it is at row t, element r. Tiles of kTileTokens tokens are moved column
+// group by column group (kLanes columns at once): each column's tokens of a tile are one
+// cache line or less, and the tile's object rows stay in cache while they fill.
+
+constexpr int64_t kTileTokens = 32;
+
+template <int64_t E>
+inline void CopyElement(uint8_t* dst, const uint8_t* src) {
+  std::memcpy(dst, src, E);
+}
+
+#if defined(__SSE2__)
+// In-place transposes of a square held in registers: on entry r[i] holds element 0.. of
+// line i, on exit r[j] holds element j of every line. 8 × 8 16-bit elements:
+inline void Transpose8x16(__m128i r[8]) {
+  const __m128i a0 = _mm_unpacklo_epi16(r[0], r[1]), a1 = _mm_unpackhi_epi16(r[0], r[1]);
+  const __m128i a2 = _mm_unpacklo_epi16(r[2], r[3]), a3 = _mm_unpackhi_epi16(r[2], r[3]);
+  const __m128i a4 = _mm_unpacklo_epi16(r[4], r[5]), a5 = _mm_unpackhi_epi16(r[4], r[5]);
+  const __m128i a6 = _mm_unpacklo_epi16(r[6], r[7]), a7 = _mm_unpackhi_epi16(r[6], r[7]);
+  const __m128i b0 = _mm_unpacklo_epi32(a0, a2), b1 = _mm_unpackhi_epi32(a0, a2);
+  const __m128i b2 = _mm_unpacklo_epi32(a1, a3), b3 = _mm_unpackhi_epi32(a1, a3);
+  const __m128i b4 = _mm_unpacklo_epi32(a4, a6), b5 = _mm_unpackhi_epi32(a4, a6);
+  const __m128i b6 = _mm_unpacklo_epi32(a5, a7), b7 = _mm_unpackhi_epi32(a5, a7);
+  r[0] = _mm_unpacklo_epi64(b0, b4);
+  r[1] = _mm_unpackhi_epi64(b0, b4);
+  r[2] = _mm_unpacklo_epi64(b1, b5);
+  r[3] = _mm_unpackhi_epi64(b1, b5);
+  r[4] = _mm_unpacklo_epi64(b2, b6);
+  r[5] = _mm_unpackhi_epi64(b2, b6);
+  r[6] = _mm_unpacklo_epi64(b3, b7);
+  r[7] = _mm_unpackhi_epi64(b3, b7);
+}
+
+// 4 × 4 32-bit elements:
+inline void Transpose4x32(__m128i r[4]) {
+  const __m128i a0 = _mm_unpacklo_epi32(r[0], r[1]), a1 = _mm_unpackhi_epi32(r[0], r[1]);
+  const __m128i a2 = _mm_unpacklo_epi32(r[2], r[3]), a3 = _mm_unpackhi_epi32(r[2], r[3]);
+  r[0] = _mm_unpacklo_epi64(a0, a2);
+  r[1] = _mm_unpackhi_epi64(a0, a2);
+  r[2] = _mm_unpacklo_epi64(a1, a3);
+  r[3] = _mm_unpackhi_epi64(a1, a3);
+}
+
+// One square of kLanes columns × kLanes tokens starting at token t. Gather: load each
+// column's tokens, store each token's row piece; scatter: the reverse.
+template <bool kToObject, int64_t E>
+inline void CopySquare(uint8_t* const* col, int64_t t, uint8_t* orow, int64_t row_bytes) {
+  constexpr int kLanes = 16 / E;
+  __m128i r[kLanes];
+  for (int i = 0; i < kLanes; ++i) {
+    const uint8_t* p = kToObject ? col[i] + t * E : orow + i * row_bytes;
+    r[i] = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  }
+  if constexpr (E == 2) {
+    Transpose8x16(r);
+  } else {
+    Transpose4x32(r);
+  }
+  for (int j = 0; j < kLanes; ++j) {
+    uint8_t* p = kToObject ? orow + j * row_bytes : col[j] + t * E;
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), r[j]);
+  }
+}
+constexpr bool kHasSquares = true;
+#else
+template <bool kToObject, int64_t E>
+inline void CopySquare(uint8_t* const*, int64_t, uint8_t*, int64_t) {}
+constexpr bool kHasSquares = false;
+#endif
+
+// Tokens [first, tpb) of one block's transposed plane ↔ the object's rows of that block.
+template <bool kToObject, int64_t E>
+void CopyTransposedBlock(const std::vector<layout::ByteRun>& runs, uint8_t* block, uint8_t* obj,
+                         int64_t row_bytes, int64_t first, int64_t tpb) {
+  constexpr int64_t kLanes = (E == 2 || E == 4) && kHasSquares ? 16 / E : 1;
+  const int64_t ncols = static_cast<int64_t>(runs.size());
+  for (int64_t t0 = first; t0 < tpb; t0 += kTileTokens) {
+    const int64_t t1 = std::min(tpb, t0 + kTileTokens);
+    for (int64_t c0 = 0; c0 < ncols; c0 += kLanes) {
+      const int64_t lanes = std::min(kLanes, ncols - c0);
+      uint8_t* col[kLanes];
+      for (int64_t i = 0; i < lanes; ++i) col[i] = block + runs[c0 + i].offset;
+      int64_t t = t0;
+      if constexpr (kLanes > 1) {
+        if (lanes == kLanes) {
+          for (; t + kLanes <= t1; t += kLanes) {
+            CopySquare<kToObject, E>(col, t, obj + t * row_bytes + c0 * E, row_bytes);
+          }
+        }
+      }
+      for (; t < t1; ++t) {
+        uint8_t* orow = obj + t * row_bytes + c0 * E;
+        for (int64_t i = 0; i < lanes; ++i) {
+          if constexpr (kToObject) {
+            CopyElement<E>(orow + i * E, col[i] + t * E);
+          } else {
+            CopyElement<E>(col[i] + t * E, orow + i * E);
+          }
+        }
+      }
+    }
+  }
+}
+
+template <bool kToObject>
+void CopyTransposed(const layout::TensorAccess& acc, uint8_t* block, uint8_t* obj,
+                    int64_t row_bytes, int64_t first, int64_t tpb) {
+  switch (acc.transposed_element) {
+    case 1:
+      return CopyTransposedBlock<kToObject, 1>(acc.row_runs, block, obj, row_bytes, first, tpb);
+    case 2:
+      return CopyTransposedBlock<kToObject, 2>(acc.row_runs, block, obj, row_bytes, first, tpb);
+    case 4:
+      return CopyTransposedBlock<kToObject, 4>(acc.row_runs, block, obj, row_bytes, first, tpb);
+    default:
+      return CopyTransposedBlock<kToObject, 8>(acc.row_runs, block, obj, row_bytes, first, tpb);
+  }
+}
+
 // Copies one (K or V) plane of one layer for one chunk: the chunk's blocks of that
 // tensor ↔ the object's [chunk_tokens][hidden] plane.
 template <bool kToObject>
@@ -69,6 +194,10 @@ void CopyPlane(const layout::KernelGroup& g, const layout::TensorAccess& acc, in
       } else {
         std::memcpy(block + first * g.row_bytes, obj + first * g.row_bytes, n);
       }
+      continue;
+    }
+    if (acc.transposed_element > 0) {
+      CopyTransposed<kToObject>(acc, block, obj, g.row_bytes, first, tpb);
       continue;
     }
     for (int64_t t = first; t < tpb; ++t) {

@@ -147,11 +147,13 @@ TEST(LayoutTest, VllmCpuCacheWithVecKernels) {
     ASSERT_EQ(k.row_runs.size(), 2u * 64);  // one element per head and dimension
     EXPECT_EQ(k.row_runs[1].offset, bs * 2);  // dimension 1 is BS elements further
     EXPECT_EQ(k.row_runs[0].token_stride, 2);
+    EXPECT_EQ(k.transposed_element, 2);  // copied by tiles, not element by element
     const auto& v = g.layers[4];
     EXPECT_EQ(v.tensor_index, 0u);
     EXPECT_EQ(v.base_offset, bs * 64 * 2);
     ASSERT_EQ(v.row_runs.size(), 2u);  // one row of HS per head
     EXPECT_EQ(v.row_runs[0].token_stride, 64 * 2);
+    EXPECT_EQ(v.transposed_element, 0);
     EXPECT_EQ(l->object_bytes, 2u * 4 * 256 * 128 * 2);
     EXPECT_EQ(l->block_size_dependent, 0);
   }

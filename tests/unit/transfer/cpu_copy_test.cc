@@ -222,6 +222,22 @@ TEST(CpuCopyTest, VllmCpuCache) {
   RoundTrip(VllmCpu(2, 24, 32, 4, 32), 256, 2, {40, 255});
 }
 
+// The K halves are copied in tiles (8 x 8 for 2-byte, 4 x 4 for 4-byte elements, 32 tokens
+// per tile): block sizes, head counts × head sizes and skips that are not multiples of a
+// tile take the edge paths, and 1-, 4- and 8-byte elements the other widths; every byte
+// still equals the reference's.
+TEST(CpuCopyTest, VllmCpuCacheTransposedKeysAtSizesThatAreNotMultiplesOfTheTile) {
+  RoundTrip(VllmCpu(2, 40, 12, 3, 20), 48, 3, {0, 5, 47});           // bf16: 60 columns, 12 tokens
+  RoundTrip(VllmCpu(2, 24, 40, 1, 13), 80, 2, {3, 41});              // 13 columns, 40 tokens
+  RoundTrip(VllmCpu(2, 24, 36, 2, 7, "float32"), 72, 2, {0, 33});    // 14 columns, 36 tokens
+  RoundTrip(VllmCpu(2, 24, 32, 2, 16, "float32"), 64, 2, {9, 0});    // whole squares
+  RoundTrip(VllmCpu(1, 24, 20, 3, 5, "uint8"), 40, 2, {0, 11});
+  RoundTrip(VllmCpu(1, 24, 20, 2, 3, "float64"), 40, 2, {0, 19});
+  KvLayout l = MustBuild(VllmCpu(1, 24, 36, 2, 7, "float32"), 72);
+  ASSERT_FALSE(l.groups.empty());
+  EXPECT_EQ(l.groups[0].layers[0].transposed_element, 4);
+}
+
 // Writes the K/V of token positions [0, chunks * chunk_tokens) into `m` at `ids`: the row
 // of (layer l, plane kv, position p) is bytes f(l, kv, p, i) = a hash of the four.
 Buffers FillByPosition(const TestModel& m, const BlockIds& ids, int64_t chunk_tokens,
