@@ -237,10 +237,8 @@ class ServiceStats final : public kvd::http::StatsSource {
     }
     s.unknown_ops = metrics.unknown_ops();
     auto loop = metrics.Loop();
-    s.loop = {loop.iterations,          std::move(loop.buckets),
-              loop.sum_seconds,         loop.longest_wall_seconds,
-              loop.longest_cpu_seconds, loop.longest_inline_wall_seconds,
-              loop.longest_inline_cpu_seconds, std::move(loop.longest_inline_op)};
+    s.loop = {loop.iterations,       std::move(loop.buckets),      loop.sum_seconds,
+              loop.longest_seconds,  loop.longest_inline_seconds,  std::move(loop.longest_inline_op)};
     return s;
   }
 

@@ -326,20 +326,14 @@ std::string RenderPrometheus(const Snapshot& s, const std::string& version) {
     w.Value("kvd_request_loop_wakeup_seconds_sum", s.loop.sum_seconds);
     w.Value("kvd_request_loop_wakeup_seconds_count", cum);
   }
-  w.Header("kvd_request_loop_longest_wakeup_seconds", "gauge",
-           "Longest wake-up of the request loop's thread since start, by wall clock and by the "
-           "thread's CPU time.");
-  w.Value("kvd_request_loop_longest_wakeup_seconds{clock=\"wall\"}", s.loop.longest_wall_seconds);
-  w.Value("kvd_request_loop_longest_wakeup_seconds{clock=\"cpu\"}", s.loop.longest_cpu_seconds);
+  w.Gauge("kvd_request_loop_longest_wakeup_seconds",
+          "Longest wake-up of the request loop's thread since start (wall clock).",
+          s.loop.longest_seconds);
   w.Header("kvd_request_loop_longest_inline_seconds", "gauge",
            "Longest single request the request loop's thread ran itself since start (every other "
-           "client waited that long), by wall clock and by the thread's CPU time; op is the "
-           "operation of the longest by wall clock.");
-  const std::string inline_op = Escape(s.loop.longest_inline_op);
-  w.Value("kvd_request_loop_longest_inline_seconds{clock=\"wall\",op=\"" + inline_op + "\"}",
-          s.loop.longest_inline_wall_seconds);
-  w.Value("kvd_request_loop_longest_inline_seconds{clock=\"cpu\",op=\"" + inline_op + "\"}",
-          s.loop.longest_inline_cpu_seconds);
+           "client waited that long; wall clock), and its operation.");
+  w.Value("kvd_request_loop_longest_inline_seconds{op=\"" + Escape(s.loop.longest_inline_op) + "\"}",
+          s.loop.longest_inline_seconds);
   return w.Take();
 }
 

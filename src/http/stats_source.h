@@ -113,10 +113,8 @@ struct LoopView {
   uint64_t iterations = 0;
   std::vector<uint64_t> buckets;  // wall time per wake-up, per latency bucket, not cumulative
   double sum_seconds = 0;
-  double longest_wall_seconds = 0;
-  double longest_cpu_seconds = 0;
-  double longest_inline_wall_seconds = 0;  // the longest request run on the loop's thread
-  double longest_inline_cpu_seconds = 0;
+  double longest_seconds = 0;
+  double longest_inline_seconds = 0;  // the longest request run on the loop's thread
   std::string longest_inline_op;
 };
 

@@ -23,8 +23,10 @@ int64_t RequestMetrics::Begin(wire::Op op) {
   return NowNs();
 }
 
-void RequestMetrics::End(wire::Op op, int64_t begin_ns) {
-  Finish(ops_[Index(op)], NowNs() - begin_ns);
+int64_t RequestMetrics::End(wire::Op op, int64_t begin_ns) {
+  const int64_t ns = NowNs() - begin_ns;
+  Finish(ops_[Index(op)], ns);
+  return ns;
 }
 
 void RequestMetrics::Record(wire::Op op, double seconds) {
@@ -74,19 +76,17 @@ void RequestMetrics::CountRefused(wire::Op op) {
   ops_[Index(op)].refused.fetch_add(1, std::memory_order_relaxed);
 }
 
-void RequestMetrics::RecordLoopIteration(int64_t wall_ns, int64_t cpu_ns) {
+void RequestMetrics::RecordLoopIteration(int64_t wall_ns) {
   loop_.Add(wall_ns);
-  RaiseTo(loop_longest_wall_ns_, wall_ns);
-  RaiseTo(loop_longest_cpu_ns_, cpu_ns);
+  RaiseTo(loop_longest_ns_, wall_ns);
 }
 
-void RequestMetrics::RecordInline(wire::Op op, int64_t wall_ns, int64_t cpu_ns) {
+void RequestMetrics::RecordInline(wire::Op op, int64_t wall_ns) {
   // Called from the loop's thread only, so the op and the maximum stay consistent.
-  if (wall_ns > inline_longest_wall_ns_.load(std::memory_order_relaxed)) {
+  if (wall_ns > inline_longest_ns_.load(std::memory_order_relaxed)) {
     inline_longest_op_.store(static_cast<int>(op), std::memory_order_relaxed);
-    inline_longest_wall_ns_.store(wall_ns, std::memory_order_relaxed);
+    inline_longest_ns_.store(wall_ns, std::memory_order_relaxed);
   }
-  RaiseTo(inline_longest_cpu_ns_, cpu_ns);
 }
 
 RequestMetrics::LoopSnapshot RequestMetrics::Loop() const {
@@ -94,10 +94,8 @@ RequestMetrics::LoopSnapshot RequestMetrics::Loop() const {
   s.iterations = loop_.count.load(std::memory_order_relaxed);
   s.buckets = loop_.Buckets();
   s.sum_seconds = static_cast<double>(loop_.sum_ns.load(std::memory_order_relaxed)) * 1e-9;
-  s.longest_wall_seconds = static_cast<double>(loop_longest_wall_ns_.load()) * 1e-9;
-  s.longest_cpu_seconds = static_cast<double>(loop_longest_cpu_ns_.load()) * 1e-9;
-  s.longest_inline_wall_seconds = static_cast<double>(inline_longest_wall_ns_.load()) * 1e-9;
-  s.longest_inline_cpu_seconds = static_cast<double>(inline_longest_cpu_ns_.load()) * 1e-9;
+  s.longest_seconds = static_cast<double>(loop_longest_ns_.load()) * 1e-9;
+  s.longest_inline_seconds = static_cast<double>(inline_longest_ns_.load()) * 1e-9;
   const int op = inline_longest_op_.load();
   if (op >= 0) s.longest_inline_op = std::string(wire::InfoOf(static_cast<wire::Op>(op)).name);
   return s;

@@ -41,23 +41,22 @@ class RequestMetrics {
     std::vector<PhaseSnapshot> phases;  // phases this op's requests went through
     uint64_t refused = 0;             // refused unread: its connection had too much queued
   };
-  // The socket thread's loop: time from a wake-up to the next wait (wall clock, and the
-  // thread's CPU time), i.e. how long one wake-up kept every client waiting.
+  // The socket thread's loop: time from a wake-up to the next wait, i.e. how long one
+  // wake-up kept every client waiting (wall clock: being descheduled counts too; the
+  // thread's CPU clock costs a system call, too much per request).
   struct LoopSnapshot {
     uint64_t iterations = 0;
     std::vector<uint64_t> buckets;    // wall time per iteration, per bucket (NOT cumulative)
     double sum_seconds = 0;
-    double longest_wall_seconds = 0;
-    double longest_cpu_seconds = 0;
+    double longest_seconds = 0;
     // The longest single request run on the loop's thread (an inline op).
-    double longest_inline_wall_seconds = 0;
-    double longest_inline_cpu_seconds = 0;
+    double longest_inline_seconds = 0;
     std::string longest_inline_op;    // its op name ("" before the first)
   };
 
-  // Returns the start time to hand to End.
+  // Returns the start time to hand to End, which returns the request's duration (ns).
   int64_t Begin(wire::Op op);
-  void End(wire::Op op, int64_t begin_ns);
+  int64_t End(wire::Op op, int64_t begin_ns);
   // A request whose op frame could not be decoded.
   void CountUnknownOp() { unknown_ops_.fetch_add(1, std::memory_order_relaxed); }
 
@@ -74,8 +73,8 @@ class RequestMetrics {
   // A request refused without being run (per-connection queue bound).
   void CountRefused(wire::Op op);
   // One wake-up of the socket loop, and one request run inline during a wake-up.
-  void RecordLoopIteration(int64_t wall_ns, int64_t cpu_ns);
-  void RecordInline(wire::Op op, int64_t wall_ns, int64_t cpu_ns);
+  void RecordLoopIteration(int64_t wall_ns);
+  void RecordInline(wire::Op op, int64_t wall_ns);
   LoopSnapshot Loop() const;
 
  private:
@@ -99,11 +98,9 @@ class RequestMetrics {
   std::array<PerOp, kMaxOps> ops_{};
   std::atomic<uint64_t> unknown_ops_{0};
   Histogram loop_;
-  std::atomic<int64_t> loop_longest_wall_ns_{0};
-  std::atomic<int64_t> loop_longest_cpu_ns_{0};
-  std::atomic<int64_t> inline_longest_wall_ns_{0};
-  std::atomic<int64_t> inline_longest_cpu_ns_{0};
-  std::atomic<int> inline_longest_op_{-1};  // op of inline_longest_wall_ns_
+  std::atomic<int64_t> loop_longest_ns_{0};
+  std::atomic<int64_t> inline_longest_ns_{0};
+  std::atomic<int> inline_longest_op_{-1};  // op of inline_longest_ns_
 };
 
 }  // namespace kvd::server

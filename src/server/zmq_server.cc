@@ -2,7 +2,6 @@
 
 #include <spdlog/spdlog.h>
 #include <sys/eventfd.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -25,12 +24,6 @@ int64_t WallNs() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
              std::chrono::steady_clock::now().time_since_epoch())
       .count();
-}
-
-int64_t ThreadCpuNs() {
-  timespec ts{};
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-  return int64_t{ts.tv_sec} * 1'000'000'000 + ts.tv_nsec;
 }
 
 std::string_view View(const zmq::message_t& m) {
@@ -153,8 +146,9 @@ struct ZmqServer::Impl {
   }
 
   // Runs one request's handler on the calling thread; returns its reply frame.
+  // *elapsed_ns (if given) receives the request's time since `began`.
   std::string Run(const wire::OpInfo& info, wire::Frames payloads, std::string_view identity,
-                  int64_t began) {
+                  int64_t began, int64_t* elapsed_ns = nullptr) {
     ResetPhases();
     std::string reply;
     try {
@@ -164,16 +158,18 @@ struct ZmqServer::Impl {
       reply = wire::EncodeNil();
     }
     metrics->RecordPhases(info.op, TakePhases());
-    metrics->End(info.op, began);
+    const int64_t elapsed = metrics->End(info.op, began);
+    if (elapsed_ns) *elapsed_ns = elapsed;
     return reply;
   }
 
-  void OnRequest() {
+  // Returns the time spent running the request here (inline), 0 when it was handed on.
+  int64_t OnRequest() {
     // [identity, uid, op, payload...]
     if (frames.size() < 3) {
       spdlog::warn("dropping a message of {} frame(s): expected [uid, op, payload...]",
                    frames.empty() ? 0 : frames.size() - 1);
-      return;
+      return 0;
     }
     auto op = wire::DecodeOp(View(frames[2]));
     if (!op.ok()) {
@@ -181,7 +177,7 @@ struct ZmqServer::Impl {
       spdlog::warn("request from {}: {}; replying nil", ClientTag(View(frames[0])),
                    op.status().ToString());
       ReplyInline(wire::EncodeNil());
-      return;
+      return 0;
     }
     const wire::OpInfo& info = **op;
     uint64_t payload_bytes = 0;
@@ -195,11 +191,11 @@ struct ZmqServer::Impl {
     if (dispatch == wire::Dispatch::kInline) {
       payload_views.clear();
       for (size_t i = 3; i < frames.size(); ++i) payload_views.push_back(View(frames[i]));
-      const int64_t wall0 = WallNs(), cpu0 = ThreadCpuNs();
-      const std::string reply = Run(info, payload_views, View(frames[0]), began);
-      metrics->RecordInline(info.op, WallNs() - wall0, ThreadCpuNs() - cpu0);
+      int64_t elapsed = 0;
+      const std::string reply = Run(info, payload_views, View(frames[0]), began, &elapsed);
+      metrics->RecordInline(info.op, elapsed);
       ReplyInline(reply);
-      return;
+      return elapsed;
     }
 
     // Lane or pool: counted against the connection until its reply is taken back.
@@ -216,7 +212,7 @@ struct ZmqServer::Impl {
                      "queued (bound {})", info.name, ClientTag(identity), queued, max_queued_bytes);
       }
       ReplyInline(FailureReply(*service, info));
-      return;
+      return 0;
     }
     if (it == queued_bytes.end()) it = queued_bytes.emplace(std::string(identity), 0).first;
     it->second += payload_bytes;
@@ -236,6 +232,7 @@ struct ZmqServer::Impl {
         width);
     frames = std::vector<zmq::message_t>();  // moved from: make it a valid empty vector again
     frames.reserve(16);
+    return 0;
   }
 };
 
@@ -268,24 +265,23 @@ void ZmqServer::Run(const std::atomic<bool>& stop) {
       throw;
     }
     const int64_t wall0 = WallNs();
-    const int64_t cpu0 = ThreadCpuNs();
     if (items[1].revents & ZMQ_POLLIN) s.TakeOutbox();
     if (items[0].revents & ZMQ_POLLIN) {
-      int64_t last_send = WallNs();
+      int64_t inline_since_send = 0;
       for (int i = 0; i < kMaxReadsPerWake; ++i) {
         s.frames.clear();
         auto r = zmq::recv_multipart(s.socket, std::back_inserter(s.frames), zmq::recv_flags::dontwait);
         if (!r) break;
-        s.OnRequest();
-        if (s.sending.size() >= kSendAfterReplies || WallNs() - last_send >= kSendAfterInlineNs) {
+        inline_since_send += s.OnRequest();
+        if (s.sending.size() >= kSendAfterReplies || inline_since_send >= kSendAfterInlineNs) {
           s.SendAll();
-          last_send = WallNs();
+          inline_since_send = 0;
         }
       }
     }
     s.SendAll();
     if (items[0].revents | items[1].revents) {
-      s.metrics->RecordLoopIteration(WallNs() - wall0, ThreadCpuNs() - cpu0);
+      s.metrics->RecordLoopIteration(WallNs() - wall0);
     }
   }
   // Stop accepting; let queued transfers finish and deliver their replies.

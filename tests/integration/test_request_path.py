@@ -135,15 +135,15 @@ def test_finding7_register_and_reap_under_load_never_stall_the_request_loop(tmp_
     assert longest_reg > 0.04, reg_seconds
     # ... but never delay another client's request by their duration,
     assert longest_ping < longest_reg / 2, (longest_ping, reg_seconds)
-    # and nothing the loop's thread ran itself took more than ~1 ms of its CPU (wall time
-    # also counts being descheduled on a loaded machine: bounded loosely).
+    # and the longest request the loop's thread ran itself was a short op: ~0.1 ms when
+    # nothing else runs, bounded loosely because wall time also counts being descheduled
+    # on a loaded machine.
     inline = {k: v for k, v in m.items() if k.startswith("kvd_request_loop_longest_inline_seconds")}
-    cpu = [v for k, v in inline.items() if 'clock="cpu"' in k]
-    wall = [v for k, v in inline.items() if 'clock="wall"' in k]
-    assert cpu and wall, "no kvd_request_loop_longest_inline_seconds in /metrics"
+    assert inline, "no kvd_request_loop_longest_inline_seconds in /metrics"
     print(f"longest inline op: {inline}")
-    assert cpu[0] < 0.002, inline
-    assert wall[0] < 0.05, inline
+    (name, longest_inline), = inline.items()
+    assert 'op="register' not in name and 'op="unregister' not in name, inline
+    assert longest_inline < min(0.05, longest_reg / 4), inline
 
 
 def max_size_store_frames(instance_id: int) -> list[bytes]:

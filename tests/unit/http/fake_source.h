@@ -72,7 +72,7 @@ inline Snapshot SampleSnapshot() {
   s.ops.push_back({"store", 10, 1, {6, 3, 1, 0}, 0.02,
                    {{"decode", {10, 0, 0, 0}, 0.001}, {"copy", {2, 7, 1, 0}, 0.015}}, 2});
   s.ops.push_back({"lookup", 4, 0, {0, 0, 0, 4}, 1.0, {}, 0});
-  s.loop = {50, {45, 4, 1, 0}, 0.03, 0.02, 0.004, 0.0005, 0.0002, "lookup"};
+  s.loop = {50, {45, 4, 1, 0}, 0.03, 0.02, 0.0005, "lookup"};
   return s;
 }
 
