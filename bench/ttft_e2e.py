@@ -78,7 +78,7 @@ def main() -> int:
     ap.add_argument("--hidden", type=int, default=1024)
     ap.add_argument("--servers", default="kvd,lmcache")
     args = ap.parse_args()
-    out = Path(args.out)
+    out = Path(args.out).resolve()  # vLLM takes a relative model path for a hub repo id
     out.mkdir(parents=True, exist_ok=True)
     spec = ModelSpec(layers=args.layers, hidden=args.hidden, heads=args.hidden // 64, kv_heads=4,
                      head_dim=64, intermediate=int(args.hidden * 2.75), vocab=4096,
