@@ -324,8 +324,9 @@ void TierSet::OnLoaded(const std::shared_ptr<PrefetchJob>& job) {
   prefetch_hit_chunks_ += committed.size();
   if (arrived < job->planned) prefetch_failed_chunks_ += job->planned - arrived;
   if (options_.prefetch_policy == "default" && !committed.empty()) {
+    const int64_t now = options_.clock->NowNanos();
     std::lock_guard<std::mutex> lock(temp_mu_);
-    temporary_.insert(committed.begin(), committed.end());
+    for (const auto& k : committed) temporary_.insert_or_assign(k, now);
   }
   Answer(job, arrived);
   JobFinished();

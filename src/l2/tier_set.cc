@@ -105,7 +105,8 @@ void TierSet::StoreBehind(std::vector<CommittedObject> objects, const ObjectForm
   }
   if (batch->objects.empty()) return;
   batch->remaining.store(static_cast<int>(tiers_.size()));
-  batch->stored.assign(batch->objects.size(), false);
+  batch->stored = std::make_unique<std::atomic<bool>[]>(batch->objects.size());
+  for (size_t i = 0; i < batch->objects.size(); ++i) batch->stored[i] = false;
   for (auto& tp : tiers_) {
     TierState& t = *tp;
     std::vector<StoreItem> items;
@@ -235,10 +236,16 @@ void TierSet::ControlLoop() {
 void TierSet::SweepTemporary() {
   std::vector<l1::ChunkKey> keys;
   {
+    // A chunk just committed is not taken yet: its lookup read-locks it right after (the
+    // retrieve then lets it go); the sweep is for chunks no retrieve came for.
+    const int64_t cutoff = options_.clock->NowNanos() - kTemporaryGraceNs;
     std::lock_guard<std::mutex> lock(temp_mu_);
     if (temporary_.empty()) return;
-    keys.assign(temporary_.begin(), temporary_.end());
+    for (const auto& [k, added_ns] : temporary_) {
+      if (added_ns <= cutoff) keys.push_back(k);
+    }
   }
+  if (keys.empty()) return;
   l1_->RemoveIfIdle(keys);
   std::lock_guard<std::mutex> lock(temp_mu_);
   for (const auto& k : keys) {

@@ -207,7 +207,9 @@ class TierSet {
   bool closed_ = false;                                 // guarded by jobs_mu_
 
   mutable std::mutex temp_mu_;
-  std::unordered_set<l1::ChunkKey, l1::ChunkKeyHash> temporary_;  // guarded by temp_mu_
+  // Prefetched chunks (default policy) -> when they were committed. Guarded by temp_mu_.
+  std::unordered_map<l1::ChunkKey, int64_t, l1::ChunkKeyHash> temporary_;
+  static constexpr int64_t kTemporaryGraceNs = 2'000'000'000;
 
   std::atomic<uint64_t> prefetch_requests_{0}, prefetch_hit_chunks_{0}, prefetch_failed_chunks_{0},
       prefetch_timeouts_{0}, skip_l1_removed_{0};

@@ -43,8 +43,9 @@ struct TierSet::StoreBatch {
   TierSet* set = nullptr;
   std::vector<CommittedObject> objects;
   std::vector<l1::ReadPin> pins;        // parallel to objects
-  std::vector<bool> stored;             // some tier holds it (guarded by the tiers' callbacks:
-                                        // each index is written by tiers, read after the last)
+  // Per object: some tier holds it. Set by the tiers' callbacks (each under its own tier's
+  // mutex, so concurrently: one byte per object, atomic), read after the last one.
+  std::unique_ptr<std::atomic<bool>[]> stored;
   std::vector<std::shared_ptr<std::vector<std::vector<uint8_t>>>> encoded;  // serde forms
   std::atomic<int> remaining{0};        // tiers that have not answered
   void TierDone();

@@ -298,6 +298,25 @@ TEST_F(TierSetTest, DefaultPolicyDropsPrefetchedChunksAfterTheRetrieveRetainKeep
   }
 }
 
+// Regression: the once-a-second sweep of prefetched chunks (default policy) could remove a
+// chunk between its commit and the lookup's read lock, losing the hit it was loaded for.
+TEST_F(TierSetTest, PrefetchedChunkIsNotSweptBeforeItsLookupLocksIt) {
+  auto a = std::make_shared<MemoryTier>();
+  Make({a});
+  for (uint32_t r = 0; r < kRanks; ++r) a->Put(Obj(0, r), Value(0, r));
+  ASSERT_EQ(PrefetchSync(Request(0, 1)), 1u);
+  clock_.AdvanceSeconds(1);  // a sweep runs now: the chunk is a second old
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_TRUE(L1Holds(0));
+  // One no retrieve came for goes at a later sweep.
+  clock_.AdvanceSeconds(2);
+  for (int i = 0; i < 400 && l1_->IsResident(Chunk(0), 0); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_FALSE(l1_->IsResident(Chunk(0), 0));
+  EXPECT_EQ(set_->stats().temporary_chunks, 0u);
+}
+
 TEST_F(TierSetTest, SkipL1RemovesTheL1CopyOnceATierHasIt) {
   auto a = std::make_shared<MemoryTier>();
   TierSetOptions o;
