@@ -2,6 +2,11 @@
 
 #include <hiredis/hiredis.h>
 #include <sys/time.h>
+#include <sys/uio.h>
+
+#include <cerrno>
+#include <cstring>
+#include <string>
 
 namespace kvd::l2 {
 namespace {
@@ -72,6 +77,9 @@ Status RespConnection::IoError(const char* what) {
 
 Status RespConnection::Append(const std::vector<RespArg>& args) {
   if (broken_) return Status::Unavailable(endpoint_.ToString() + ": connection is broken");
+  for (const auto& a : args) {
+    if (a.size() >= kDirectArgBytes) return WriteDirect(args);
+  }
   std::vector<const char*> argv(args.size());
   std::vector<size_t> lens(args.size());
   for (size_t i = 0; i < args.size(); ++i) {
@@ -80,6 +88,57 @@ Status RespConnection::Append(const std::vector<RespArg>& args) {
   }
   if (redisAppendCommandArgv(ctx_, static_cast<int>(args.size()), argv.data(), lens.data()) != REDIS_OK) {
     return IoError("append");
+  }
+  return Status::Ok();
+}
+
+Status RespConnection::WriteDirect(const std::vector<RespArg>& args) {
+  // Whatever hiredis still holds goes first, so the commands stay in order.
+  int done = 0;
+  while (!done) {
+    if (redisBufferWrite(ctx_, &done) != REDIS_OK) return IoError("write");
+  }
+  // The RESP framing of every argument in one buffer; large arguments are sent from the
+  // caller's bytes by the same writev.
+  std::string frame = "*" + std::to_string(args.size()) + "\r\n";
+  struct Piece {
+    size_t frame_end;  // frame bytes up to here precede the argument
+    const RespArg* large;
+  };
+  std::vector<Piece> pieces;
+  for (const auto& a : args) {
+    frame += "$" + std::to_string(a.size()) + "\r\n";
+    if (a.size() >= kDirectArgBytes) {
+      pieces.push_back({frame.size(), &a});
+    } else {
+      frame.append(a.data(), a.size());
+    }
+    frame += "\r\n";
+  }
+  std::vector<iovec> iov;
+  size_t from = 0;
+  for (const auto& p : pieces) {
+    iov.push_back({frame.data() + from, p.frame_end - from});
+    iov.push_back({const_cast<char*>(p.large->data()), p.large->size()});
+    from = p.frame_end;
+  }
+  iov.push_back({frame.data() + from, frame.size() - from});
+  size_t i = 0;
+  while (i < iov.size()) {
+    ssize_t n = ::writev(ctx_->fd, iov.data() + i, static_cast<int>(iov.size() - i));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      broken_ = true;
+      const char* why = (errno == EAGAIN || errno == EWOULDBLOCK) ? "timed out" : std::strerror(errno);
+      return Status::Unavailable(endpoint_.ToString() + ": write: " + why);
+    }
+    // Skip what was written: whole pieces, then part of the next one.
+    auto left = static_cast<size_t>(n);
+    while (i < iov.size() && left >= iov[i].iov_len) left -= iov[i++].iov_len;
+    if (left > 0) {
+      iov[i].iov_base = static_cast<char*>(iov[i].iov_base) + left;
+      iov[i].iov_len -= left;
+    }
   }
   return Status::Ok();
 }

@@ -57,6 +57,8 @@ class RespConnection {
   // connection is then broken); a server error reply is returned as a reply, not a Status.
   Result<ReplyPtr> Command(const std::vector<RespArg>& args);
   // Pipelining: Append queues commands, then GetReply returns their replies in order.
+  // A command with an argument of kDirectArgBytes or more (a SET of an object) is written at
+  // once with writev from the caller's bytes, not copied into hiredis's output buffer.
   Status Append(const std::vector<RespArg>& args);
   Result<ReplyPtr> GetReply();
 
@@ -66,6 +68,9 @@ class RespConnection {
  private:
   RespConnection(redisContext* c, RespEndpoint endpoint) : ctx_(c), endpoint_(std::move(endpoint)) {}
   Status IoError(const char* what);
+  Status WriteDirect(const std::vector<RespArg>& args);
+
+  static constexpr size_t kDirectArgBytes = 16 * 1024;
 
   redisContext* ctx_ = nullptr;
   RespEndpoint endpoint_;
