@@ -485,6 +485,26 @@ const FlagSpec kFlags[] = {
        c.server.allowed_shm_prefix = v.text.size() > 0 && v.text[0] == '/' ? v.text.substr(1) : v.text;
      },
      .show = [](const CliConfig& c) { return c.server.allowed_shm_prefix; }},
+    {.name = "--max-sessions", .group = kKvdGroup, .kind = K::kInt, .origin = O::kKvd,
+     .lmcache_default = "65536",
+     .note = "live request sessions kept at most; the least recently used is dropped beyond "
+             "(a dropped session's chunks are hashed again on its next request)",
+     .min = 1, .max = 1e9,
+     .apply = [](const FlagValue& v, CliConfig& c) {
+       c.server.max_sessions = static_cast<uint64_t>(v.AsInt());
+     },
+     .show = [](const CliConfig& c) { return Num(static_cast<double>(c.server.max_sessions)); }},
+    {.name = "--max-session-memory-mb", .group = kKvdGroup, .kind = K::kInt, .origin = O::kKvd,
+     .lmcache_default = "1024",
+     .note = "MiB all request sessions (token ids and chunk hashes) may hold; the least "
+             "recently used are dropped beyond",
+     .min = 1, .max = 1e7,
+     .apply = [](const FlagValue& v, CliConfig& c) {
+       c.server.max_session_bytes = static_cast<uint64_t>(v.AsInt()) << 20;
+     },
+     .show = [](const CliConfig& c) {
+       return Num(static_cast<double>(c.server.max_session_bytes >> 20));
+     }},
     {.name = "--list-flags", .group = kKvdGroup, .kind = K::kChoice, .origin = O::kKvd,
      .choices = "json|markdown",
      .note = "print this table of flags (as docs/cli.md shows it) and exit",

@@ -224,6 +224,8 @@ class ServiceStats final : public kvd::http::StatsSource {
                              std::move(i.layout), i.object_bytes, i.idle_seconds, i.pinged});
     }
     s.sessions = st.sessions;
+    s.session_bytes = st.session_bytes;
+    s.sessions_evicted = st.sessions_evicted;
     s.pending_engine_stores = st.pending_engine_stores;
     s.pending_engine_retrieves = st.pending_engine_retrieves;
     const auto& metrics = *metrics_;

@@ -111,6 +111,8 @@ std::string StatusJson(const Snapshot& s, const Health& health, const std::strin
                        {"temporary_chunks", s.tiers.temporary_chunks},
                        {"skip_l1_removed_chunks", s.tiers.skip_l1_removed_chunks}}},
       {"sessions", s.sessions},
+      {"session_bytes", s.session_bytes},
+      {"sessions_evicted", s.sessions_evicted},
       {"pending_engine_driven", {{"stores", s.pending_engine_stores},
                                  {"retrieves", s.pending_engine_retrieves}}},
       {"counters",

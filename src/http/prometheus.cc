@@ -267,6 +267,11 @@ std::string RenderPrometheus(const Snapshot& s, const std::string& version) {
   w.Gauge("kvd_registered_instances", "Registered worker instances.",
           static_cast<uint64_t>(s.instances.size()));
   w.Gauge("kvd_active_sessions", "Live request sessions.", s.sessions);
+  w.Gauge("kvd_session_bytes", "Bytes the live request sessions hold (token ids, hashes).",
+          s.session_bytes);
+  w.Counter("kvd_sessions_evicted_total",
+            "Request sessions dropped to stay within --max-sessions / --max-session-memory-mb.",
+            s.sessions_evicted);
   w.Counter("kvd_unknown_op_requests_total", "Requests whose op kvd does not know.",
             s.unknown_ops);
 

@@ -125,6 +125,8 @@ struct Snapshot {
   CacheCounters counters;
   std::vector<InstanceView> instances;
   uint64_t sessions = 0;
+  uint64_t session_bytes = 0;
+  uint64_t sessions_evicted = 0;
   uint64_t pending_engine_stores = 0;
   uint64_t pending_engine_retrieves = 0;
   std::vector<double> latency_bounds;  // upper bounds (s) of OpView::buckets; +Inf implied

@@ -22,7 +22,8 @@ void KeyModelNameInto(std::string* out, const std::string& model, const std::str
 
 Result<RequestChunks> RequestChunkKeys(SessionTable& sessions, l1::Namespaces& namespaces,
                                        int64_t chunk_size, const wire::CacheKey& key,
-                                       bool create_namespace, const std::string& key_namespace) {
+                                       bool create_namespace, const std::string& key_namespace,
+                                       SessionUse use) {
   const int64_t c = chunk_size;
   if (key.start % c != 0 || key.end % c != 0) {
     return Status::InvalidArgument("token range [" + std::to_string(key.start) + ", " +
@@ -32,7 +33,7 @@ Result<RequestChunks> RequestChunkKeys(SessionTable& sessions, l1::Namespaces& n
   std::optional<ScopedPhase> hash_phase(std::in_place, Phase::kHash);
   auto hashes = sessions.ChunkHashes(
       key.request_id, key.token_ids, static_cast<size_t>(key.end / c),
-      SessionIdentity{key.model_name, key.world_size, key.cache_salt, key_namespace});
+      SessionIdentity{key.model_name, key.world_size, key.cache_salt, key_namespace}, use);
   hash_phase.reset();
   if (!hashes.ok()) return hashes.status();
   RequestChunks out;

@@ -36,10 +36,12 @@ struct RequestChunks {
 // `create_namespace` the key's (model, world size, salt) is interned (writes); without, an
 // unknown one leaves `keys` empty (reads: nothing can hit). InvalidArgument when the range is
 // not chunk-aligned or the token list is too short or has tokens out of range;
-// ResourceExhausted when no more namespaces can be interned.
+// ResourceExhausted when no more namespaces can be interned. `use`: whether the request's
+// session may be created (LOOKUP) or only used when it exists (transfers; sessions.h).
 Result<RequestChunks> RequestChunkKeys(SessionTable& sessions, l1::Namespaces& namespaces,
                                        int64_t chunk_size, const wire::CacheKey& key,
                                        bool create_namespace,
-                                       const std::string& key_namespace = "");
+                                       const std::string& key_namespace = "",
+                                       SessionUse use = SessionUse::kCreate);
 
 }  // namespace kvd::server

@@ -28,6 +28,10 @@ struct ServerConfig {
   // workers start pinging at their first transfer). Must be >= the reap timeout.
   double worker_registration_grace_seconds = 3600;
   double session_ttl_seconds = 600;
+  // Bounds of the session table (sessions.h): live sessions and the bytes they hold; the
+  // least recently used are evicted beyond them.
+  uint64_t max_sessions = 65536;
+  uint64_t max_session_bytes = uint64_t{1} << 30;
   // Per-connection memory bounds of the socket loop (see zmq_server.h): requests read but
   // not yet answered may hold this many bytes of frames (0: twice the largest legal
   // frame), and ZMQ keeps at most this many unread requests / unsent replies per peer.

@@ -129,7 +129,8 @@ EngineDrivenTransfers::PrepareStore(const wire::EngineDrivenRequest& req) {
     return st;
   }
   auto chunks = RequestChunkKeys(*sessions_, l1_->namespaces(), config_.chunk_size, req.key,
-                                 /*create_namespace=*/true, inst->key_namespace);
+                                 /*create_namespace=*/true, inst->key_namespace,
+                                 SessionUse::kIfExists);
   if (!chunks.ok()) {
     counters_->store_failures++;
     return chunks.status();
@@ -218,7 +219,8 @@ Result<std::vector<wire::ShmSlot>> EngineDrivenTransfers::PrepareRetrieve(
     return st;
   }
   auto chunks = RequestChunkKeys(*sessions_, l1_->namespaces(), config_.chunk_size, req.key,
-                                 /*create_namespace=*/false, inst->key_namespace);
+                                 /*create_namespace=*/false, inst->key_namespace,
+                                 SessionUse::kIfExists);
   if (!chunks.ok()) {
     counters_->retrieve_failures++;
     return chunks.status();

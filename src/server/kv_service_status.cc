@@ -42,6 +42,8 @@ ServiceStatus KvService::StatusSnapshot() {
     st.instances.push_back(std::move(s));
   }
   st.sessions = sessions_.size();
+  st.session_bytes = sessions_.bytes();
+  st.sessions_evicted = sessions_.evicted();
   std::tie(st.pending_engine_stores, st.pending_engine_retrieves) = engine_driven_.PendingCounts();
   st.device_copies_in_flight = lmcache_.copies_in_flight();
   return st;

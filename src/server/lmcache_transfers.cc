@@ -319,7 +319,8 @@ Status LmcacheTransfers::Store(const wire::TransferRequest& req, std::string* ev
                                         std::to_string(inst->world_size)));
   }
   auto chunks = RequestChunkKeys(*sessions_, l1_->namespaces(), config_.chunk_size, req.key,
-                                 /*create_namespace=*/true, inst->key_namespace);
+                                 /*create_namespace=*/true, inst->key_namespace,
+                                 SessionUse::kIfExists);
   if (!chunks.ok()) return fail(chunks.status());
   const std::vector<l1::ChunkKey>* keys = &chunks->keys;
   const int64_t n = static_cast<int64_t>(keys->size());
@@ -401,7 +402,8 @@ Status LmcacheTransfers::Retrieve(const wire::TransferRequest& req, std::string*
     return fail(Status::InvalidArgument("retrieve: key does not match the instance's model"));
   }
   auto chunks = RequestChunkKeys(*sessions_, l1_->namespaces(), config_.chunk_size, req.key,
-                                 /*create_namespace=*/false, inst->key_namespace);
+                                 /*create_namespace=*/false, inst->key_namespace,
+                                 SessionUse::kIfExists);
   if (!chunks.ok()) return fail(chunks.status());
   const std::vector<l1::ChunkKey>* keys = &chunks->keys;
   const int64_t n = (req.key.end - req.key.start) / config_.chunk_size;

@@ -7,24 +7,90 @@
 
 namespace kvd::server {
 
-SessionTable::SessionTable(const Clock* clock, uint32_t chunk_size, double ttl_seconds)
-    : clock_(clock), chunk_size_(chunk_size), ttl_ns_(static_cast<int64_t>(ttl_seconds * 1e9)) {}
+SessionTable::SessionTable(const Clock* clock, uint32_t chunk_size, double ttl_seconds,
+                           SessionLimits limits)
+    : clock_(clock),
+      chunk_size_(chunk_size),
+      ttl_ns_(static_cast<int64_t>(ttl_seconds * 1e9)),
+      limits_{std::max<uint64_t>(1, limits.max_sessions), limits.max_bytes} {}
 
-std::shared_ptr<SessionTable::Session> SessionTable::Get(std::string_view id, bool create) {
+uint64_t SessionTable::SessionBytes(const Session& s, size_t id_size) {
+  // The map node, the LRU node and the session object, roughly; then what they own.
+  constexpr uint64_t kOverhead = sizeof(Session) + 128;
+  return kOverhead + id_size + s.tokens.capacity() * sizeof(uint32_t) +
+         s.hashes.capacity() * sizeof(keys::Hash32) + s.identity.model_name.capacity() +
+         s.identity.cache_salt.capacity() + s.identity.key_namespace.capacity();
+}
+
+template <typename It>
+SessionTable::SessionPtr SessionTable::RemoveLocked(It it) {
+  SessionPtr s = std::move(it->second);
+  lru_.erase(s->lru_pos);
+  bytes_ -= s->accounted_bytes;
+  s->accounted_bytes = 0;
+  s->in_table = false;
+  sessions_.erase(it);
+  return s;
+}
+
+bool SessionTable::EvictOldestLocked(const Session* keep, std::vector<SessionPtr>& dropped) {
+  for (auto pos = lru_.rbegin(); pos != lru_.rend(); ++pos) {
+    auto it = sessions_.find(*pos);
+    if (it->second.get() == keep) continue;
+    dropped.push_back(RemoveLocked(it));
+    ++evicted_;
+    return true;
+  }
+  return false;
+}
+
+void SessionTable::AccountLocked(Session& s, uint64_t bytes, std::vector<SessionPtr>& dropped) {
+  if (!s.in_table) return;  // ended or evicted meanwhile: nothing to account
+  bytes_ = bytes_ - s.accounted_bytes + bytes;
+  s.accounted_bytes = bytes;
+  while (bytes_ > limits_.max_bytes && EvictOldestLocked(&s, dropped)) {
+  }
+}
+
+SessionTable::SessionPtr SessionTable::Get(std::string_view id, bool create) {
+  std::vector<SessionPtr> dropped;  // destroyed after the lock is released
   std::lock_guard<std::mutex> lock(mu_);
   auto it = sessions_.find(id);
   if (it == sessions_.end()) {
     if (!create) return nullptr;
+    while (sessions_.size() >= limits_.max_sessions && EvictOldestLocked(nullptr, dropped)) {
+    }
     it = sessions_.emplace(std::string(id), std::make_shared<Session>()).first;
+    Session& s = *it->second;
+    lru_.push_front(it->first);
+    s.lru_pos = lru_.begin();
+    s.in_table = true;
+    AccountLocked(s, SessionBytes(s, id.size()), dropped);
+  } else {
+    lru_.splice(lru_.begin(), lru_, it->second->lru_pos);
   }
   it->second->last_used_ns = clock_->NowNanos();
   return it->second;
 }
 
+namespace {
+
+// Hashes of chunks [first, num_chunks) of `tokens`, chained from `prev`, into out[first..).
+void HashFrom(const keys::Hash32& prev, const wire::TokenIds& tokens, size_t first,
+              size_t num_chunks, uint32_t chunk_size, std::vector<keys::Hash32>& out) {
+  out.resize(num_chunks);
+  keys::HashTokenChain(prev,
+                       tokens.span().subspan(first * chunk_size, (num_chunks - first) * chunk_size),
+                       chunk_size, std::span(out).subspan(first));
+}
+
+}  // namespace
+
 Result<std::vector<keys::Hash32>> SessionTable::ChunkHashes(std::string_view request_id,
                                                             const wire::TokenIds& tokens,
                                                             size_t num_chunks,
-                                                            const SessionIdentity& identity) {
+                                                            const SessionIdentity& identity,
+                                                            SessionUse use) {
   const size_t n = num_chunks * chunk_size_;
   if (n > tokens.size()) {
     return Status::InvalidArgument("need " + std::to_string(n) + " tokens for " +
@@ -34,7 +100,13 @@ Result<std::vector<keys::Hash32>> SessionTable::ChunkHashes(std::string_view req
   if (const auto& bad = tokens.first_out_of_range(); bad && bad->index < n) {
     return keys::TokenOutOfRange(bad->index, bad->value);
   }
-  auto s = Get(request_id, true);
+  auto s = Get(request_id, use == SessionUse::kCreate);
+  if (!s) {  // no session and none to create: compute, keep nothing
+    std::vector<keys::Hash32> hashes;
+    HashFrom(keys::NoneHash(), tokens, 0, num_chunks, chunk_size_, hashes);
+    return hashes;
+  }
+  std::vector<SessionPtr> dropped;  // destroyed after both locks are released
   std::lock_guard<std::mutex> lock(s->mu);
   if (!identity.model_name.empty()) s->identity = identity;
   // Reuse the hashed prefix only if it is the same token sequence.
@@ -48,13 +120,23 @@ Result<std::vector<keys::Hash32>> SessionTable::ChunkHashes(std::string_view req
     const size_t first = s->hashes.size();
     // Copy the chain's start before growing the vector it lives in.
     const keys::Hash32 prev = first == 0 ? keys::NoneHash() : s->hashes.back();
-    s->hashes.resize(num_chunks);
-    keys::HashTokenChain(prev, tokens.span().subspan(first * chunk_size_, (num_chunks - first) * chunk_size_),
-                         chunk_size_, std::span(s->hashes).subspan(first));
+    HashFrom(prev, tokens, first, num_chunks, chunk_size_, s->hashes);
     s->tokens.resize(first * chunk_size_);
     s->tokens.insert(s->tokens.end(), tokens.data() + first * chunk_size_, tokens.data() + n);
   }
-  return std::vector<keys::Hash32>(s->hashes.begin(), s->hashes.begin() + num_chunks);
+  std::vector<keys::Hash32> out(s->hashes.begin(), s->hashes.begin() + num_chunks);
+  uint64_t bytes = SessionBytes(*s, request_id.size());
+  if (bytes > limits_.max_bytes) {
+    // Alone larger than the bound: keep nothing (the next call hashes again).
+    std::vector<uint32_t>().swap(s->tokens);
+    std::vector<keys::Hash32>().swap(s->hashes);
+    bytes = SessionBytes(*s, request_id.size());
+  }
+  {
+    std::lock_guard<std::mutex> table(mu_);
+    AccountLocked(*s, bytes, dropped);
+  }
+  return out;
 }
 
 void SessionTable::SetLookupResult(std::string_view request_id, int64_t hit_chunks) {
@@ -109,29 +191,48 @@ std::optional<int64_t> SessionTable::TakeLookupResult(std::string_view request_i
 
 std::pair<SessionIdentity, std::vector<keys::Hash32>> SessionTable::End(
     std::string_view request_id) {
-  std::shared_ptr<Session> s;
+  SessionPtr s;
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = sessions_.find(request_id);
     if (it == sessions_.end()) return {};
-    s = std::move(it->second);
-    sessions_.erase(it);
+    s = RemoveLocked(it);
   }
   std::lock_guard<std::mutex> lock(s->mu);
   return {std::move(s->identity), std::move(s->hashes)};
 }
 
 size_t SessionTable::Expire() {
-  int64_t now = clock_->NowNanos();
+  const int64_t now = clock_->NowNanos();
+  std::vector<SessionPtr> dropped;  // destroyed after the lock is released
   std::lock_guard<std::mutex> lock(mu_);
-  return std::erase_if(sessions_, [&](const auto& kv) {
-    return now - kv.second->last_used_ns > ttl_ns_;
-  });
+  // The LRU list is ordered by last use: the expired sessions are at its end.
+  while (!lru_.empty()) {
+    auto it = sessions_.find(lru_.back());
+    if (now - it->second->last_used_ns <= ttl_ns_) break;
+    dropped.push_back(RemoveLocked(it));
+  }
+  return dropped.size();
 }
 
 size_t SessionTable::size() const {
   std::lock_guard<std::mutex> lock(mu_);
   return sessions_.size();
+}
+
+bool SessionTable::Contains(std::string_view request_id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return sessions_.find(request_id) != sessions_.end();
+}
+
+uint64_t SessionTable::bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return bytes_;
+}
+
+uint64_t SessionTable::evicted() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return evicted_;
 }
 
 }  // namespace kvd::server

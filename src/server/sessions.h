@@ -3,12 +3,21 @@
 // computed so far (so each chunk is hashed once per request, not once per TP worker)
 // and the lookup result waiting to be polled. Sessions idle longer than the TTL expire.
 //
-// Thread-safe. The table lock is held only to find/create a session; hashing runs
-// under the session's own lock so concurrent workers of one request wait for, and
-// then reuse, one computation.
+// Bounded (issue 11, finding 8): at most SessionLimits::max_sessions sessions holding at most
+// SessionLimits::max_bytes (tokens, hashes, identity, bookkeeping) in all. Creating one more,
+// or growing one past the byte bound, evicts the least recently used others; a session that
+// alone would exceed the bound keeps nothing (its hashes are computed and returned, not
+// cached). Only LOOKUP and the lookup result create a session (SessionUse::kCreate): STORE,
+// RETRIEVE and the engine-driven ops use one if it exists (kIfExists), so a late store after
+// END_SESSION cannot bring a session back for another TTL.
+//
+// Thread-safe. The table lock (mu_) is held only to find/create/account a session, never
+// across hashing; hashing runs under the session's own lock so concurrent workers of one
+// request wait for, and then reuse, one computation. Lock order: a session's mu, then mu_.
 #pragma once
 
 #include <cstdint>
+#include <list>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -34,9 +43,18 @@ struct SessionIdentity {
   bool operator==(const SessionIdentity&) const = default;
 };
 
+struct SessionLimits {
+  uint64_t max_sessions = 65536;
+  uint64_t max_bytes = uint64_t{1} << 30;
+};
+
+// Whether a call may create the request's session.
+enum class SessionUse { kCreate, kIfExists };
+
 class SessionTable {
  public:
-  SessionTable(const Clock* clock, uint32_t chunk_size, double ttl_seconds);
+  SessionTable(const Clock* clock, uint32_t chunk_size, double ttl_seconds,
+               SessionLimits limits = {});
 
   // Hashes of full chunks [0, num_chunks) of `tokens` for this request. The token
   // prefix already hashed is compared with `tokens`; if a client reuses a request id
@@ -45,10 +63,13 @@ class SessionTable {
   // request's chunks in L1.
   // A token the client sent outside [0, 2^32) within those chunks is an InvalidArgument
   // naming its index and value.
+  // With kIfExists and no session for the request, the hashes are computed and nothing is
+  // kept.
   Result<std::vector<keys::Hash32>> ChunkHashes(std::string_view request_id,
                                                 const wire::TokenIds& tokens,
                                                 size_t num_chunks,
-                                                const SessionIdentity& identity = {});
+                                                const SessionIdentity& identity = {},
+                                                SessionUse use = SessionUse::kCreate);
 
   // Lookup results: set by LOOKUP, taken (once) by QUERY_PREFETCH_STATUS.
   void SetLookupResult(std::string_view request_id, int64_t hit_chunks);
@@ -71,6 +92,12 @@ class SessionTable {
   // Drops sessions idle for longer than the TTL; returns how many.
   size_t Expire();
   size_t size() const;
+  bool Contains(std::string_view request_id) const;
+  // Bytes the live sessions hold (as accounted for the bound).
+  uint64_t bytes() const;
+  // Sessions dropped to stay within the bounds (not counting expiry or END_SESSION).
+  uint64_t evicted() const;
+  const SessionLimits& limits() const { return limits_; }
 
  private:
   struct Session {
@@ -81,9 +108,25 @@ class SessionTable {
     uint64_t lookup_generation = 0;
     bool lookup_running = false;
     SessionIdentity identity;
-    int64_t last_used_ns = 0;
+    int64_t last_used_ns = 0;              // guarded by the table's mu_
+    // Table bookkeeping, guarded by the table's mu_.
+    bool in_table = false;
+    uint64_t accounted_bytes = 0;
+    std::list<std::string_view>::iterator lru_pos;  // views the map's key
   };
-  std::shared_ptr<Session> Get(std::string_view request_id, bool create);
+  using SessionPtr = std::shared_ptr<Session>;
+  SessionPtr Get(std::string_view request_id, bool create);
+  // Bytes a session holds now (its mu held).
+  static uint64_t SessionBytes(const Session& s, size_t id_size);
+  // Sets the session's accounted size and evicts others (oldest first) while a bound is
+  // exceeded; the evicted sessions are moved to `dropped` (destroyed by the caller, after
+  // unlocking). Requires mu_.
+  void AccountLocked(Session& s, uint64_t bytes, std::vector<SessionPtr>& dropped);
+  // Removes the session `it` names from the map, the LRU list and the byte total. Requires mu_.
+  template <typename It>
+  SessionPtr RemoveLocked(It it);
+  // Evicts the least recently used session other than `keep`; false when there is none.
+  bool EvictOldestLocked(const Session* keep, std::vector<SessionPtr>& dropped);
   // Heterogeneous lookup: find by string_view without building a std::string.
   struct IdHash {
     using is_transparent = void;
@@ -93,8 +136,12 @@ class SessionTable {
   const Clock* const clock_;
   const uint32_t chunk_size_;
   const int64_t ttl_ns_;
+  const SessionLimits limits_;
   mutable std::mutex mu_;
-  std::unordered_map<std::string, std::shared_ptr<Session>, IdHash, std::equal_to<>> sessions_;  // guarded by mu_
+  std::unordered_map<std::string, SessionPtr, IdHash, std::equal_to<>> sessions_;  // guarded by mu_
+  std::list<std::string_view> lru_;  // guarded by mu_; most recently used first
+  uint64_t bytes_ = 0;               // guarded by mu_
+  uint64_t evicted_ = 0;             // guarded by mu_
 };
 
 }  // namespace kvd::server

@@ -25,6 +25,8 @@ struct InstanceStatus {
 struct ServiceStatus {
   std::vector<InstanceStatus> instances;  // ordered by instance id
   size_t sessions = 0;                    // live request sessions
+  uint64_t session_bytes = 0;             // bytes they hold (sessions.h)
+  uint64_t sessions_evicted = 0;          // dropped to stay within --max-sessions/-memory-mb
   size_t pending_engine_stores = 0;       // engine-driven PREPARE_STORE awaiting COMMIT
   size_t pending_engine_retrieves = 0;    // engine-driven PREPARE_RETRIEVE awaiting COMMIT
   size_t device_copies_in_flight = 0;     // asynchronous (GPU) copies not completed yet

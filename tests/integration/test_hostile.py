@@ -313,3 +313,45 @@ def test_finding3_full_dev_shm_fails_stores_without_a_signal(tmp_path):
     assert stores[-1] is False
     assert out["prepare_slots"] == 0, "an engine-driven worker got a slot tmpfs cannot back"
     assert "is /dev/shm full?" in log
+
+
+# ---------------------------------------------------------------------------------------
+# Finding 8: unbounded sessions
+# ---------------------------------------------------------------------------------------
+
+
+def test_finding8_sessions_are_bounded_and_not_recreated_after_end(tmp_path):
+    """A client that opens sessions without end (a LOOKUP per made-up request id) cannot
+    grow kvd's session table past --max-sessions: the oldest go, /status counts them. A
+    STORE after END_SESSION does not bring the session back for another TTL."""
+    seg = Mapped("sessions")
+    try:
+        seg.fill(8)
+        with F.kvd_server(tmp_path, extra=["--max-sessions", "8"]) as srv:
+            c = F.RawClient(srv.url)
+            try:
+                F.register_raw(c, 15001, "hostile-sessions", "/" + seg.name)
+                for i in range(40):
+                    key = F.cache_key("hostile-sessions", 1, None, tokens(80 + i), 0, CHUNK,
+                                      f"flood-{os.getpid()}-{i}")
+                    c.call("lookup", key, 1)
+                st = srv.status()
+                assert st["sessions"] == 8, st
+                assert st["sessions_evicted"] == 32, st
+                assert 0 < st["session_bytes"] < 8 * 64 * 1024, st
+                for i in range(32, 40):
+                    c.call("end_session", f"flood-{os.getpid()}-{i}")
+                assert srv.status()["sessions"] == 0
+                # Late stores of ended requests: served, but no session comes back.
+                for i in range(32, 40):
+                    assert store(c, 15001, "hostile-sessions", tokens(80 + i),
+                                 rid=f"flood-{os.getpid()}-{i}") == [b"", True]
+                st = srv.status()
+                assert st["sessions"] == 0, st
+                assert st["session_bytes"] == 0, st
+                c.call("unregister_kv_cache", 15001)
+            finally:
+                c.close()
+            assert srv.alive(), srv.log()
+    finally:
+        seg.close()

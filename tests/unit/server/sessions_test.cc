@@ -85,5 +85,96 @@ TEST(SessionTable, IdleSessionsExpireAndEndReturnsIdentityAndHashes) {
   EXPECT_TRUE(s.End("new").second.empty());
 }
 
+// Issue 11, finding 8: sessions are bounded in number and in bytes; the least recently used
+// go first, and the table counts them.
+TEST(SessionTable, Finding8SessionsAreBoundedInCountAndBytesOldestFirst) {
+  FakeClock clock;
+  SessionLimits limits;
+  limits.max_sessions = 4;
+  limits.max_bytes = 1 << 20;
+  SessionTable s(&clock, 256, 600, limits);
+  for (int i = 0; i < 10; ++i) {
+    ASSERT_TRUE(s.ChunkHashes("r" + std::to_string(i), Tokens(256, i), 1).ok());
+    clock.AdvanceSeconds(1);
+    if (i == 8) {
+      ASSERT_TRUE(s.ChunkHashes("r5", Tokens(256, 5), 1).ok());  // the oldest, used again
+    }
+  }
+  EXPECT_EQ(s.size(), 4u);
+  EXPECT_EQ(s.evicted(), 6u);
+  for (const char* kept : {"r5", "r7", "r8", "r9"}) EXPECT_TRUE(s.Contains(kept)) << kept;
+  EXPECT_FALSE(s.Contains("r6"));
+  EXPECT_FALSE(s.Contains("r0"));
+
+  // Bytes: sessions of 8192 tokens (32 KiB of tokens each) under a 200 KiB bound.
+  FakeClock clock2;
+  limits.max_sessions = 1000;
+  limits.max_bytes = 200 << 10;
+  SessionTable b(&clock2, 256, 600, limits);
+  const auto t = Tokens(8192, 3);
+  const auto want = keys::ComputeChunkHashes(Ints(t), 256);
+  for (int i = 0; i < 50; ++i) {
+    auto h = b.ChunkHashes("b" + std::to_string(i), t, 32);
+    ASSERT_TRUE(h.ok());
+    EXPECT_EQ(*h, *want);
+    EXPECT_LE(b.bytes(), limits.max_bytes);
+  }
+  EXPECT_GT(b.size(), 1u);
+  EXPECT_LT(b.size(), 10u);
+  EXPECT_TRUE(b.Contains("b49"));
+  EXPECT_GT(b.evicted(), 40u);
+  // A session larger than the whole bound is not kept, but its hashes are still right.
+  const auto huge = Tokens(65536, 4);
+  auto hh = b.ChunkHashes("huge", huge, 256);
+  ASSERT_TRUE(hh.ok());
+  EXPECT_EQ(*hh, *keys::ComputeChunkHashes(Ints(huge), 256));
+  EXPECT_LE(b.bytes(), limits.max_bytes);
+  // Ending and expiring give the bytes back.
+  for (int i = 0; i < 50; ++i) b.End("b" + std::to_string(i));
+  b.End("huge");
+  EXPECT_EQ(b.size(), 0u);
+  EXPECT_EQ(b.bytes(), 0u);
+}
+
+// Issue 11, finding 8: STORE and RETRIEVE use a request's session but never create one, so
+// a store after END_SESSION does not bring the session back for another TTL.
+TEST(SessionTable, Finding8StoreAfterEndSessionDoesNotRecreateTheSession) {
+  FakeClock clock;
+  SessionTable s(&clock, 256, 600);
+  const auto t = Tokens(512, 1);
+  ASSERT_TRUE(s.ChunkHashes("r", t, 2, {}, SessionUse::kCreate).ok());  // LOOKUP
+  EXPECT_EQ(s.size(), 1u);
+  s.End("r");
+  auto h = s.ChunkHashes("r", t, 2, {}, SessionUse::kIfExists);  // a late STORE
+  ASSERT_TRUE(h.ok());
+  EXPECT_EQ(*h, *keys::ComputeChunkHashes(Ints(t), 256));
+  EXPECT_EQ(s.size(), 0u);
+  EXPECT_FALSE(s.Contains("r"));
+  EXPECT_EQ(s.bytes(), 0u);
+  // While the session lives, a store reuses and extends its hashes.
+  ASSERT_TRUE(s.ChunkHashes("q", t, 1, {}, SessionUse::kCreate).ok());
+  auto more = s.ChunkHashes("q", t, 2, {}, SessionUse::kIfExists);
+  ASSERT_TRUE(more.ok());
+  EXPECT_EQ(*more, *keys::ComputeChunkHashes(Ints(t), 256));
+  EXPECT_EQ(s.size(), 1u);
+}
+
+TEST(SessionTable, Finding8ExpiryFreesTheOldestSessionsAndTheirBytes) {
+  FakeClock clock;
+  SessionTable s(&clock, 256, 600);
+  for (int i = 0; i < 5; ++i) {
+    ASSERT_TRUE(s.ChunkHashes("e" + std::to_string(i), Tokens(256, i), 1).ok());
+    clock.AdvanceSeconds(100);
+  }
+  const uint64_t before = s.bytes();
+  EXPECT_GT(before, 5u * 1024);
+  clock.AdvanceSeconds(350);  // e0 (850 s idle), e1 (750), e2 (650) expire; e3, e4 stay
+  EXPECT_EQ(s.Expire(), 3u);
+  EXPECT_EQ(s.size(), 2u);
+  EXPECT_TRUE(s.Contains("e3"));
+  EXPECT_LT(s.bytes(), before);
+  EXPECT_EQ(s.evicted(), 0u);  // expiry is not eviction
+}
+
 }  // namespace
 }  // namespace kvd::server
