@@ -181,10 +181,11 @@ const FlagSpec kFlags[] = {
      .refusal = "the experimental transfer_query module (register_q_cache, store_q) is not "
                 "implemented"},
     {.name = "--kv-event-log-size", .group = kMp, .kind = K::kInt, .lmcache_default = "32768",
-     .support = S::kAccepted,
-     .note = "kvd does not offer the KV-event stream yet (issue 16)", .min = 0,
-     .max = 1 << 24,
-     .apply = [](const FlagValue& v, CliConfig& c) { c.server.kv_event_log_size = v.AsInt(); }},
+     .note = "records (chunks stored into / removed from L1) kept for subscribe_kv_events "
+             "streams and their replay; 0 turns the kv_event_stream capability off",
+     .min = 0, .max = 1 << 24,
+     .apply = [](const FlagValue& v, CliConfig& c) { c.server.kv_event_log_size = v.AsInt(); },
+     .show = [](const CliConfig& c) { return std::to_string(c.server.kv_event_log_size); }},
     {.name = "--server-module", .group = kMp, .kind = K::kJsonList, .lmcache_default = "[]",
      .support = S::kRefused, .note = "out-of-tree Python server modules are not loaded by kvd"},
 

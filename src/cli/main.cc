@@ -241,6 +241,11 @@ class ServiceStats final : public kvd::http::StatsSource {
     auto loop = metrics.Loop();
     s.loop = {loop.iterations,       std::move(loop.buckets),      loop.sum_seconds,
               loop.longest_seconds,  loop.longest_inline_seconds,  std::move(loop.longest_inline_op)};
+    if (const kvd::server::KvEventLog* log = svc_->kv_events()) {
+      const auto ev = log->stats();
+      s.kv_events = {true, ev.incarnation, ev.log_depth, ev.log_capacity, ev.next_seq,
+                     ev.unbound_stores, ev.subscribers, ev.stored_records, ev.removed_records};
+    }
     return s;
   }
 

@@ -133,6 +133,17 @@ std::string StatusJson(const Snapshot& s, const Health& health, const std::strin
         {"requests", s.total_requests()},
         {"unknown_ops", s.unknown_ops}}},
       {"ops", std::move(ops)},
+      {"kv_events",
+       {{"enabled", s.kv_events.enabled},
+        {"incarnation", s.kv_events.incarnation},
+        {"log_depth", s.kv_events.log_depth},
+        {"log_capacity", s.kv_events.log_capacity},
+        {"next_seq", s.kv_events.next_seq},
+        {"lost_markers", 0},
+        {"unbound_stores", s.kv_events.unbound_stores},
+        {"subscribers", s.kv_events.subscribers},
+        {"stored_records", s.kv_events.stored_records},
+        {"removed_records", s.kv_events.removed_records}}},
   };
   if (!health.healthy) j["unhealthy_reason"] = health.reason;
   if (!in_flight.empty()) j["in_flight"] = std::move(in_flight);

@@ -246,6 +246,11 @@ std::string RenderPrometheus(const Snapshot& s, const std::string& version) {
                                     static_cast<double>(s.l1.capacity_bytes)
                               : 0.0);
 
+  if (s.kv_events.enabled) {
+    w.Gauge("lmcache_mp_kv_events_log_depth",
+            "Cache-event records retained for subscribers and reconnects.", s.kv_events.log_depth);
+  }
+
   // --- kvd series ---
   w.Header("kvd_build_info", "gauge", "kvd version (value is always 1).");
   w.Value("kvd_build_info{version=\"" + Escape(version) + "\",lmcache_protocol=\"0.5.6\"}",

@@ -118,6 +118,19 @@ struct LoopView {
   std::string longest_inline_op;
 };
 
+// The KV-event log (lmcache's status key "kv_events").
+struct KvEventsView {
+  bool enabled = false;
+  int64_t incarnation = 0;
+  uint64_t log_depth = 0;
+  uint64_t log_capacity = 0;
+  int64_t next_seq = 1;
+  uint64_t unbound_stores = 0;
+  uint64_t subscribers = 0;
+  uint64_t stored_records = 0;
+  uint64_t removed_records = 0;
+};
+
 struct Snapshot {
   double uptime_seconds = 0;
   int64_t chunk_size = 0;
@@ -134,6 +147,7 @@ struct Snapshot {
   uint64_t unknown_ops = 0;
   LoopView loop;
   TiersView tiers;
+  KvEventsView kv_events;
 
   uint64_t total_requests() const {
     uint64_t n = 0;

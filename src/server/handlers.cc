@@ -68,7 +68,7 @@ std::string HandleRequest(KvService& svc, const wire::OpInfo& op, wire::Frames p
     case Op::kNoop:
       return wire::EncodeStr("OK");
     case Op::kGetExperimental:
-      return wire::EncodeStrList({});
+      return wire::EncodeStrList(svc.ExperimentalCapabilities());
     case Op::kPing: {
       auto id = Decoded(wire::DecodePing, p);
       if (!id.ok()) return Fail(op, client, id.status(), wire::EncodeBool(false));

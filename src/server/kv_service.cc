@@ -19,6 +19,11 @@ Result<std::unique_ptr<KvService>> KvService::Create(const ServerConfig& config,
   o.eviction_ratio = config.eviction_ratio;
   o.eviction_policy = config.eviction_policy.empty() ? "LRU" : config.eviction_policy;
   o.clock = clock;
+  std::unique_ptr<KvEventLog> events;
+  if (config.kv_event_log_size > 0) {
+    events = std::make_unique<KvEventLog>(static_cast<size_t>(config.kv_event_log_size));
+    o.listener = events.get();
+  }
   auto l1 = l1::L1Cache::Create(o);
   if (!l1.ok()) return l1.status();
   // Client registrations may map only what the policy allows, and never kvd's own pool.
@@ -32,15 +37,17 @@ Result<std::unique_ptr<KvService>> KvService::Create(const ServerConfig& config,
   }
   auto tiers = MakeTierSet(config, l1->get(), clock);
   if (!tiers.ok()) return tiers.status();
-  return std::unique_ptr<KvService>(new KvService(config, clock, std::move(l1).value(),
-                                                  std::move(shm), std::move(tiers).value()));
+  return std::unique_ptr<KvService>(new KvService(config, clock, std::move(events),
+                                                  std::move(l1).value(), std::move(shm),
+                                                  std::move(tiers).value()));
 }
 
 KvService::KvService(const ServerConfig& config, const Clock* clock,
-                     std::unique_ptr<l1::L1Cache> l1, transfer::ShmAccessPolicy shm_policy,
-                     std::unique_ptr<l2::TierSet> tiers)
+                     std::unique_ptr<KvEventLog> events, std::unique_ptr<l1::L1Cache> l1,
+                     transfer::ShmAccessPolicy shm_policy, std::unique_ptr<l2::TierSet> tiers)
     : config_(config),
       clock_(clock),
+      kv_events_(std::move(events)),
       l1_(std::move(l1)),
       tiers_(std::move(tiers)),
       sessions_(clock, static_cast<uint32_t>(config.chunk_size), config.session_ttl_seconds,
@@ -67,6 +74,34 @@ Status KvService::Unregister(int64_t instance_id) {
   engine_driven_.DropInstance(instance_id);  // its half-done engine-driven operations
   spdlog::info("unregistered instance {} (model '{}')", instance_id, gone->model_name);
   return Status::Ok();  // mappings are released when the last in-flight copy lets go
+}
+
+std::vector<std::string> KvService::ExperimentalCapabilities() const {
+  std::vector<std::string> caps;
+  if (kv_events_) caps.push_back("kv_event_stream");
+  return caps;
+}
+
+void KvService::BindKvEvents(const wire::CacheKey& key) {
+  const int64_t c = config_.chunk_size;
+  if (!kv_events_ || key.start % c != 0 || key.end % c != 0 || key.end <= key.start ||
+      static_cast<int64_t>(key.token_ids.size()) < key.end) {
+    return;  // nothing to bind; the store itself reports a bad range
+  }
+  auto hashes = sessions_.ChunkHashes(
+      key.request_id, key.token_ids, static_cast<size_t>(key.end / c),
+      SessionIdentity{key.model_name, key.world_size, key.cache_salt});
+  if (!hashes.ok()) return;
+  std::vector<KvEventLog::Binding> chunks;
+  chunks.reserve(static_cast<size_t>((key.end - key.start) / c));
+  for (int64_t i = key.start / c; i < key.end / c; ++i) {
+    KvEventLog::Binding b;
+    b.hash = (*hashes)[i];
+    if (i > 0) b.parent = (*hashes)[i - 1];
+    b.tokens = key.token_ids.span().subspan(static_cast<size_t>(i * c), static_cast<size_t>(c));
+    chunks.push_back(b);
+  }
+  kv_events_->Bind(chunks);
 }
 
 void KvService::Ping(std::optional<int64_t> instance_id) {

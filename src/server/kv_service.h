@@ -33,6 +33,7 @@
 #include "server/config.h"
 #include "server/engine_driven_transfers.h"
 #include "server/instance_registry.h"
+#include "server/kv_events.h"
 #include "server/lmcache_transfers.h"
 #include "server/lookups.h"
 #include "server/service_counters.h"
@@ -58,6 +59,7 @@ class KvService {
 
   // STORE / RETRIEVE (see LmcacheTransfers).
   Status Store(const wire::TransferRequest& req, std::string* event_handle = nullptr) {
+    BindKvEvents(req.key);
     return lmcache_.Store(req, event_handle);
   }
   Status Retrieve(const wire::TransferRequest& req, std::string* event_handle = nullptr) {
@@ -79,6 +81,7 @@ class KvService {
   }
   Result<std::pair<std::vector<wire::ShmSlot>, std::vector<int64_t>>> PrepareStore(
       const wire::EngineDrivenRequest& req) {
+    BindKvEvents(req.key);
     return engine_driven_.PrepareStore(req);
   }
   Status CommitStore(const wire::EngineDrivenRequest& req) { return engine_driven_.CommitStore(req); }
@@ -112,14 +115,25 @@ class KvService {
   ServiceStatus StatusSnapshot();
   const ServerConfig& config() const { return config_; }
 
+  // The KV-event log (kv_events.h); null when --kv-event-log-size is 0 or observability is
+  // off. Lives as long as the service.
+  KvEventLog* kv_events() const { return kv_events_.get(); }
+  // GET_EXPERIMENTAL: the capabilities this server advertises ("kv_event_stream").
+  std::vector<std::string> ExperimentalCapabilities() const;
+
  private:
-  KvService(const ServerConfig& config, const Clock* clock, std::unique_ptr<l1::L1Cache> l1,
-            transfer::ShmAccessPolicy shm_policy, std::unique_ptr<l2::TierSet> tiers);
+  KvService(const ServerConfig& config, const Clock* clock, std::unique_ptr<KvEventLog> events,
+            std::unique_ptr<l1::L1Cache> l1, transfer::ShmAccessPolicy shm_policy,
+            std::unique_ptr<l2::TierSet> tiers);
+  // Records the tokens of the chunks a store names, for the "stored" KV events their
+  // commits produce (before the store, so the binding precedes the commit).
+  void BindKvEvents(const wire::CacheKey& key);
 
   // Declaration order is destruction order in reverse: the parts (which hold L1 handles)
   // go before the sessions, the registry and the cache they borrow.
   const ServerConfig config_;
   const Clock* const clock_;
+  std::unique_ptr<KvEventLog> kv_events_;  // the L1 listener: outlives l1_
   std::unique_ptr<l1::L1Cache> l1_;
   // Closed first in the destructor: its callbacks use the sessions and the parts below.
   std::unique_ptr<l2::TierSet> tiers_;

@@ -13,7 +13,9 @@
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
 
+#include "common/clock.h"
 #include "server/handlers.h"
+#include "server/kv_event_streams.h"
 #include "server/request_phases.h"
 #include "wire/codec.h"
 
@@ -69,6 +71,8 @@ struct ZmqServer::Impl {
   std::vector<std::string_view> payload_views;
   std::unordered_map<std::string, uint64_t, StringHash, std::equal_to<>> queued_bytes;
   int64_t last_refusal_log_ns = 0;
+  SteadyClock clock;
+  std::unique_ptr<KvEventStreams> streams;  // subscribe_kv_events (kv_event_streams.h)
 
   Impl(const ServerConfig& c, KvService* s, RequestMetrics* m)
       : config(c),
@@ -77,6 +81,15 @@ struct ZmqServer::Impl {
         max_queued_bytes(c.max_queued_bytes_per_connection > 0 ? c.max_queued_bytes_per_connection
                                                                : 2 * MaxFrameBytes()) {
     wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    streams = std::make_unique<KvEventStreams>(
+        s->kv_events(), &clock, c.worker_reap_timeout_seconds,
+        [this](std::vector<std::string> f) { SendFrames(f); });
+    if (KvEventLog* log = s->kv_events()) {
+      log->SetWakeup([fd = wake_fd] {  // a new record: let the loop pump the streams
+        uint64_t one = 1;
+        (void)!write(fd, &one, sizeof(one));
+      });
+    }
     const int threads = c.max_workers > 0
                             ? c.max_workers
                             : std::clamp(static_cast<int>(std::thread::hardware_concurrency()), 2, 16);
@@ -93,6 +106,7 @@ struct ZmqServer::Impl {
     payload_views.reserve(16);
   }
   ~Impl() {
+    if (KvEventLog* log = service->kv_events()) log->SetWakeup(nullptr);
     pool.reset();
     if (wake_fd >= 0) close(wake_fd);
   }
@@ -139,6 +153,18 @@ struct ZmqServer::Impl {
     sending.clear();
   }
 
+  // Socket thread: sends a stream message now ([identity, uid, op(, batch)]).
+  void SendFrames(const std::vector<std::string>& f) {
+    try {
+      for (size_t i = 0; i < f.size(); ++i) {
+        socket.send(zmq::buffer(f[i]), i + 1 < f.size() ? zmq::send_flags::sndmore
+                                                         : zmq::send_flags::none);
+      }
+    } catch (const zmq::error_t& e) {
+      spdlog::warn("could not send a KV-event stream message: {}", e.what());
+    }
+  }
+
   // Socket thread: queues the reply to frames[0..2] (moved out of `frames`).
   void ReplyInline(std::string_view body) {
     sending.push_back(Reply{std::move(frames[0]), std::move(frames[1]), std::move(frames[2]),
@@ -171,6 +197,12 @@ struct ZmqServer::Impl {
                    frames.empty() ? 0 : frames.size() - 1);
       return 0;
     }
+    streams->Touch(View(frames[0]));
+    if (frames[2].size() == 0) {  // a stream control message: [uid, "", "ack" | "cancel"]
+      streams->Control(View(frames[0]), View(frames[1]),
+                       frames.size() > 3 ? View(frames[3]) : std::string_view());
+      return;
+    }
     auto op = wire::DecodeOp(View(frames[2]));
     if (!op.ok()) {
       metrics->CountUnknownOp();
@@ -187,6 +219,13 @@ struct ZmqServer::Impl {
       dispatch = payload_bytes <= kInlinePayloadBytes ? wire::Dispatch::kInline : wire::Dispatch::kPool;
     }
     const int64_t began = metrics->Begin(info.op);
+    if (info.op == wire::Op::kSubscribeKvEvents) {  // a stream, not one reply
+      payload_views.clear();
+      for (size_t i = 3; i < frames.size(); ++i) payload_views.push_back(View(frames[i]));
+      streams->Subscribe(View(frames[0]), View(frames[1]), View(frames[2]), payload_views);
+      metrics->End(info.op, began);
+      return;
+    }
 
     if (dispatch == wire::Dispatch::kInline) {
       payload_views.clear();
@@ -280,10 +319,12 @@ void ZmqServer::Run(const std::atomic<bool>& stop) {
       }
     }
     s.SendAll();
+    s.streams->Pump();  // new KV events, fresh credits, idle streams
     if (items[0].revents | items[1].revents) {
       s.metrics->RecordLoopIteration(WallNs() - wall0);
     }
   }
+  s.streams->CloseAll();
   // Stop accepting; let queued transfers finish and deliver their replies.
   s.pool.reset();
   s.TakeOutbox();

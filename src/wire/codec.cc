@@ -335,6 +335,34 @@ Result<ReportBlockAllocationRequest> DecodeReportBlockAllocation(Frames p) {
   return r;
 }
 
+Result<SubscribeKvEventsRequest> DecodeSubscribeKvEvents(Frames p) {
+  KVD_RETURN_IF_ERROR(CheckArity(p, Op::kSubscribeKvEvents));
+  constexpr const char* ctx = "subscribe_kv_events";
+  SubscribeKvEventsRequest r;
+  auto field = [&](size_t i) { return Parse(p[i], ctx); };
+  {
+    auto oh = field(0);
+    if (!oh.ok()) return oh.status();
+    KVD_ASSIGN(r.instance_id, ReadInt(oh->get(), ctx, "instance_id"));
+  }
+  {
+    auto oh = field(1);
+    if (!oh.ok()) return oh.status();
+    KVD_ASSIGN(r.model_name, ReadStr(oh->get(), ctx, "model_name"));
+  }
+  {
+    auto oh = field(2);
+    if (!oh.ok()) return oh.status();
+    KVD_ASSIGN(r.cursor, ReadInt(oh->get(), ctx, "cursor"));
+  }
+  {
+    auto oh = field(3);
+    if (!oh.ok()) return oh.status();
+    KVD_ASSIGN(r.max_events, ReadInt(oh->get(), ctx, "max_events"));
+  }
+  return r;
+}
+
 // ---- encoders -------------------------------------------------------------------
 
 namespace {
@@ -435,6 +463,45 @@ std::string EncodePrepareRetrieveResponse(bool success, std::span<const ShmSlot>
     pk.pack_map(1);
     PackStr(pk, "slots");
     PackSlots(pk, slots);
+  });
+}
+
+std::string EncodeKvEventBatch(const KvEventBatch& batch) {
+  auto bin = [](auto& pk, const std::array<uint8_t, 32>& h) {
+    pk.pack_bin(32);
+    pk.pack_bin_body(reinterpret_cast<const char*>(h.data()), 32);
+  };
+  return Pack([&](auto& pk) {
+    pk.pack_map(5);
+    PackStr(pk, "enabled");
+    if (batch.enabled) pk.pack_true(); else pk.pack_false();
+    PackStr(pk, "incarnation");
+    pk.pack_int64(batch.incarnation);
+    PackStr(pk, "next_cursor");
+    pk.pack_int64(batch.next_cursor);
+    PackStr(pk, "lost");
+    if (batch.lost) pk.pack_true(); else pk.pack_false();
+    PackStr(pk, "events");
+    pk.pack_array(static_cast<uint32_t>(batch.events.size()));
+    for (const auto& e : batch.events) {
+      pk.pack_map(7);
+      PackStr(pk, "seq");
+      pk.pack_int64(e.seq);
+      PackStr(pk, "kind");
+      PackStr(pk, e.kind);
+      PackStr(pk, "medium");
+      PackStr(pk, e.medium);
+      PackStr(pk, "model_name");
+      PackStr(pk, e.model_name);
+      PackStr(pk, "block_hashes");
+      pk.pack_array(static_cast<uint32_t>(e.block_hashes.size()));
+      for (const auto& h : e.block_hashes) bin(pk, h);
+      PackStr(pk, "parent_block_hash");
+      if (e.parent_block_hash) bin(pk, *e.parent_block_hash); else pk.pack_nil();
+      PackStr(pk, "token_ids");
+      pk.pack_array(static_cast<uint32_t>(e.token_ids.size()));
+      for (uint32_t t : e.token_ids) pk.pack_uint32(t);
+    }
   });
 }
 

@@ -52,6 +52,7 @@ Result<bool> DecodeClear(Frames payloads);                          // force fla
 Result<RegisterEngineDrivenRequest> DecodeRegisterEngineDriven(Frames payloads);
 Result<EngineDrivenRequest> DecodeEngineDriven(Frames payloads);    // prepare/commit ops
 Result<ReportBlockAllocationRequest> DecodeReportBlockAllocation(Frames payloads);
+Result<SubscribeKvEventsRequest> DecodeSubscribeKvEvents(Frames payloads);
 
 // Decodes one ext-1 device IPC descriptor (the data of msgpack ext type 1).
 Result<TensorDescriptor> DecodeTensorDescriptor(std::string_view ext_data);
@@ -69,5 +70,7 @@ std::string EncodeRegisterEngineDrivenResponse(std::string_view shm_name, uint64
 std::string EncodePrepareStoreResponse(const std::optional<std::vector<ShmSlot>>& slots,
                                        std::span<const int64_t> chunk_indices);
 std::string EncodePrepareRetrieveResponse(bool success, std::span<const ShmSlot> slots);
+// One message of a subscribe_kv_events stream: the KVEventBatch dataclass as a map.
+std::string EncodeKvEventBatch(const KvEventBatch& batch);
 
 }  // namespace kvd::wire

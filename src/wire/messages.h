@@ -3,6 +3,7 @@
 // Field names follow the client's dataclasses/structs so the mapping stays obvious.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <cstring>
 #include <initializer_list>
@@ -213,6 +214,38 @@ struct ShmSlot {
   uint64_t length = 0;
   std::vector<int64_t> shape;
   std::string dtype;
+};
+
+// subscribe_kv_events(instance_id, model_name, cursor, max_events): a worker's
+// subscription to the server's cache-event log (lmcache 0.5.6 KVEventModule).
+struct SubscribeKvEventsRequest {
+  int64_t instance_id = 0;
+  std::string model_name;
+  int64_t cursor = 0;
+  int64_t max_events = 0;
+};
+
+// KVEventRecord: one sequenced change of the CPU cache. "stored" records carry one chunk's
+// 32-byte hash, its parent's hash (none for a sequence's first chunk) and its tokens;
+// "removed" records the hashes of chunks that left the cache.
+struct KvEventRecord {
+  int64_t seq = 0;
+  std::string kind;                  // "stored" | "removed"
+  std::string medium = "CPU";
+  std::string model_name;
+  std::vector<std::array<uint8_t, 32>> block_hashes;
+  std::optional<std::array<uint8_t, 32>> parent_block_hash;
+  std::vector<uint32_t> token_ids;   // kvd's tokens are < 2^32 (keys/chunk_hasher.h)
+};
+
+// KVEventBatch: what one stream message carries. enabled=false ends the stream; a changed
+// incarnation or lost=true tells the subscriber to withdraw what it announced earlier.
+struct KvEventBatch {
+  bool enabled = false;
+  int64_t incarnation = 0;
+  int64_t next_cursor = 0;
+  bool lost = false;
+  std::vector<KvEventRecord> events;
 };
 
 }  // namespace kvd::wire

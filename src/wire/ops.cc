@@ -48,7 +48,7 @@ constexpr std::array kOps = {
     OpInfo{Op::kP2pUnlockObjects, "p2p_unlock_objects", 31, 1, 1, D::kPool, false},
     OpInfo{Op::kGetExperimental, "get_experimental", 32, 0, 0, D::kInline, true},
     OpInfo{Op::kCbProtocolHandshake, "cb_protocol_handshake", 33, 1, 1, D::kInline, false},
-    OpInfo{Op::kSubscribeKvEvents, "subscribe_kv_events", -1, 4, 4, D::kInline, false},
+    OpInfo{Op::kSubscribeKvEvents, "subscribe_kv_events", -1, 4, 4, D::kInline, true},
     OpInfo{Op::kServerModuleCall, "server_module_call", -1, 1, 1, D::kInline, false},
     OpInfo{Op::kCbReorderPlan, "cb_reorder_plan", -1, 3, 3, D::kInline, false},
 };

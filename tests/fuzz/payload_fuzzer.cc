@@ -62,6 +62,12 @@ void DecodeAll(wire::Frames p) {
     Check(r->key.worker_id.has_value(), "engine-driven key has a worker_id");
   }
   (void)wire::DecodeReportBlockAllocation(p);
+  if (auto r = wire::DecodeSubscribeKvEvents(p); r.ok()) {
+    // Whatever decodes must encode back into one well-formed batch message.
+    wire::KvEventBatch b;
+    b.next_cursor = r->cursor;
+    (void)wire::EncodeKvEventBatch(b);
+  }
 }
 
 }  // namespace

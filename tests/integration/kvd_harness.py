@@ -322,6 +322,7 @@ class TPCluster:
         heartbeat_interval: float = 5.0,
         seed: int = 1234,
         ctx=None,
+        enable_kv_events: bool = False,
     ) -> None:
         import torch  # noqa: PLC0415
         import zmq  # noqa: PLC0415
@@ -385,6 +386,7 @@ class TPCluster:
                     vllm_block_size=self.shape.block_size,
                     parallel_strategy=strategy(rank),
                     extra_config=extra,
+                    enable_kv_events=enable_kv_events,
                 )
                 self.workers.append(w)
                 kv = {

@@ -1,0 +1,154 @@
+#include "server/kv_events.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <map>
+
+namespace kvd::server {
+
+size_t KvEventLog::HashKey::operator()(const Hash& h) const noexcept {
+  size_t v;
+  std::memcpy(&v, h.data(), sizeof(v));
+  return v;
+}
+
+KvEventLog::KvEventLog(size_t capacity)
+    : capacity_(std::max<size_t>(1, capacity)),
+      incarnation_(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                       std::chrono::system_clock::now().time_since_epoch())
+                       .count()) {}
+
+void KvEventLog::Bind(std::span<const Binding> chunks) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& c : chunks) {
+    auto [it, fresh] = bindings_.try_emplace(c.hash);
+    if (!fresh) continue;  // another rank of the same store bound it
+    PendingBinding& b = it->second;
+    b.parent = c.parent;
+    b.tokens.assign(c.tokens.begin(), c.tokens.end());
+    b.age = binding_order_.insert(binding_order_.end(), c.hash);
+  }
+  if (bindings_.size() > kMaxBindings) {
+    // Stores that never completed (aborted, failed) leave bindings behind: drop the older half.
+    while (bindings_.size() > kMaxBindings / 2) {
+      bindings_.erase(binding_order_.front());
+      binding_order_.pop_front();
+    }
+  }
+}
+
+void KvEventLog::OnEntryComplete(const l1::ChunkKey& key) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = bindings_.find(key.chunk_hash);
+    if (it == bindings_.end()) {
+      ++unbound_stores_;
+      return;
+    }
+    wire::KvEventRecord r;
+    r.kind = "stored";
+    r.model_name = key.model_name;
+    r.block_hashes.push_back(key.chunk_hash);
+    r.parent_block_hash = it->second.parent;
+    r.token_ids = std::move(it->second.tokens);
+    binding_order_.erase(it->second.age);
+    bindings_.erase(it);
+    ++stored_records_;
+    AppendLocked(std::move(r));
+  }
+  Wake();
+}
+
+void KvEventLog::OnEntriesRemoved(std::span<const l1::ChunkKey> keys, l1::RemovalCause) {
+  if (keys.empty()) return;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    // One record per model, hashes in removal order without repeats (the same chunk under
+    // two salts or world sizes is one hash to a router).
+    std::map<std::string, std::vector<Hash>> by_model;
+    for (const auto& k : keys) {
+      auto& v = by_model[k.model_name];
+      if (std::find(v.begin(), v.end(), k.chunk_hash) == v.end()) v.push_back(k.chunk_hash);
+    }
+    for (auto& [model, hashes] : by_model) {
+      wire::KvEventRecord r;
+      r.kind = "removed";
+      r.model_name = model;
+      r.block_hashes = std::move(hashes);
+      ++removed_records_;
+      AppendLocked(std::move(r));
+    }
+  }
+  Wake();
+}
+
+void KvEventLog::AppendLocked(wire::KvEventRecord record) {
+  record.seq = next_seq_++;
+  log_.push_back(std::move(record));
+  while (log_.size() > capacity_) log_.pop_front();
+}
+
+void KvEventLog::Wake() {
+  std::function<void()> wake;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    wake = wake_;
+  }
+  if (wake) wake();
+}
+
+void KvEventLog::SetWakeup(std::function<void()> wake) {
+  std::lock_guard<std::mutex> lock(mu_);
+  wake_ = std::move(wake);
+}
+
+wire::KvEventBatch KvEventLog::Read(const std::string& model_name, int64_t cursor,
+                                    size_t max_events) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  wire::KvEventBatch b;
+  b.enabled = true;
+  b.incarnation = incarnation_;
+  const int64_t last = next_seq_ - 1;
+  const int64_t first = log_.empty() ? last + 1 : log_.front().seq;
+  b.lost = cursor + 1 < first || cursor > last;
+  b.next_cursor = std::min(cursor, last);
+  const int64_t skip = std::max<int64_t>(0, cursor + 1 - first);
+  for (size_t i = static_cast<size_t>(std::min<int64_t>(skip, static_cast<int64_t>(log_.size())));
+       i < log_.size(); ++i) {
+    const auto& r = log_[i];
+    b.next_cursor = r.seq;
+    if (r.model_name == model_name) {
+      b.events.push_back(r);
+      if (b.events.size() >= max_events) break;
+    }
+  }
+  return b;
+}
+
+int64_t KvEventLog::next_seq() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return next_seq_;
+}
+
+KvEventLog::Stats KvEventLog::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  Stats s;
+  s.incarnation = incarnation_;
+  s.log_depth = log_.size();
+  s.log_capacity = capacity_;
+  s.next_seq = next_seq_;
+  s.unbound_stores = unbound_stores_;
+  s.stored_records = stored_records_;
+  s.removed_records = removed_records_;
+  s.bindings = bindings_.size();
+  s.subscribers = subscribers_;
+  return s;
+}
+
+void KvEventLog::set_subscribers(size_t n) {
+  std::lock_guard<std::mutex> lock(mu_);
+  subscribers_ = n;
+}
+
+}  // namespace kvd::server

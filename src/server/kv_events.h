@@ -1,0 +1,114 @@
+// KvEventLog: the server's record of CPU-cache changes for KV-event subscribers (the
+// `kv_event_stream` capability of lmcache 0.5.6: vLLM's KV-aware routers learn from it
+// which prefixes this server holds and when they go away).
+//
+// RECORDS. A bounded, sequenced log (seq 1, 2, ...; the oldest records fall off when it is
+// full). "stored": one chunk became visible to lookups (its L1 entry completed, every rank
+// committed), with its hash, its parent's hash and its tokens. "removed": chunks that had
+// been stored left L1 (eviction or clear), one record per model. The tokens come from token
+// bindings that the store paths record (Bind) before they commit; a chunk that completes
+// without one is counted as unbound and not announced, as in lmcache.
+//
+// READING. Read(model, cursor, max) returns the next records of `model` after `cursor`,
+// with lmcache's semantics: next_cursor (where to resume), lost (records between the cursor
+// and the oldest one were dropped, or the cursor is from the future), incarnation (changes
+// when the server restarts). Streams (kv_event_streams.h) are built on top.
+//
+// THREADS. Every method is thread-safe (one mutex). The L1Listener methods run with the L1
+// mutex held (lock order: L1 -> this); they do not call into L1. The wake-up callback runs
+// after a record was appended, outside this object's mutex (still under L1's when called
+// from a listener method): it must only signal (the ZMQ loop's eventfd).
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <list>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "l1/l1_listener.h"
+#include "wire/messages.h"
+
+namespace kvd::server {
+
+class KvEventLog final : public l1::L1Listener {
+ public:
+  using Hash = std::array<uint8_t, 32>;
+  static constexpr size_t kMaxBindings = 16384;  // pending token bindings (trimmed by half)
+
+  // capacity >= 1: records kept for replay (--kv-event-log-size).
+  explicit KvEventLog(size_t capacity);
+
+  // One chunk a store is about to write: its hash, its parent's (none for the first chunk
+  // of a sequence) and its tokens. A hash already bound keeps its binding
+  // (the tokens of a chained hash do not change).
+  struct Binding {
+    Hash hash;
+    std::optional<Hash> parent;
+    std::span<const uint32_t> tokens;
+  };
+  void Bind(std::span<const Binding> chunks);
+
+  // l1::L1Listener
+  void OnEntryComplete(const l1::ChunkKey& key) override;
+  void OnEntriesRemoved(std::span<const l1::ChunkKey> keys, l1::RemovalCause cause) override;
+
+  // lmcache's read_kv_events. max_events >= 1.
+  wire::KvEventBatch Read(const std::string& model_name, int64_t cursor, size_t max_events) const;
+  // The sequence number the next record gets (1 + the newest record's).
+  int64_t next_seq() const;
+  int64_t incarnation() const { return incarnation_; }
+
+  // Called after each append (see THREADS). Set before records can be appended, or
+  // replace at any time.
+  void SetWakeup(std::function<void()> wake);
+
+  struct Stats {
+    int64_t incarnation = 0;
+    size_t log_depth = 0;
+    size_t log_capacity = 0;
+    int64_t next_seq = 1;
+    uint64_t unbound_stores = 0;  // chunks completed without a token binding
+    uint64_t stored_records = 0;
+    uint64_t removed_records = 0;
+    size_t bindings = 0;
+    size_t subscribers = 0;
+  };
+  Stats stats() const;
+  // Streams open now (KvEventStreams reports it; shown by stats()).
+  void set_subscribers(size_t n);
+
+ private:
+  // Requires mu_.
+  void AppendLocked(wire::KvEventRecord record);
+  void Wake();
+
+  struct HashKey {
+    size_t operator()(const Hash& h) const noexcept;
+  };
+  struct PendingBinding {
+    std::optional<Hash> parent;
+    std::vector<uint32_t> tokens;
+    std::list<Hash>::iterator age;  // position in binding_order_
+  };
+
+  const size_t capacity_;
+  const int64_t incarnation_;
+
+  mutable std::mutex mu_;
+  std::deque<wire::KvEventRecord> log_;                           // guarded by mu_
+  int64_t next_seq_ = 1;                                          // guarded by mu_
+  std::unordered_map<Hash, PendingBinding, HashKey> bindings_;    // guarded by mu_
+  std::list<Hash> binding_order_;                                 // guarded by mu_; oldest first
+  uint64_t unbound_stores_ = 0, stored_records_ = 0, removed_records_ = 0;  // guarded by mu_
+  std::function<void()> wake_;                                    // guarded by mu_
+  size_t subscribers_ = 0;                                        // guarded by mu_
+};
+
+}  // namespace kvd::server
