@@ -6,6 +6,15 @@
 #include <map>
 
 namespace kvd::server {
+namespace {
+
+// L1 keys of objects kept apart by layout carry "<model>@<namespace>" (chunk_keys.h); model
+// names never contain '@', and subscribers ask for the model.
+std::string ModelOf(const l1::ChunkKey& key) {
+  return key.model_name.substr(0, key.model_name.find('@'));
+}
+
+}  // namespace
 
 size_t KvEventLog::HashKey::operator()(const Hash& h) const noexcept {
   size_t v;
@@ -48,7 +57,7 @@ void KvEventLog::OnEntryComplete(const l1::ChunkKey& key) {
     }
     wire::KvEventRecord r;
     r.kind = "stored";
-    r.model_name = key.model_name;
+    r.model_name = ModelOf(key);
     r.block_hashes.push_back(key.chunk_hash);
     r.parent_block_hash = it->second.parent;
     r.token_ids = std::move(it->second.tokens);
@@ -68,7 +77,7 @@ void KvEventLog::OnEntriesRemoved(std::span<const l1::ChunkKey> keys, l1::Remova
     // two salts or world sizes is one hash to a router).
     std::map<std::string, std::vector<Hash>> by_model;
     for (const auto& k : keys) {
-      auto& v = by_model[k.model_name];
+      auto& v = by_model[ModelOf(k)];
       if (std::find(v.begin(), v.end(), k.chunk_hash) == v.end()) v.push_back(k.chunk_hash);
     }
     for (auto& [model, hashes] : by_model) {

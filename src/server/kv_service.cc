@@ -88,9 +88,9 @@ void KvService::BindKvEvents(const wire::CacheKey& key) {
       static_cast<int64_t>(key.token_ids.size()) < key.end) {
     return;  // nothing to bind; the store itself reports a bad range
   }
-  auto hashes = sessions_.ChunkHashes(
-      key.request_id, key.token_ids, static_cast<size_t>(key.end / c),
-      SessionIdentity{key.model_name, key.world_size, key.cache_salt});
+  // No identity: the store that follows records it (with its key namespace).
+  auto hashes = sessions_.ChunkHashes(key.request_id, key.token_ids,
+                                      static_cast<size_t>(key.end / c), SessionIdentity{});
   if (!hashes.ok()) return;
   std::vector<KvEventLog::Binding> chunks;
   chunks.reserve(static_cast<size_t>((key.end - key.start) / c));

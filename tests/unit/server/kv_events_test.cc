@@ -64,7 +64,7 @@ TEST(KvEventLog, CompletedBoundChunkBecomesOneStoredRecord) {
 
 TEST(KvEventLog, RemovedRecordsAreGroupedByModelWithoutRepeats) {
   KvEventLog log(16);
-  std::vector<l1::ChunkKey> keys = {Key(1, "a"), Key(2, "b"), Key(1, "a", "salt"), Key(3, "a")};
+  std::vector<l1::ChunkKey> keys = {Key(1, "a"), Key(2, "b"), Key(1, "a", "salt"), Key(3, "a@ns")};
   log.OnEntriesRemoved(keys, l1::RemovalCause::kEvicted);
   auto a = log.Read("a", 0, 10);
   ASSERT_EQ(a.events.size(), 1u);
@@ -74,6 +74,7 @@ TEST(KvEventLog, RemovedRecordsAreGroupedByModelWithoutRepeats) {
   ASSERT_EQ(b.events.size(), 1u);
   EXPECT_EQ(b.events[0].block_hashes, std::vector<Hash>{H(2)});
   EXPECT_EQ(a.next_cursor, 2) << "the cursor moves past other models' records too";
+  EXPECT_EQ(a.events[0].model_name, "a") << "a key namespace is not part of the model name";
 }
 
 TEST(KvEventLog, ReadFollowsLmcachesCursorAndLossRules) {
