@@ -99,6 +99,7 @@ bool KvEventStreams::Service(const Key& key, Stream& s, int64_t next_seq) {
 }
 
 void KvEventStreams::Pump() {
+  if (log_) log_->FlushHeld();  // records stay in the log for later subscribers too
   if (streams_.empty()) return;
   const int64_t now = clock_->NowNanos();
   const int64_t next_seq = log_ ? log_->next_seq() : 0;

@@ -6,24 +6,23 @@
 #include <map>
 
 namespace kvd::server {
-namespace {
 
-// L1 keys of objects kept apart by layout carry "<model>@<namespace>" (chunk_keys.h); model
-// names never contain '@', and subscribers ask for the model.
-std::string ModelOf(const l1::ChunkKey& key) {
-  return key.model_name.substr(0, key.model_name.find('@'));
+// L1 keys of objects kept apart by layout are interned under "<model>@<namespace>"
+// (chunk_keys.h); model names never contain '@', and subscribers ask for the model.
+std::string KvEventLog::ModelOf(const l1::ChunkKey& key) const {
+  if (namespaces_ == nullptr) return std::string();
+  const std::string& m = namespaces_->Get(key.ns).model_name;
+  return m.substr(0, m.find('@'));
 }
-
-}  // namespace
-
 size_t KvEventLog::HashKey::operator()(const Hash& h) const noexcept {
   size_t v;
   std::memcpy(&v, h.data(), sizeof(v));
   return v;
 }
 
-KvEventLog::KvEventLog(size_t capacity)
+KvEventLog::KvEventLog(size_t capacity, const Clock* clock)
     : capacity_(std::max<size_t>(1, capacity)),
+      clock_(clock),
       incarnation_(std::chrono::duration_cast<std::chrono::nanoseconds>(
                        std::chrono::system_clock::now().time_since_epoch())
                        .count()) {}
@@ -64,9 +63,72 @@ void KvEventLog::OnEntryComplete(const l1::ChunkKey& key) {
     binding_order_.erase(it->second.age);
     bindings_.erase(it);
     ++stored_records_;
-    AppendLocked(std::move(r));
+    if (r.parent_block_hash && bindings_.contains(*r.parent_block_hash) &&
+        num_held_ < kMaxBindings) {
+      // The parent is being stored too (its commit follows): its record goes first.
+      const Hash parent = *r.parent_block_hash;
+      held_hashes_.insert(key.chunk_hash);
+      held_[parent].push_back(Held{std::move(r), clock_->NowNanos()});
+      ++num_held_;
+      return;
+    }
+    AppendStoredChainLocked(std::move(r));
   }
   Wake();
+}
+
+void KvEventLog::AppendStoredChainLocked(wire::KvEventRecord record) {
+  std::vector<wire::KvEventRecord> todo;  // a stack: children of what was just written
+  todo.push_back(std::move(record));
+  while (!todo.empty()) {
+    wire::KvEventRecord r = std::move(todo.back());
+    todo.pop_back();
+    const Hash hash = r.block_hashes.front();
+    AppendLocked(std::move(r));
+    auto h = held_.find(hash);
+    if (h == held_.end()) continue;
+    std::vector<Held> children = std::move(h->second);
+    held_.erase(h);
+    num_held_ -= children.size();
+    for (auto c = children.rbegin(); c != children.rend(); ++c) {
+      held_hashes_.erase(c->record.block_hashes.front());
+      todo.push_back(std::move(c->record));
+    }
+  }
+}
+
+void KvEventLog::FlushHeld() {
+  bool appended = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (num_held_ == 0) return;
+    const int64_t now = clock_->NowNanos();
+    // Roots: records waiting for a parent that is not itself held (its store did not
+    // complete, or it was already cached).
+    std::vector<Hash> due;
+    for (const auto& [parent, children] : held_) {
+      if (held_hashes_.contains(parent)) continue;
+      for (const auto& c : children) {
+        if (now - c.since_ns >= kMaxHoldNanos) {
+          due.push_back(parent);
+          break;
+        }
+      }
+    }
+    for (const auto& parent : due) {
+      auto h = held_.find(parent);
+      if (h == held_.end()) continue;
+      std::vector<Held> children = std::move(h->second);
+      held_.erase(h);
+      num_held_ -= children.size();
+      for (auto& c : children) {
+        held_hashes_.erase(c.record.block_hashes.front());
+        AppendStoredChainLocked(std::move(c.record));
+      }
+      appended = true;
+    }
+  }
+  if (appended) Wake();
 }
 
 void KvEventLog::OnEntriesRemoved(std::span<const l1::ChunkKey> keys, l1::RemovalCause) {
@@ -152,6 +214,7 @@ KvEventLog::Stats KvEventLog::stats() const {
   s.removed_records = removed_records_;
   s.bindings = bindings_.size();
   s.subscribers = subscribers_;
+  s.held = num_held_;
   return s;
 }
 

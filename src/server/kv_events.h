@@ -9,6 +9,12 @@
 // bindings that the store paths record (Bind) before they commit; a chunk that completes
 // without one is counted as unbound and not announced, as in lmcache.
 //
+// ORDER. As in lmcache, a parent's "stored" record precedes its children's. The store paths
+// commit a request's chunks last first (l1::CommitInReverse), so a chunk that completes while
+// its parent is bound and not yet complete is held back until the parent's record is written
+// (then the children follow, in chain order), or for at most kMaxHoldNanos (FlushHeld: the
+// parent's store failed or the parent was already cached); at most kMaxBindings are held.
+//
 // READING. Read(model, cursor, max) returns the next records of `model` after `cursor`,
 // with lmcache's semantics: next_cursor (where to resume), lost (records between the cursor
 // and the oldest one were dropped, or the cursor is from the future), incarnation (changes
@@ -17,7 +23,8 @@
 // THREADS. Every method is thread-safe (one mutex). The L1Listener methods run with the L1
 // mutex held (lock order: L1 -> this); they do not call into L1. The wake-up callback runs
 // after a record was appended, outside this object's mutex (still under L1's when called
-// from a listener method): it must only signal (the ZMQ loop's eventfd).
+// from a listener method): it must only signal (the ZMQ loop's eventfd). FlushHeld is called
+// periodically (the ZMQ loop, every wake-up or at least every 100 ms).
 #pragma once
 
 #include <array>
@@ -30,9 +37,12 @@
 #include <span>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
+#include "common/clock.h"
 #include "l1/l1_listener.h"
+#include "l1/namespaces.h"
 #include "wire/messages.h"
 
 namespace kvd::server {
@@ -41,9 +51,11 @@ class KvEventLog final : public l1::L1Listener {
  public:
   using Hash = std::array<uint8_t, 32>;
   static constexpr size_t kMaxBindings = 16384;  // pending token bindings (trimmed by half)
+  static constexpr int64_t kMaxHoldNanos = 200'000'000;  // see ORDER
 
-  // capacity >= 1: records kept for replay (--kv-event-log-size).
-  explicit KvEventLog(size_t capacity);
+  // capacity >= 1: records kept for replay (--kv-event-log-size). Borrows `clock` (the time
+  // records are held back, see ORDER).
+  KvEventLog(size_t capacity, const Clock* clock);
 
   // One chunk a store is about to write: its hash, its parent's (none for the first chunk
   // of a sequence) and its tokens. A hash already bound keeps its binding
@@ -55,12 +67,18 @@ class KvEventLog final : public l1::L1Listener {
   };
   void Bind(std::span<const Binding> chunks);
 
+  // The cache's namespace table, which names the model of a key (l1_listener.h). Set once,
+  // after the cache is created and before it stores anything; not owned, outlives this log.
+  void AttachNamespaces(const l1::Namespaces* namespaces) { namespaces_ = namespaces; }
+
   // l1::L1Listener
   void OnEntryComplete(const l1::ChunkKey& key) override;
   void OnEntriesRemoved(std::span<const l1::ChunkKey> keys, l1::RemovalCause cause) override;
 
   // lmcache's read_kv_events. max_events >= 1.
   wire::KvEventBatch Read(const std::string& model_name, int64_t cursor, size_t max_events) const;
+  // Writes the records held back longer than kMaxHoldNanos (see ORDER).
+  void FlushHeld();
   // The sequence number the next record gets (1 + the newest record's).
   int64_t next_seq() const;
   int64_t incarnation() const { return incarnation_; }
@@ -79,14 +97,19 @@ class KvEventLog final : public l1::L1Listener {
     uint64_t removed_records = 0;
     size_t bindings = 0;
     size_t subscribers = 0;
+    size_t held = 0;  // stored records waiting for their parent's (see ORDER)
   };
   Stats stats() const;
   // Streams open now (KvEventStreams reports it; shown by stats()).
   void set_subscribers(size_t n);
 
  private:
+  std::string ModelOf(const l1::ChunkKey& key) const;
   // Requires mu_.
   void AppendLocked(wire::KvEventRecord record);
+  // Appends a stored record, then the records held back waiting for it, in chain order.
+  // Requires mu_.
+  void AppendStoredChainLocked(wire::KvEventRecord record);
   void Wake();
 
   struct HashKey {
@@ -98,14 +121,25 @@ class KvEventLog final : public l1::L1Listener {
     std::list<Hash>::iterator age;  // position in binding_order_
   };
 
+  struct Held {
+    wire::KvEventRecord record;
+    int64_t since_ns = 0;
+  };
+
   const size_t capacity_;
+  const Clock* const clock_;
   const int64_t incarnation_;
+  const l1::Namespaces* namespaces_ = nullptr;  // set before the first store (AttachNamespaces)
 
   mutable std::mutex mu_;
   std::deque<wire::KvEventRecord> log_;                           // guarded by mu_
   int64_t next_seq_ = 1;                                          // guarded by mu_
   std::unordered_map<Hash, PendingBinding, HashKey> bindings_;    // guarded by mu_
   std::list<Hash> binding_order_;                                 // guarded by mu_; oldest first
+  // Stored records held back, by the parent hash they wait for (see ORDER).
+  std::unordered_map<Hash, std::vector<Held>, HashKey> held_;     // guarded by mu_
+  std::unordered_set<Hash, HashKey> held_hashes_;                 // guarded by mu_; their hashes
+  size_t num_held_ = 0;                                           // guarded by mu_
   uint64_t unbound_stores_ = 0, stored_records_ = 0, removed_records_ = 0;  // guarded by mu_
   std::function<void()> wake_;                                    // guarded by mu_
   size_t subscribers_ = 0;                                        // guarded by mu_

@@ -21,11 +21,12 @@ Result<std::unique_ptr<KvService>> KvService::Create(const ServerConfig& config,
   o.clock = clock;
   std::unique_ptr<KvEventLog> events;
   if (config.kv_event_log_size > 0) {
-    events = std::make_unique<KvEventLog>(static_cast<size_t>(config.kv_event_log_size));
+    events = std::make_unique<KvEventLog>(static_cast<size_t>(config.kv_event_log_size), clock);
     o.listener = events.get();
   }
   auto l1 = l1::L1Cache::Create(o);
   if (!l1.ok()) return l1.status();
+  if (events) events->AttachNamespaces(&(*l1)->namespaces());
   // Client registrations may map only what the policy allows, and never kvd's own pool.
   transfer::ShmAccessPolicy shm;
   shm.allowed_uids = config.allowed_shm_uids;

@@ -12,6 +12,7 @@
 
 #include "common/clock.h"
 #include "l1/chunk_key.h"
+#include "l1/namespaces.h"
 #include "server/kv_event_streams.h"
 #include "wire/codec.h"
 
@@ -26,14 +27,19 @@ Hash H(uint8_t b) {
   return h;
 }
 
+// The namespace table the keys of these tests are interned in (an L1 cache's, in kvd).
+l1::Namespaces& TestNamespaces() {
+  static l1::Namespaces namespaces;
+  return namespaces;
+}
+
 l1::ChunkKey Key(uint8_t b, const std::string& model = "m", const std::string& salt = "") {
   l1::ChunkKey k;
-  k.model_name = model;
-  k.world_size = 1;
-  k.cache_salt = salt;
+  k.ns = TestNamespaces().Intern(model, 1, salt).value();
   k.chunk_hash = H(b);
   return k;
 }
+
 
 void BindOne(KvEventLog& log, uint8_t b, std::optional<uint8_t> parent, std::vector<uint32_t> toks) {
   KvEventLog::Binding x{H(b), parent ? std::optional<Hash>(H(*parent)) : std::nullopt, toks};
@@ -41,7 +47,9 @@ void BindOne(KvEventLog& log, uint8_t b, std::optional<uint8_t> parent, std::vec
 }
 
 TEST(KvEventLog, CompletedBoundChunkBecomesOneStoredRecord) {
-  KvEventLog log(16);
+  FakeClock log_clock;
+  KvEventLog log(16, &log_clock);
+  log.AttachNamespaces(&TestNamespaces());
   BindOne(log, 1, std::nullopt, {10, 11});
   BindOne(log, 2, 1, {12, 13});
   log.OnEntryComplete(Key(1));
@@ -62,8 +70,53 @@ TEST(KvEventLog, CompletedBoundChunkBecomesOneStoredRecord) {
   EXPECT_EQ(log.stats().bindings, 0u) << "a binding is used once";
 }
 
+// Regression: the store paths commit a request's chunks last first, and the records came out
+// child before parent; lmcache writes a parent's record first.
+TEST(KvEventLog, ChunksCommittedLastFirstAreRecordedParentFirst) {
+  FakeClock log_clock;
+  KvEventLog log(16, &log_clock);
+  log.AttachNamespaces(&TestNamespaces());
+  BindOne(log, 1, std::nullopt, {1});
+  BindOne(log, 2, 1, {2});
+  BindOne(log, 3, 2, {3});
+  log.OnEntryComplete(Key(3));
+  log.OnEntryComplete(Key(2));
+  EXPECT_TRUE(log.Read("m", 0, 10).events.empty()) << "held until the parent's record";
+  EXPECT_EQ(log.stats().held, 2u);
+  log.OnEntryComplete(Key(1));
+  auto b = log.Read("m", 0, 10);
+  ASSERT_EQ(b.events.size(), 3u);
+  EXPECT_EQ(b.events[0].block_hashes, std::vector<Hash>{H(1)});
+  EXPECT_EQ(b.events[1].block_hashes, std::vector<Hash>{H(2)});
+  EXPECT_EQ(b.events[2].block_hashes, std::vector<Hash>{H(3)});
+  EXPECT_EQ(b.events[2].seq, 3);
+  EXPECT_EQ(log.stats().held, 0u);
+}
+
+TEST(KvEventLog, ChildOfAParentThatNeverCompletesIsWrittenAfterTheHoldTime) {
+  FakeClock log_clock;
+  KvEventLog log(16, &log_clock);
+  log.AttachNamespaces(&TestNamespaces());
+  BindOne(log, 1, std::nullopt, {1});  // its store fails: never completes
+  BindOne(log, 2, 1, {2});
+  BindOne(log, 3, 2, {3});
+  log.OnEntryComplete(Key(3));
+  log.OnEntryComplete(Key(2));
+  log.FlushHeld();
+  EXPECT_TRUE(log.Read("m", 0, 10).events.empty()) << "not yet due";
+  log_clock.AdvanceNanos(KvEventLog::kMaxHoldNanos);
+  log.FlushHeld();
+  auto b = log.Read("m", 0, 10);
+  ASSERT_EQ(b.events.size(), 2u);
+  EXPECT_EQ(b.events[0].block_hashes, std::vector<Hash>{H(2)});
+  EXPECT_EQ(b.events[1].block_hashes, std::vector<Hash>{H(3)});
+  EXPECT_EQ(log.stats().held, 0u);
+}
+
 TEST(KvEventLog, RemovedRecordsAreGroupedByModelWithoutRepeats) {
-  KvEventLog log(16);
+  FakeClock log_clock;
+  KvEventLog log(16, &log_clock);
+  log.AttachNamespaces(&TestNamespaces());
   std::vector<l1::ChunkKey> keys = {Key(1, "a"), Key(2, "b"), Key(1, "a", "salt"), Key(3, "a@ns")};
   log.OnEntriesRemoved(keys, l1::RemovalCause::kEvicted);
   auto a = log.Read("a", 0, 10);
@@ -78,7 +131,9 @@ TEST(KvEventLog, RemovedRecordsAreGroupedByModelWithoutRepeats) {
 }
 
 TEST(KvEventLog, ReadFollowsLmcachesCursorAndLossRules) {
-  KvEventLog log(3);
+  FakeClock log_clock;
+  KvEventLog log(3, &log_clock);
+  log.AttachNamespaces(&TestNamespaces());
   for (uint8_t i = 1; i <= 5; ++i) {
     BindOne(log, i, std::nullopt, {i});
     log.OnEntryComplete(Key(i));
@@ -105,7 +160,9 @@ TEST(KvEventLog, ReadFollowsLmcachesCursorAndLossRules) {
 }
 
 TEST(KvEventLog, BindingsAreBounded) {
-  KvEventLog log(4);
+  FakeClock log_clock;
+  KvEventLog log(4, &log_clock);
+  log.AttachNamespaces(&TestNamespaces());
   for (size_t i = 0; i < KvEventLog::kMaxBindings + 10; ++i) {
     Hash h{};
     std::memcpy(h.data(), &i, sizeof(i));
@@ -117,7 +174,9 @@ TEST(KvEventLog, BindingsAreBounded) {
 }
 
 TEST(KvEventLog, WakeupRunsAfterEachAppend) {
-  KvEventLog log(4);
+  FakeClock log_clock;
+  KvEventLog log(4, &log_clock);
+  log.AttachNamespaces(&TestNamespaces());
   int woken = 0;
   log.SetWakeup([&] { ++woken; });
   BindOne(log, 1, std::nullopt, {1});
@@ -168,7 +227,9 @@ void Subscribe(KvEventStreams& s, const std::string& id, const std::string& uid,
 }
 
 TEST(KvEventStreams, FirstBatchAtOnceThenOnePerAck) {
-  KvEventLog log(16);
+  FakeClock log_clock;
+  KvEventLog log(16, &log_clock);
+  log.AttachNamespaces(&TestNamespaces());
   FakeClock clock;
   Sent sent;
   KvEventStreams streams(&log, &clock, 120, sent.fn());
@@ -203,7 +264,9 @@ TEST(KvEventStreams, FirstBatchAtOnceThenOnePerAck) {
 }
 
 TEST(KvEventStreams, CancelNewSubscriptionIdleAndShutdownEndStreams) {
-  KvEventLog log(16);
+  FakeClock log_clock;
+  KvEventLog log(16, &log_clock);
+  log.AttachNamespaces(&TestNamespaces());
   FakeClock clock;
   Sent sent;
   KvEventStreams streams(&log, &clock, 120, sent.fn());
@@ -233,7 +296,9 @@ TEST(KvEventStreams, CancelNewSubscriptionIdleAndShutdownEndStreams) {
 TEST(KvEventStreams, BadSubscriptionsAndDisabledLogEndTheStream) {
   FakeClock clock;
   Sent sent;
-  KvEventLog log(4);
+  FakeClock log_clock;
+  KvEventLog log(4, &log_clock);
+  log.AttachNamespaces(&TestNamespaces());
   KvEventStreams streams(&log, &clock, 0, sent.fn());
   Subscribe(streams, "c", "u", Sub(1, "m", -1, 10));
   Subscribe(streams, "c", "v", Sub(1, "m", 0, 5000));
