@@ -201,7 +201,7 @@ struct ZmqServer::Impl {
     if (frames[2].size() == 0) {  // a stream control message: [uid, "", "ack" | "cancel"]
       streams->Control(View(frames[0]), View(frames[1]),
                        frames.size() > 3 ? View(frames[3]) : std::string_view());
-      return;
+      return 0;
     }
     auto op = wire::DecodeOp(View(frames[2]));
     if (!op.ok()) {
@@ -223,8 +223,7 @@ struct ZmqServer::Impl {
       payload_views.clear();
       for (size_t i = 3; i < frames.size(); ++i) payload_views.push_back(View(frames[i]));
       streams->Subscribe(View(frames[0]), View(frames[1]), View(frames[2]), payload_views);
-      metrics->End(info.op, began);
-      return;
+      return metrics->End(info.op, began);
     }
 
     if (dispatch == wire::Dispatch::kInline) {
