@@ -89,9 +89,11 @@ void KvService::BindKvEvents(const wire::CacheKey& key) {
       static_cast<int64_t>(key.token_ids.size()) < key.end) {
     return;  // nothing to bind; the store itself reports a bad range
   }
-  // No identity: the store that follows records it (with its key namespace).
+  // No identity: the store that follows records it (with its key namespace). Binding never
+  // creates a session: a STORE after END_SESSION must not bring one back (finding 8).
   auto hashes = sessions_.ChunkHashes(key.request_id, key.token_ids,
-                                      static_cast<size_t>(key.end / c), SessionIdentity{});
+                                      static_cast<size_t>(key.end / c), SessionIdentity{},
+                                      SessionUse::kIfExists);
   if (!hashes.ok()) return;
   std::vector<KvEventLog::Binding> chunks;
   chunks.reserve(static_cast<size_t>((key.end - key.start) / c));
