@@ -387,8 +387,11 @@ class L1Cache {
   std::optional<uint32_t> AllocateEvicting(uint16_t cls, uint32_t gref);
   // The shard holding the best candidate over all shards, or -1.
   int BestShard(bool forced_only) const;
-  // Evicts the best candidate of shard `s`; false when it had none.
-  bool EvictFromShard(uint32_t s, std::vector<uint32_t>* freed_units, uint64_t* freed_bytes);
+  // Evicts shard s's victim as its policy names it under the shard's lock. forced_only: only
+  // if that victim is still forced (a quota shed; the published candidate may be stale once
+  // other shards brought the salt back under its quota); otherwise republishes, returns false.
+  bool EvictFromShard(uint32_t s, std::vector<uint32_t>* freed_units, uint64_t* freed_bytes,
+                      bool forced_only = false);
   // Evicts the owner of the allocation starting at `unit`, if it is still that and evictable.
   bool EvictOwnerOf(uint32_t gref, uint32_t unit, std::vector<uint32_t>* freed_units);
 

@@ -56,11 +56,11 @@ void L1Cache::EvictLocked(Shard& sh, uint32_t local, std::vector<uint32_t>* free
 }
 
 bool L1Cache::EvictFromShard(uint32_t s, std::vector<uint32_t>* freed_units,
-                             uint64_t* freed_bytes) {
+                             uint64_t* freed_bytes, bool forced_only) {
   Shard& sh = *shards_[s];
   MutexLock lock(&sh.mu);
   auto c = sh.policy->Victim();
-  if (!c) {
+  if (!c || (forced_only && c->priority != EvictionPolicy::kForced)) {
     PublishCandidateLocked(sh);
     return false;
   }
@@ -150,7 +150,7 @@ size_t L1Cache::EvictToWatermark() {
   size_t evicted = 0;
   uint64_t freed = 0;
   for (int s; (s = BestShard(/*forced_only=*/true)) >= 0;) {
-    if (EvictFromShard(static_cast<uint32_t>(s), nullptr, &freed)) ++evicted;
+    if (EvictFromShard(static_cast<uint32_t>(s), nullptr, &freed, /*forced_only=*/true)) ++evicted;
   }
   const size_t quota_evictions = evicted;
 

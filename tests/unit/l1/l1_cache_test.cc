@@ -664,6 +664,42 @@ TEST_F(L1CacheTest, WatermarkEvictionFreesAboutTheRatio) {
   EXPECT_EQ(cache->EvictToWatermark(), 0u);  // 65% now
 }
 
+// lmcache 0.5.6's IsolatedLRU fails on the L1 path (its eviction loop passes no salt); here
+// quotas set through the L1 (the /quota routes) shed each salt on the L1's own rounds.
+TEST_F(L1CacheTest, IsolatedLruShedsSaltsOverTheirQuotaOnTheL1Path) {
+  auto cache = Make(100, /*watermark=*/0.8, /*ratio=*/0.2, "IsolatedLRU");
+  const NamespaceId a = Ns(*cache, "model", 1, "a");
+  const NamespaceId b = Ns(*cache, "model", 1, "b");
+  const NamespaceId c = Ns(*cache, "model", 1, "c");
+  ASSERT_TRUE(cache->SetQuota("a", 10 * kPage).ok());
+  ASSERT_TRUE(cache->SetQuota("b", 50 * kPage).ok());
+  ASSERT_TRUE(cache->SetQuota("", 100 * kPage).ok());
+  for (int i = 0; i < 20; ++i) ASSERT_TRUE(WriteObject(*cache, Key(i, a), 1, 0, kPage).ok());
+  for (int i = 0; i < 20; ++i) ASSERT_TRUE(WriteObject(*cache, Key(i, b), 1, 0, kPage).ok());
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(WriteObject(*cache, Key(i, c), 1, 0, kPage).ok());
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE(WriteObject(*cache, Key(i), 1, 0, kPage).ok());
+  EXPECT_EQ(cache->GetQuota("a").usage_bytes, 20 * kPage);
+  // 48% used: no watermark round, only quotas. "a" is at 200% of its quota and sheds down to
+  // (0.8 - 0.2) x 10 pages, oldest first; "c" has no quota (effective limit 0) and loses all;
+  // "b" (40%) and the empty salt (5%) keep everything.
+  EXPECT_EQ(cache->EvictToWatermark(), 14u + 3u);
+  EXPECT_EQ(cache->GetQuota("a").usage_bytes, 6 * kPage);
+  for (int i = 0; i < 14; ++i) EXPECT_FALSE(cache->IsResident(Key(i, a), 0)) << i;
+  for (int i = 14; i < 20; ++i) EXPECT_TRUE(cache->IsResident(Key(i, a), 0)) << i;
+  for (int i = 0; i < 3; ++i) EXPECT_FALSE(cache->IsResident(Key(i, c), 0)) << i;
+  EXPECT_EQ(cache->GetQuota("b").usage_bytes, 20 * kPage);
+  EXPECT_EQ(cache->GetQuota("").usage_bytes, 5 * kPage);
+  const auto listed = cache->ListQuotas();
+  EXPECT_EQ(listed.size(), 3u);
+  // Removing "b"'s quota leaves it at an effective limit of 0: its next round empties it.
+  EXPECT_TRUE(cache->DeleteQuota("b"));
+  EXPECT_FALSE(cache->DeleteQuota("b"));
+  EXPECT_FALSE(cache->GetQuota("b").limit_bytes.has_value());
+  EXPECT_EQ(cache->EvictToWatermark(), 20u);
+  EXPECT_EQ(cache->GetQuota("b").usage_bytes, 0u);
+  EXPECT_EQ(cache->GetQuota("a").usage_bytes, 6 * kPage);
+}
+
 TEST_F(L1CacheTest, WatermarkEvictionStopsWhenEverythingIsLocked) {
   auto cache = Make(10, 0.5, 0.5);
   std::vector<ChunkKey> keys;
