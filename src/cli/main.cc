@@ -256,6 +256,22 @@ class ServiceStats final : public kvd::http::StatsSource {
     return before > after ? before - after : 0;
   }
 
+  kvd::Status SetQuota(const std::string& salt, uint64_t limit_bytes) override {
+    return svc_->l1().SetQuota(salt, limit_bytes);
+  }
+  bool DeleteQuota(const std::string& salt) override { return svc_->l1().DeleteQuota(salt); }
+  kvd::http::QuotaView GetQuota(const std::string& salt) override {
+    kvd::l1::QuotaInfo q = svc_->l1().GetQuota(salt);
+    return {std::move(q.cache_salt), q.limit_bytes, q.usage_bytes};
+  }
+  std::vector<kvd::http::QuotaView> ListQuotas() override {
+    std::vector<kvd::http::QuotaView> out;
+    for (auto& q : svc_->l1().ListQuotas()) {
+      out.push_back({std::move(q.cache_salt), q.limit_bytes, q.usage_bytes});
+    }
+    return out;
+  }
+
  private:
   static int64_t Now() {
     return std::chrono::duration_cast<std::chrono::nanoseconds>(

@@ -12,6 +12,7 @@
 #include "http/dashboard.h"
 #include "http/json_views.h"
 #include "http/prometheus.h"
+#include "http/quota_routes.h"
 
 namespace kvd::http {
 namespace {
@@ -113,6 +114,7 @@ HttpServer::HttpServer(HttpOptions options, StatsSource* source)
     res.set_content(RenderPrometheus(source_->Collect(), options_.version),
                     "text/plain; version=0.0.4; charset=utf-8");
   });
+  AddQuotaRoutes(svr, source_);
   svr.Get("/api/timeseries", [this](const httplib::Request& req, httplib::Response& res) {
     size_t points = 0;
     if (req.has_param("points")) {

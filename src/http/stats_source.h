@@ -8,8 +8,11 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
+
+#include "common/status.h"
 
 namespace kvd::http {
 
@@ -156,6 +159,13 @@ struct Snapshot {
   }
 };
 
+// One cache salt's quota (the /quota routes; the IsolatedLRU policy enforces it).
+struct QuotaView {
+  std::string cache_salt;               // "" is the un-salted traffic ("_default" in URLs)
+  std::optional<uint64_t> limit_bytes;  // nullopt: none set (effective limit 0)
+  uint64_t usage_bytes = 0;             // L1 bytes the salt's entries hold
+};
+
 class StatsSource {
  public:
   virtual ~StatsSource() = default;
@@ -165,6 +175,13 @@ class StatsSource {
   virtual Snapshot Collect() = 0;
   // Drops every L1 entry (POST /clear-cache). Returns the number of entries removed.
   virtual uint64_t ClearCache() = 0;
+
+  // Per-cache-salt quotas (PUT/GET/DELETE /quota/{salt}, GET /quota). Quotas are soft:
+  // writes are never refused; the IsolatedLRU policy evicts what is over at its next round.
+  virtual Status SetQuota(const std::string& cache_salt, uint64_t limit_bytes) = 0;
+  virtual bool DeleteQuota(const std::string& cache_salt) = 0;  // true: one was set
+  virtual QuotaView GetQuota(const std::string& cache_salt) = 0;
+  virtual std::vector<QuotaView> ListQuotas() = 0;  // salts with a limit set
 };
 
 }  // namespace kvd::http

@@ -107,6 +107,8 @@ class KvService {
   bool WaitTiersIdle(double timeout_s) { return !tiers_ || tiers_->WaitIdle(timeout_s); }
   // count_locked walks the L1 table (see L1Cache::stats): on demand only.
   l1::L1Stats l1_stats() const { return l1_->stats(); }
+  // The cache itself, for its thread-safe admin calls (quotas); see l1/l1_cache.h.
+  l1::L1Cache& l1() { return *l1_; }
   size_t num_instances() const { return registry_.size(); }
 
   // --- status and metrics (read-only) ---

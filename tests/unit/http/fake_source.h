@@ -2,6 +2,7 @@
 #pragma once
 
 #include <atomic>
+#include <map>
 #include <mutex>
 
 #include "http/stats_source.h"
@@ -27,6 +28,34 @@ class FakeSource : public StatsSource {
     snapshot.l1.used_bytes = 0;
     return n;
   }
+  Status SetQuota(const std::string& salt, uint64_t limit_bytes) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (salt.size() > 64) return Status::InvalidArgument("cache salt too long");
+    limits[salt] = limit_bytes;
+    return Status::Ok();
+  }
+  bool DeleteQuota(const std::string& salt) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return limits.erase(salt) > 0;
+  }
+  QuotaView GetQuota(const std::string& salt) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    QuotaView q{salt, std::nullopt, usage.count(salt) ? usage[salt] : 0};
+    if (auto it = limits.find(salt); it != limits.end()) q.limit_bytes = it->second;
+    return q;
+  }
+  std::vector<QuotaView> ListQuotas() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<QuotaView> out;
+    for (const auto& [salt, limit] : limits) {
+      out.push_back({salt, limit, usage.count(salt) ? usage[salt] : 0});
+    }
+    return out;
+  }
+  void SetUsage(const std::string& salt, uint64_t bytes) {
+    std::lock_guard<std::mutex> lock(mu_);
+    usage[salt] = bytes;
+  }
   void Set(const Snapshot& s) {
     std::lock_guard<std::mutex> lock(mu_);
     snapshot = s;
@@ -43,6 +72,8 @@ class FakeSource : public StatsSource {
   std::mutex mu_;
   Health health;
   Snapshot snapshot;
+  std::map<std::string, uint64_t> limits;
+  std::map<std::string, uint64_t> usage;
 };
 
 // A snapshot with some of everything.
