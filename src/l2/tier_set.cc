@@ -138,26 +138,49 @@ void TierSet::StoreBehind(std::vector<CommittedObject> objects, const ObjectForm
       batch->TierDone();
       continue;
     }
+    // Counted in flight above (objects and raw bytes); released as a whole by the callback.
+    const size_t n_items = items.size();
     if (!t.spec.serde->identity()) {
-      // Encoded forms are owned by the tier's part of the batch.
+      // Encoded forms are owned by the tier's part of the batch. An object that fails to
+      // encode is not written (an empty object would read back as a failed decode, and
+      // skip_l1 would count it as held by the tier).
       auto enc = std::make_shared<std::vector<std::vector<uint8_t>>>();
-      for (auto& it : items) {
+      enc->reserve(items.size());
+      std::vector<StoreItem> encoded_items;
+      std::vector<size_t> encoded_index;
+      uint64_t failed = 0;
+      for (size_t j = 0; j < items.size(); ++j) {
+        auto& it = items[j];
         std::vector<uint8_t> buf(t.spec.serde->MaxStoredBytes(format.layout));
         auto n = t.spec.serde->Encode({it.data, it.size}, format.layout, buf);
-        if (n.ok()) {
-          buf.resize(*n);
-        } else {
-          buf.clear();
+        if (!n.ok()) {
+          ++failed;
           spdlog::warn("{}: {} encode failed: {}", t.name, t.spec.serde->name(), n.status().message());
+          continue;
         }
+        buf.resize(*n);
         enc->push_back(std::move(buf));
-        it.data = enc->back().data();
-        it.size = enc->back().size();
+        encoded_items.push_back({it.key, enc->back().data(), enc->back().size()});
+        encoded_index.push_back(index[j]);
       }
+      items = std::move(encoded_items);
+      index = std::move(encoded_index);
       batch->encoded.push_back(enc);
+      if (failed > 0) {
+        std::lock_guard<std::mutex> lock(t.mu);
+        t.st.store_failed_objects += failed;
+        if (items.empty()) {
+          t.inflight_batches--;
+          t.st.inflight_store_objects -= n_items;
+          t.st.inflight_store_bytes -= bytes;
+        }
+      }
+      if (items.empty()) {
+        batch->TierDone();
+        continue;
+      }
     }
     const int64_t t0 = options_.clock->NowNanos();
-    const size_t n_items = items.size();
     calls_in_flight_++;
     t.spec.tier->Store(std::move(items), [this, &t, batch, index, bytes, t0, n_items](
                                              std::vector<ItemResult> results) {

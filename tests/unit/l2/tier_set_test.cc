@@ -42,7 +42,8 @@ class TierSetTest : public ::testing::Test {
 
   // Builds the set over the given tiers (specs get plain configs).
   void Make(std::vector<std::shared_ptr<Tier>> tiers, TierSetOptions o = {},
-            std::vector<AdapterConfig> configs = {}) {
+            std::vector<AdapterConfig> configs = {},
+            std::shared_ptr<const Serde> serde = nullptr) {
     o.clock = &clock_;
     std::vector<TierSpec> specs;
     for (size_t i = 0; i < tiers.size(); ++i) {
@@ -51,7 +52,7 @@ class TierSetTest : public ::testing::Test {
       s.config.index = static_cast<int>(i);
       if (s.config.type.empty()) s.config.type = "memory";
       s.tier = tiers[i];
-      s.serde = std::move(MakeSerde(nullptr)).value();
+      s.serde = serde ? serde : std::move(MakeSerde(nullptr)).value();
       specs.push_back(std::move(s));
     }
     auto r = TierSet::Create(o, std::move(specs), l1_.get());
@@ -122,6 +123,56 @@ class TierSetTest : public ::testing::Test {
   l1::NamespaceId ns_ = 0;
   std::unique_ptr<TierSet> set_;
 };
+
+// A serde that refuses to encode the objects listed as poison (compared by content), and
+// copies every other object unchanged.
+class PoisonSerde : public Serde {
+ public:
+  explicit PoisonSerde(std::vector<std::vector<uint8_t>> poison) : poison_(std::move(poison)) {}
+  std::string_view name() const override { return "poison"; }
+  uint64_t MaxStoredBytes(const ObjectLayout&) const override { return kObj; }
+  Result<uint64_t> Encode(std::span<const uint8_t> raw, const ObjectLayout&,
+                          std::span<uint8_t> out) const override {
+    for (const auto& p : poison_) {
+      if (p.size() == raw.size() && std::memcmp(p.data(), raw.data(), raw.size()) == 0) {
+        return Status::InvalidArgument("poisoned object");
+      }
+    }
+    std::memcpy(out.data(), raw.data(), raw.size());
+    return raw.size();
+  }
+  Status Decode(std::span<const uint8_t> stored, const ObjectLayout&,
+                std::span<uint8_t> raw) const override {
+    std::memcpy(raw.data(), stored.data(), stored.size());
+    return Status::Ok();
+  }
+
+ private:
+  std::vector<std::vector<uint8_t>> poison_;
+};
+
+// Regression: an object whose encode failed was written to the tier as an empty object (and
+// counted as stored). It must not be written at all, and the in-flight budget must balance.
+TEST_F(TierSetTest, ObjectsThatFailToEncodeAreNotWrittenAndCountAsFailed) {
+  auto a = std::make_shared<MemoryTier>();
+  Make({a}, {}, {},
+       std::make_shared<PoisonSerde>(std::vector<std::vector<uint8_t>>{
+           Value(0, 1), Value(1, 0), Value(1, 1)}));
+  set_->StoreBehind(WriteL1(0), Format());  // rank 1 fails
+  set_->StoreBehind(WriteL1(1), Format());  // both ranks fail: nothing reaches the tier
+  ASSERT_TRUE(set_->WaitIdle(10));
+  EXPECT_EQ(a->size(), 1u);
+  std::vector<uint8_t> out;
+  ASSERT_TRUE(LoadOne(*a, Obj(0, 0), &out, kObj).status.ok());
+  EXPECT_EQ(out, Value(0, 0));
+  EXPECT_FALSE(LoadOne(*a, Obj(0, 1), &out, kObj).status.ok());
+  auto s = set_->stats();
+  EXPECT_EQ(s.tiers[0].stored_objects, 1u);
+  EXPECT_EQ(s.tiers[0].store_failed_objects, 3u);
+  EXPECT_EQ(s.tiers[0].inflight_store_objects, 0u);
+  EXPECT_EQ(s.tiers[0].inflight_store_bytes, 0u);
+  EXPECT_EQ(l1_->stats().pinned_objects, 0u);
+}
 
 TEST_F(TierSetTest, StoreBehindWritesEveryTierAndReleasesPins) {
   auto a = std::make_shared<MemoryTier>(), b = std::make_shared<MemoryTier>();
