@@ -182,9 +182,11 @@ wire::KvEventBatch KvEventLog::Read(const std::string& model_name, int64_t curso
   b.incarnation = incarnation_;
   const int64_t last = next_seq_ - 1;
   const int64_t first = log_.empty() ? last + 1 : log_.front().seq;
-  b.lost = cursor + 1 < first || cursor > last;
+  // `cursor` is the client's (any int64 >= 0): compared, never incremented past last.
+  b.lost = cursor < first - 1 || cursor > last;
   b.next_cursor = std::min(cursor, last);
-  const int64_t skip = std::max<int64_t>(0, cursor + 1 - first);
+  const int64_t skip =
+      cursor >= last ? static_cast<int64_t>(log_.size()) : std::max<int64_t>(0, cursor - first + 1);
   for (size_t i = static_cast<size_t>(std::min<int64_t>(skip, static_cast<int64_t>(log_.size())));
        i < log_.size(); ++i) {
     const auto& r = log_[i];

@@ -3,6 +3,7 @@
 #include "server/kv_events.h"
 
 #include <cstring>
+#include <limits>
 #include <map>
 #include <string>
 #include <vector>
@@ -157,6 +158,20 @@ TEST(KvEventLog, ReadFollowsLmcachesCursorAndLossRules) {
   EXPECT_FALSE(caught_up.lost);
   EXPECT_TRUE(caught_up.events.empty());
   EXPECT_EQ(caught_up.next_cursor, 5);
+}
+
+// A client's cursor is any int64 >= 0; the largest must not overflow the log's arithmetic
+// (signed overflow: UBSan stops this test in make test-asan).
+TEST(KvEventLog, CursorAtInt64MaxIsAFutureCursorWithoutOverflow) {
+  FakeClock log_clock;
+  KvEventLog log(3, &log_clock);
+  log.AttachNamespaces(&TestNamespaces());
+  BindOne(log, 1, std::nullopt, {1});
+  log.OnEntryComplete(Key(1));
+  auto b = log.Read("m", std::numeric_limits<int64_t>::max(), 10);
+  EXPECT_TRUE(b.lost);
+  EXPECT_TRUE(b.events.empty());
+  EXPECT_EQ(b.next_cursor, 1);
 }
 
 TEST(KvEventLog, BindingsAreBounded) {
