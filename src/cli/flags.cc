@@ -360,7 +360,7 @@ Result<ParsedCommandLine> ParseServerCommandLine(std::span<const std::string> ar
     return Status::InvalidArgument("--l1-size-gb: required (the L1 size in GiB)");
   }
   if (!given.count(FindFlag("--eviction-policy"))) {
-    return Status::InvalidArgument("--eviction-policy: required (kvd serves LRU)");
+    return Status::InvalidArgument("--eviction-policy: required (one of LRU, ARC, IsolatedLRU, noop, S3-FIFO)");
   }
   if (!c.max_workers_given && std::max(c.max_gpu_workers, c.max_cpu_workers) > 0) {
     c.server.max_workers = std::max(c.max_gpu_workers, c.max_cpu_workers);
@@ -465,7 +465,7 @@ std::string Wrap(const std::string& text, size_t indent, size_t width) {
 
 std::string ServerHelp() {
   std::ostringstream os;
-  os << "usage: kvd server --l1-size-gb X --eviction-policy LRU [options]\n\n"
+  os << "usage: kvd server --l1-size-gb X --eviction-policy POLICY [options]\n\n"
         "kvd's drop-in for `lmcache server` (0.5.6): the same flags, grouped as lmcache groups\n"
         "them. Each says what kvd does with it; \"accepted, no effect\" flags are listed once\n"
         "at startup, refused ones stop startup with one line naming them (exit 2).\n"

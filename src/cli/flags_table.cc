@@ -47,7 +47,7 @@ constexpr const char* kNoGds = "only used with --gds-l1-path, which kvd refuses"
 constexpr const char* kNoBlend = "--engine-type blend only, which kvd refuses (lmcache: no effect otherwise)";
 constexpr const char* kNoHashLog = "only used with --lookup-hash-log-dir, which kvd refuses";
 constexpr const char* kNoGc = "kvd has no garbage collector to monitor";
-constexpr const char* kL1Missing = "not implemented yet (issue 12: L1 allocator)";
+constexpr const char* kL1Missing = "not implemented: kvd's L1 is one sparse pool of --l1-size-gb, backed as it fills";
 constexpr const char* kCliOutput =
     "output options of lmcache's command metrics; the server command prints none";
 
@@ -211,16 +211,16 @@ const FlagSpec kFlags[] = {
      .lmcache_default = "true", .serves = "true", .accepts = "false",
      .accept_note = "L1 stays sparse shared memory, backed as it fills; lmcache needs "
                     "--no-l1-use-lazy to share its pool with engine-driven workers, kvd always "
-                    "shares it (eager allocation: issue 12)",
+                    "shares it",
      .note = "L1 is sparse shared memory, backed as it fills"},
     {.name = "--l1-init-size-gb", .group = kL1, .kind = K::kInt, .lmcache_default = "20",
      .support = S::kRefused, .note = kL1Missing},
     {.name = "--l1-align-bytes", .group = kL1, .kind = K::kInt, .lmcache_default = "4096",
      .serves = "4096", .note = "objects are 4096-byte aligned",
-     .refusal = "other alignments are not implemented yet (issue 12: L1 allocator)"},
+     .refusal = "other alignments are not implemented"},
     {.name = "--l1-use-hugepages", .negation = "--no-l1-use-hugepages", .group = kL1,
      .kind = K::kBool, .lmcache_default = "false", .serves = "false",
-     .note = "regular pages", .refusal = "hugepage-backed L1 is not implemented yet (issue 12)"},
+     .note = "regular pages", .refusal = "hugepage-backed L1 is not implemented"},
     {.name = "--l1-devdax-path", .group = kL1, .support = S::kRefused,
      .note = "a DAX device as L1 is not implemented"},
 
