@@ -533,11 +533,15 @@ size_t L1Cache::RemoveIfIdle(std::span<const ChunkKey> keys) {
     if (local == kNoRef) continue;
     EntryRec* e = sh.Rec(local);
     if (e->locks.locked()) continue;
+    // A complete entry was visible to lookups: its removal is reported like an eviction.
+    std::vector<ChunkKey> reported;
+    if (Complete(e)) reported.push_back(key);
     for (uint32_t i = 0; i < e->num_slots; ++i) {
       if (e->slots()[i].state != SlotState::kEmpty) FreeSlotLocked(sh, e, i, SlotEvent::kEvict);
     }
     UnindexLocked(sh, local, /*evicted=*/false);
     sh.counters.removed.Add(1);
+    NotifyRemoved(reported, RemovalCause::kEvicted);
     PublishCandidateLocked(sh);
     ++removed;
   }

@@ -281,7 +281,8 @@ class L1Cache {
   // in `evictions`, and not reported to the listener). Busy or absent entries are left alone.
   // Returns how many were removed. Used by the tiers: a chunk prefetched from a tier only for
   // one retrieve (lmcache's default prefetch policy) goes once its readers are done, and so
-  // does an L1 copy already written to a tier under --l2-store-policy skip_l1.
+  // does an L1 copy already written to a tier under --l2-store-policy skip_l1. Complete
+  // entries removed are reported to the listener (RemovalCause::kEvicted).
   size_t RemoveIfIdle(std::span<const ChunkKey> keys);
 
   // --- removal and time ---

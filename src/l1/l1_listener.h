@@ -4,8 +4,8 @@
 // WHAT IS REPORTED. Only transitions a reader can see:
 //   OnEntryComplete   an entry's last slot was committed, so a lookup of its key now hits.
 //                     Called once per entry (a resident slot is never written again).
-//   OnEntriesRemoved  complete entries left the table: evicted (background round or a store
-//                     that did not fit) or cleared. Entries that never became complete (some
+//   OnEntriesRemoved  complete entries left the table: evicted (background round, a store
+//                     that did not fit, or RemoveIfIdle for the tiers) or cleared. Entries that never became complete (some
 //                     slots still empty or staging) are not reported: no lookup ever hit them.
 //                     One call covers a batch of entries removed under one hold of one index
 //                     shard's mutex (an eviction: one entry; Clear: one call per shard).

@@ -117,5 +117,19 @@ TEST_F(L1ListenerTest, EvictionOnTheAllocationPathIsReported) {
   EXPECT_EQ(rec_.completed.size(), 5u);
 }
 
+// Regression: entries the tiers removed with RemoveIfIdle (skip_l1, the prefetch sweep) left
+// the table without a report, so KV-event subscribers kept routing to chunks L1 no longer had.
+TEST_F(L1ListenerTest, RemoveIfIdleReportsTheCompleteEntriesItRemoves) {
+  auto cache = Make(16);
+  const NamespaceId ns2 = Ns(*cache, "m", 2);
+  ASSERT_TRUE(WriteObject(*cache, Key(1), 1, 0, kPage).ok());
+  ASSERT_TRUE(WriteObject(*cache, Key(2, ns2), 2, 0, kPage).ok());  // half a TP=2 chunk
+  std::vector<ChunkKey> keys = {Key(1), Key(2, ns2)};
+  ASSERT_EQ(cache->RemoveIfIdle(keys), 2u);
+  ASSERT_EQ(rec_.AllRemoved().size(), 1u) << "only the complete entry was ever visible";
+  EXPECT_EQ(rec_.AllRemoved()[0], Key(1));
+  EXPECT_EQ(rec_.causes[0], RemovalCause::kEvicted);
+}
+
 }  // namespace
 }  // namespace kvd::l1
