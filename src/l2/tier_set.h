@@ -110,7 +110,7 @@ struct TierStats {
   std::string describe;
   TierHealth health;
   uint64_t capacity_bytes = 0;
-  uint64_t usage_bytes = 0;  // accounted objects (capacity tiers), else bytes this run wrote
+  uint64_t usage_bytes = 0;  // bytes of accounted objects; 0 for a tier without a capacity (no index)
   uint64_t objects = 0;      // accounted objects
   bool scanned = false;      // the index covers objects of earlier runs
   // store-behind
