@@ -437,8 +437,9 @@ int RunServer(const CliConfig& cli) {
     std::unique_ptr<kvd::server::KvService> svc = std::move(created).value();
     const auto l1 = svc->l1_stats();
     kvd::server::RequestMetrics metrics;
-    kvd::server::ZmqServer server(cfg, svc.get(), &metrics);
-    if (auto st = server.Bind(); !st.ok()) {
+    // The server uses the service until it is destroyed: it goes first (below).
+    auto server = std::make_unique<kvd::server::ZmqServer>(cfg, svc.get(), &metrics);
+    if (auto st = server->Bind(); !st.ok()) {
       spdlog::error("cannot start: {}", st.message());
       return 1;
     }
@@ -490,10 +491,11 @@ int RunServer(const CliConfig& cli) {
         beat_ns.store(clock.NowNanos());
       }
     });
-    server.Run(g_stop);  // returns after in-flight requests were answered
+    server->Run(g_stop);  // returns after in-flight requests were answered
     spdlog::info("shutting down: requests drained; stopping HTTP and releasing memory");
     maintenance.join();
     if (http) http->Stop();
+    server.reset();  // before the service it points to
     const size_t instances = svc->num_instances();
     svc.reset();  // unmaps worker segments, removes the L1 segment
     spdlog::info("released {} worker registration(s) and L1 segment /{}", instances, cfg.shm_name);
