@@ -263,12 +263,7 @@ int main(int argc, char** argv) {
         auto h = format::ReadHeader(enc[i]);
         size_t at = h->TablesEnd();
         for (const auto& e : h->planes) {
-          plane::PlaneSpec ps;
-          ps.tokens = g.tokens;
-          ps.channels = g.hidden;
-          ps.bins = e.bins;
-          ps.prob_bits[0] = e.prob_bits[0];
-          ps.prob_bits[1] = e.prob_bits[1];
+          const plane::PlaneSpec ps = plane::PlaneSpecOf(g, e, *h);
           if (e.mode == format::PlaneMode::kCachegen &&
               !plane::Decode({enc[i].data() + at, e.payload_bytes}, ps, &sc, pout.data(), simd).ok()) {
             abort();

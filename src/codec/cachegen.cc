@@ -60,21 +60,6 @@ void ParallelFor(size_t n, int threads, Fn fn) {
   for (auto& th : pool) th.join();
 }
 
-plane::PlaneSpec SpecFor(const GroupShape& g, const format::PlaneEntry& e, uint32_t anchor_group,
-                         uint32_t stream_channels) {
-  plane::PlaneSpec s;
-  s.tokens = g.tokens;
-  s.channels = g.hidden;
-  s.dtype = g.dtype;
-  s.bins = e.bins;
-  s.anchor_bins = e.anchor_bins;
-  s.prob_bits[0] = e.prob_bits[0];
-  s.prob_bits[1] = e.prob_bits[1];
-  s.anchor_group = anchor_group;
-  s.stream_channels = stream_channels;
-  return s;
-}
-
 }  // namespace
 
 uint64_t MaxEncodedBytes(const ObjectLayout& layout) {
@@ -119,7 +104,7 @@ Result<std::vector<uint8_t>> Encode(const ObjectLayout& layout, std::span<const 
       // The encoder's precision policy (ProbBitsFor); decoders read it from the object.
       e.prob_bits[0] = static_cast<uint8_t>(ProbBitsFor(plane::Alphabet(e.bins)));
       e.prob_bits[1] = static_cast<uint8_t>(ProbBitsFor(plane::Alphabet(anchors ? e.anchor_bins : e.bins)));
-      const plane::PlaneSpec spec = SpecFor(g, e, h.anchor_group, h.stream_channels);
+      const plane::PlaneSpec spec = plane::PlaneSpecOf(g, e, h);
       if (plane::Encode(data, spec, &scratch, &payloads[i])) {
         e.payload_bytes = static_cast<uint32_t>(payloads[i].size());
         return;
@@ -201,7 +186,7 @@ Status Decode(std::span<const uint8_t> encoded, std::span<uint8_t> out, const Ob
       memcpy(dst, payload.data(), payload.size());
       return;
     }
-    const plane::PlaneSpec spec = SpecFor(layout.groups[planes[i].group], e, h.anchor_group, h.stream_channels);
+    const plane::PlaneSpec spec = plane::PlaneSpecOf(layout.groups[planes[i].group], e, h);
     errors[i] = plane::Decode(payload, spec, &scratch, dst);
   });
   for (size_t i = 0; i < errors.size(); ++i) {

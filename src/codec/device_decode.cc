@@ -31,16 +31,7 @@ Result<DevicePlan> PrepareDeviceDecode(std::span<const uint8_t> encoded) {
       if (e.mode == format::PlaneMode::kRaw) {
         plan.copies.push_back({at, raw_at, plane_bytes});
       } else {
-        plane::PlaneSpec sp;
-        sp.tokens = g.tokens;
-        sp.channels = g.hidden;
-        sp.dtype = g.dtype;
-        sp.bins = e.bins;
-        sp.anchor_bins = e.anchor_bins;
-        sp.prob_bits[0] = e.prob_bits[0];
-        sp.prob_bits[1] = e.prob_bits[1];
-        sp.anchor_group = h.anchor_group;
-        sp.stream_channels = h.stream_channels;
+        const plane::PlaneSpec sp = plane::PlaneSpecOf(g, e, h);
         const uint64_t fixed = plane::FixedBytes(sp);
         const uint32_t S = sp.Streams();
         uint64_t s_at = at + fixed;

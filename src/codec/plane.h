@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "codec/codec.h"
+#include "codec/format.h"
 #include "codec/rans.h"
 
 namespace kvd::codec::plane {
@@ -38,6 +39,23 @@ struct PlaneSpec {
   bool IsAnchor(uint32_t t) const { return anchors() && t % anchor_group == 0; }
   uint32_t Streams() const { return (channels + stream_channels - 1) / stream_channels; }
 };
+
+// The spec of a coded plane of `group` as the object's plane table entry and header
+// describe it (its bins, precisions, anchor group and stream width): the one place
+// encoder, decoder and the GPU decoder's plan turn a table entry into a PlaneSpec.
+inline PlaneSpec PlaneSpecOf(const GroupShape& group, const format::PlaneEntry& entry, const format::Header& header) {
+  PlaneSpec s;
+  s.tokens = group.tokens;
+  s.channels = group.hidden;
+  s.dtype = group.dtype;
+  s.bins = entry.bins;
+  s.anchor_bins = entry.anchor_bins;
+  s.prob_bits[0] = entry.prob_bits[0];
+  s.prob_bits[1] = entry.prob_bits[1];
+  s.anchor_group = header.anchor_group;
+  s.stream_channels = header.stream_channels;
+  return s;
+}
 
 inline int Levels(uint32_t bins) { return static_cast<int>(bins / 2) - 1; }
 inline int Alphabet(uint32_t bins) { return 2 * Levels(bins) + 1; }
