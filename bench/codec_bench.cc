@@ -83,7 +83,7 @@ std::vector<uint8_t> Synthetic(const ObjectLayout& l) {
 }
 
 void Row(const char* name, double bytes, const Timing& t, double load, const char* note = "") {
-  printf("| %-44s | %8.3f | %8.3f | %5.1f | %s\n", name, bytes / t.cpu / 1e9, bytes / t.wall / 1e9, load, note);
+  printf("| %-58s | %8.3f | %8.3f | %5.1f | %s\n", name, bytes / t.cpu / 1e9, bytes / t.wall / 1e9, load, note);
 }
 
 double Load() {
@@ -143,6 +143,7 @@ int main(int argc, char** argv) {
   bool synthetic = false;
   bool decode_only = false;  // profiling aids: encode once, decode --reps times; or
   bool encode_only = false;  // encode --reps times
+  uint32_t only_bins = 16, only_anchor = 0, only_anchor_bins = 0;  // their settings
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--objects" && i + 1 < argc) {
@@ -159,10 +160,18 @@ int main(int argc, char** argv) {
       encode_only = true;
     } else if (a == "--decode-only") {
       decode_only = true;
+    } else if (a == "--bins" && i + 1 < argc) {
+      only_bins = static_cast<uint32_t>(atoi(argv[++i]));
+    } else if (a == "--anchor" && i + 1 < argc) {
+      only_anchor = static_cast<uint32_t>(atoi(argv[++i]));
+    } else if (a == "--anchor-bins" && i + 1 < argc) {
+      only_anchor_bins = static_cast<uint32_t>(atoi(argv[++i]));
     } else if (a == "--synthetic") {
       synthetic = true;
     } else {
-      fprintf(stderr, "usage: kvd-codec-bench --objects FILE --layout KV,L,T,H | --synthetic [--reps N]\n");
+      fprintf(stderr,
+              "usage: kvd-codec-bench --objects FILE --layout KV,L,T,H | --synthetic [--reps N]\n"
+              "       [--encode-only | --decode-only [--bins N] [--anchor G] [--anchor-bins B]]\n");
       return 2;
     }
   }
@@ -183,23 +192,27 @@ int main(int argc, char** argv) {
   const double bytes = static_cast<double>(all.size());
   printf("kvd-codec-bench: %zu objects of %s (%.1f MB), %d reps, AVX2 %s\n", n, layout.Describe().c_str(),
          bytes / 1e6, reps, plane::HaveAvx2() ? "yes" : "no");
-  printf("| %-44s | GB/s/core (CPU time) | GB/s (wall) | load | notes\n", "operation (raw KV bytes)");
+  printf("| %-58s | GB/s/core (CPU time) | GB/s (wall) | load | notes\n", "operation (raw KV bytes)");
   printf("|---|---|---|---|---|\n");
   std::vector<std::vector<uint8_t>> enc(n);
   std::vector<uint8_t> out(ob);
+  CachegenOptions only;
+  only.bins = BinSchedule::Uniform(only_bins);
+  only.anchor_group = only_anchor;
+  only.anchor_bins = only_anchor_bins;
+  const std::string only_name = std::to_string(only_bins) + " bins" +
+                                (only_anchor ? ", anchors G=" + std::to_string(only_anchor) : std::string());
   if (encode_only) {
-    CachegenOptions o;
-    o.bins = BinSchedule::Uniform(16);
-    Row("encode, 16 bins", bytes, Time(reps, [&] {
+    const CachegenOptions& o = only;
+    Row(("encode, " + only_name).c_str(), bytes, Time(reps, [&] {
           for (size_t i = 0; i < n; ++i) enc[i] = *Encode(layout, {all.data() + i * ob, ob}, o);
         }), Load());
     return 0;
   }
   if (decode_only) {
-    CachegenOptions o;
-    o.bins = BinSchedule::Uniform(16);
+    const CachegenOptions& o = only;
     for (size_t i = 0; i < n; ++i) enc[i] = *Encode(layout, {all.data() + i * ob, ob}, o);
-    Row("decode, 16 bins, AVX2", bytes, Time(reps, [&] {
+    Row(("decode, " + only_name).c_str(), bytes, Time(reps, [&] {
           for (size_t i = 0; i < n; ++i) {
             if (!Decode(enc[i], out, &layout).ok()) abort();
           }
@@ -250,16 +263,22 @@ int main(int argc, char** argv) {
     });
     Row((std::string("decode, ") + c.name + ", AVX2").c_str(), bytes, td, Load());
   }
-  // Scalar reference decoder, plane by plane (same bytes).
-  {
+  // The plane decoder alone, object after object with a fresh Scratch each (as Decode
+  // gives every object): its slot tables shared by channels of the same distribution
+  // (the default), built for every block (slot_table_limit 0: how the decoder worked
+  // before tables were shared), and the scalar reference; the same bytes out.
+  for (const Cfg& c : {Cfg{"16 bins", 16, 0, 0}, Cfg{"32 bins", 32, 0, 0}, Cfg{"16 bins, anchors G=10 (32)", 16, 10, 32}}) {
     CachegenOptions o;
-    o.bins = BinSchedule::Uniform(16);
+    o.bins = BinSchedule::Uniform(c.bins);
+    o.anchor_group = c.anchor;
+    o.anchor_bins = c.abins;
     for (size_t i = 0; i < n; ++i) enc[i] = *Encode(layout, {all.data() + i * ob, ob}, o);
     const auto& g = layout.groups[0];
-    plane::Scratch sc;
     std::vector<uint8_t> pout(size_t{g.tokens} * g.hidden * 2);
-    auto decode_planes = [&](bool simd) {
+    auto decode_planes = [&](bool simd, size_t limit) {
       for (size_t i = 0; i < n; ++i) {
+        plane::Scratch sc;
+        sc.slot_table_limit = limit;
         auto h = format::ReadHeader(enc[i]);
         size_t at = h->TablesEnd();
         for (const auto& e : h->planes) {
@@ -272,8 +291,13 @@ int main(int argc, char** argv) {
         }
       }
     };
-    Row("decode planes, 16 bins, AVX2", bytes, Time(reps, [&] { decode_planes(true); }), Load());
-    Row("decode planes, 16 bins, scalar reference", bytes, Time(reps, [&] { decode_planes(false); }), Load());
+    const size_t shared = plane::Scratch{}.slot_table_limit;
+    Row((std::string("decode planes, ") + c.name + ", AVX2, shared tables").c_str(), bytes,
+        Time(reps, [&] { decode_planes(true, shared); }), Load());
+    Row((std::string("decode planes, ") + c.name + ", AVX2, tables per block").c_str(), bytes,
+        Time(reps, [&] { decode_planes(true, 0); }), Load());
+    Row((std::string("decode planes, ") + c.name + ", scalar reference").c_str(), bytes,
+        Time(reps, [&] { decode_planes(false, shared); }), Load());
   }
   // Entropy coders alone, same symbols and distributions: 32-lane rANS (the codec's
   // streams, decode to symbols) vs a binary arithmetic coder per (plane, channel).

@@ -17,7 +17,9 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <span>
+#include <unordered_map>
 #include <vector>
 
 #include "codec/codec.h"
@@ -75,7 +77,16 @@ struct Scratch {
   std::vector<uint8_t> params;       // 2 classes x channels x 2
   std::vector<EncSymbol> enc;        // 2 classes x channels x 64
   std::vector<uint16_t> words;
-  std::vector<uint32_t> slot_tables; // decoding: 2 classes x 32 lanes x 2^P (+ pad)
+  // Decoding: the slot tables built so far (2^P entries each), and where each one starts
+  // in slot_tables, by TableKey(P, alphabet, center, shape). A table is a pure function
+  // of its key, so channels with the same distribution share one, in this plane and the
+  // next ones the Scratch decodes; when a block would grow the pool past
+  // slot_table_limit entries the pool is emptied first (0: every block builds its own).
+  std::unique_ptr<uint32_t[]> slot_tables;  // slot_table_capacity entries, not initialised
+  size_t slot_table_capacity = 0;
+  size_t slot_table_used = 0;
+  std::unordered_map<uint32_t, uint32_t> slot_table_at;
+  size_t slot_table_limit = size_t{1} << 19;   // 2 MiB
   std::vector<float> steps;          // decoding: tokens
 };
 
@@ -96,11 +107,13 @@ Status Decode(std::span<const uint8_t> payload, const PlaneSpec& spec, Scratch* 
 
 // Per-block decoding tables of one token class: for each of 32 lanes, 2^prob_bits slots,
 // each PackSlot(freq, slot - cum, symbol) of the symbol whose range holds the slot (one
-// lookup per symbol: x' = freq * (x >> P) + bias).
+// lookup per symbol: x' = freq * (x >> P) + bias). Lane j's slot s is
+// slots[lane_at[j] + s].
 struct ClassTables {
   int prob_bits = 0;
   int levels = 0;                 // M
-  const uint32_t* slots = nullptr;  // [32][1 << prob_bits]
+  const uint32_t* slots = nullptr;  // the table pool (Scratch::slot_tables)
+  int32_t lane_at[32] = {};         // start of each lane's table in the pool
 };
 
 struct BlockJob {
@@ -122,6 +135,9 @@ bool DecodeBlockScalar(const BlockJob& job, uint32_t t0, uint32_t* states, const
 void DecodeBlockAvx2(const BlockJob& job, uint32_t* t, uint32_t* states, const uint8_t** words,
                      const uint8_t* end);
 bool HaveAvx2();
+// Writes a slot table (2^P entries, PackSlot(freq, slot - cum, symbol)) from a channel's
+// frequencies, like the scalar loop of the decoder, and up to 7 entries past its end.
+void FillSlotTableAvx2(const uint16_t* freq, int alphabet, uint32_t* table);
 
 // The encoder's choice of distribution for a histogram (counts of symbols 0..alphabet-1):
 // mean, variance and kurtosis (a moment fit).

@@ -1,5 +1,6 @@
 // plane decoder (plane.h): checks the payload, builds each block's tables, runs the AVX2
 // or the scalar reference decoder.
+#include <algorithm>
 #include <cstring>
 
 #include "codec/float_bits.h"
@@ -9,6 +10,9 @@
 
 namespace kvd::codec::plane {
 namespace {
+
+// Entries past the last table the AVX2 table fill may write.
+constexpr size_t kFillPad = 8;
 
 Status Corrupt(const std::string& why) { return Status::InvalidArgument("cachegen: corrupted plane: " + why); }
 
@@ -43,7 +47,7 @@ bool ScalarBlock(const BlockJob& job, uint32_t t0, uint32_t* st, const uint8_t**
     const size_t row = size_t{t} * sp.channels + job.channel0;
     for (int j = 0; j < job.lanes; ++j) {
       uint32_t x = st[j];
-      const uint32_t e = ct.slots[(size_t(j) << ct.prob_bits) + (x & mask)];
+      const uint32_t e = ct.slots[static_cast<uint32_t>(ct.lane_at[j]) + (x & mask)];
       const uint32_t s = SlotSym(e);
       x = SlotFreq(e) * (x >> ct.prob_bits) + SlotBias(e);
       if (x < kRansLow) {
@@ -68,21 +72,54 @@ bool ScalarBlock(const BlockJob& job, uint32_t t0, uint32_t* st, const uint8_t**
   return true;
 }
 
-// Fills one class's slot tables for the channels of a block from their parameter bytes.
-bool BuildClassTables(const uint8_t* params, int lanes, int alphabet, int prob_bits, uint32_t* slots) {
+// Fills one slot table (2^prob_bits entries) from a channel's parameter bytes.
+// With avx2, up to 7 entries past the table's end are written too.
+bool BuildSlotTable(uint8_t center, uint8_t shape, int alphabet, int prob_bits, bool avx2, uint32_t* table) {
+  uint16_t freq[kMaxAlphabet];
+  if (!BuildFrequencies(center, shape, alphabet, prob_bits, freq)) return false;
+  if (avx2) {
+    FillSlotTableAvx2(freq, alphabet, table);
+    return true;
+  }
+  uint32_t cum = 0;
+  for (int s = 0; s < alphabet; ++s) {
+    const uint32_t base = PackSlot(freq[s], 0, static_cast<uint32_t>(s));
+    uint32_t* run = table + cum;
+    for (uint32_t i = 0; i < freq[s]; ++i) run[i] = base + (i << 7);  // bias = i
+    cum += freq[s];
+  }
+  return true;
+}
+
+uint32_t TableKey(int prob_bits, int alphabet, uint8_t center, uint8_t shape) {
+  return (static_cast<uint32_t>(prob_bits) << 23) | (static_cast<uint32_t>(alphabet) << 16) |
+         (static_cast<uint32_t>(center) << 8) | shape;
+}
+
+// Points the lanes of one class of a block at their channels' slot tables, building the
+// tables the pool does not hold yet. Inactive lanes point at table 0 and are never
+// decoded. The caller sets ct->slots once every class of the block is placed (the pool
+// may move while it grows).
+bool PlaceClassTables(const uint8_t* params, int lanes, int alphabet, int prob_bits, bool avx2, Scratch* sc,
+                      ClassTables* ct) {
   const size_t n = size_t{1} << prob_bits;
   for (int j = 0; j < kLanes; ++j) {
-    uint32_t* st = slots + size_t(j) * n;
-    if (j >= lanes) continue;  // inactive lane: never decoded
-    uint16_t freq[kMaxAlphabet];
-    if (!BuildFrequencies(params[2 * j], params[2 * j + 1], alphabet, prob_bits, freq)) return false;
-    uint32_t cum = 0;
-    for (int s = 0; s < alphabet; ++s) {
-      const uint32_t base = PackSlot(freq[s], 0, static_cast<uint32_t>(s));
-      uint32_t* run = st + cum;
-      for (uint32_t i = 0; i < freq[s]; ++i) run[i] = base + (i << 7);  // bias = i
-      cum += freq[s];
+    if (j >= lanes) {
+      ct->lane_at[j] = 0;
+      continue;
     }
+    const uint8_t center = params[2 * j], shape = params[2 * j + 1];
+    const uint32_t key = TableKey(prob_bits, alphabet, center, shape);
+    auto [it, fresh] = sc->slot_table_at.try_emplace(key, static_cast<uint32_t>(sc->slot_table_used));
+    if (fresh) {
+      // The caller made room for a whole block (DecodeTyped).
+      if (!BuildSlotTable(center, shape, alphabet, prob_bits, avx2, sc->slot_tables.get() + it->second)) {
+        sc->slot_table_at.erase(it);
+        return false;
+      }
+      sc->slot_table_used += n;
+    }
+    ct->lane_at[j] = static_cast<int32_t>(it->second);
   }
   return true;
 }
@@ -127,19 +164,16 @@ Status DecodeTyped(std::span<const uint8_t> payload, const PlaneSpec& sp, Scratc
 
   const bool avx2 = simd && HaveAvx2();
   sc->recon.assign(C, 0.0f);
-  const size_t slots[2] = {size_t{1} << pbits[0], size_t{1} << pbits[1]};
-  sc->slot_tables.resize(kLanes * (slots[0] + slots[1]));
+  // Most a block adds to the table pool (every lane a new table, both classes).
+  const size_t block_tables = kLanes * ((size_t{1} << pbits[0]) + (classes == 2 ? size_t{1} << pbits[1] : 0));
   BlockJob job;
   job.spec = &sp;
   job.steps = sc->steps.data();
   job.recon = sc->recon.data();
   job.out = out;
-  uint32_t* slots_at[2];
   for (int k = 0; k < 2; ++k) {
-    slots_at[k] = sc->slot_tables.data() + (k == 0 ? 0 : kLanes * slots[0]);
     job.cls[k].prob_bits = pbits[k];
     job.cls[k].levels = levels[k];
-    job.cls[k].slots = slots_at[k];
   }
   const uint8_t* stream = p + fixed;
   for (uint32_t s = 0; s < S; ++s) {
@@ -155,11 +189,27 @@ Status DecodeTyped(std::span<const uint8_t> payload, const PlaneSpec& sp, Scratc
     const uint32_t c1 = c0 + sp.stream_channels < C ? c0 + sp.stream_channels : C;
     for (uint32_t cb = c0; cb < c1; cb += kLanes) {
       const int lanes = static_cast<int>(c1 - cb < kLanes ? c1 - cb : kLanes);
+      if (sc->slot_table_used + block_tables > std::max(sc->slot_table_limit, block_tables)) {
+        sc->slot_table_used = 0;
+        sc->slot_table_at.clear();
+      }
+      if (sc->slot_table_capacity < sc->slot_table_used + block_tables + kFillPad) {
+        // Allocated once per Scratch (again only for a larger precision): no table is
+        // ever copied.
+        const size_t cap = std::max(sc->slot_table_limit, block_tables) + kFillPad;
+        sc->slot_tables = std::make_unique_for_overwrite<uint32_t[]>(cap);
+        sc->slot_table_capacity = cap;
+        sc->slot_table_used = 0;
+        sc->slot_table_at.clear();
+      }
       for (int k = 0; k < classes; ++k) {
-        if (!BuildClassTables(params[k] + 2 * size_t{cb}, lanes, alpha[k], pbits[k], slots_at[k])) {
+        if (!PlaceClassTables(params[k] + 2 * size_t{cb}, lanes, alpha[k], pbits[k], avx2, sc, &job.cls[k])) {
           return Corrupt("bad distribution");
         }
       }
+      // Without anchors class 1 is never decoded; it points at the pool like class 0.
+      if (classes == 1) memcpy(job.cls[1].lane_at, job.cls[0].lane_at, sizeof job.cls[0].lane_at);
+      for (int k = 0; k < 2; ++k) job.cls[k].slots = sc->slot_tables.get();
       job.channel0 = cb;
       job.lanes = lanes;
       uint32_t t = 0;

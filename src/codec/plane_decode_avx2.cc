@@ -8,6 +8,7 @@
 
 #include <array>
 
+#include "codec/model_core.h"
 #include "codec/plane.h"
 
 namespace kvd::codec::plane {
@@ -63,12 +64,10 @@ KVD_AVX2_TARGET void Block(const BlockJob& job, uint32_t* tp, uint32_t* st, cons
   for (int g = 0; g < 4; ++g) x[g] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(st + 8 * g));
   const uint8_t* w = *words;
   uint32_t t = *tp;
-  const __m256i iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
   __m256i slot_off[2][4];
   for (int g = 0; g < 4; ++g) {
-    const __m256i lane = _mm256_add_epi32(iota, _mm256_set1_epi32(8 * g));
     for (int k = 0; k < 2; ++k) {
-      slot_off[k][g] = _mm256_sll_epi32(lane, _mm_cvtsi32_si128(job.cls[k].prob_bits));
+      slot_off[k][g] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(job.cls[k].lane_at + 8 * g));
     }
   }
   const __m256i low = _mm256_set1_epi32(static_cast<int>(kRansLow));
@@ -124,6 +123,22 @@ KVD_AVX2_TARGET void Block(const BlockJob& job, uint32_t* tp, uint32_t* st, cons
 }
 
 }  // namespace
+
+KVD_AVX2_TARGET void FillSlotTableAvx2(const uint16_t* freq, int alphabet, uint32_t* table) {
+  const __m256i ramp = _mm256_setr_epi32(0, 1 << 7, 2 << 7, 3 << 7, 4 << 7, 5 << 7, 6 << 7, 7 << 7);
+  const __m256i step = _mm256_set1_epi32(8 << 7);
+  uint32_t cum = 0;
+  for (int s = 0; s < alphabet; ++s) {
+    // Runs are written in order, eight entries at a time: what a store writes past its
+    // run is overwritten by the next run (or lies in the 7 entries of padding).
+    __m256i v = _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(PackSlot(freq[s], 0, static_cast<uint32_t>(s)))), ramp);
+    for (uint32_t i = 0; i < freq[s]; i += 8) {
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(table + cum + i), v);
+      v = _mm256_add_epi32(v, step);
+    }
+    cum += freq[s];
+  }
+}
 
 bool HaveAvx2() {
   static const bool has = [] {

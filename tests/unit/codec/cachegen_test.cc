@@ -600,5 +600,92 @@ TEST(CachegenTest, EncodedSizeIsBounded) {
   EXPECT_LE(e->size(), MaxEncodedBytes(l));
 }
 
+// The decoder's slot tables are shared by channels with the same distribution, kept
+// from plane to plane in a Scratch and dropped when the pool is full: none of it may
+// change a decoded byte or verdict. One Scratch decodes a sequence of planes of
+// different bins, precisions, anchor classes and partial blocks, a damaged plane, and a
+// plane whose distribution bytes are those of a plane of another alphabet at the same
+// precision (its tables must not be taken for that plane's), at pool limits from
+// "every block builds its own" (0) to "never full"; every plane must decode exactly (the
+// same bytes, even those written before a failure, and the same verdict) as with a
+// fresh Scratch that builds every block's tables.
+TEST(CachegenTest, SharedDecodingTablesDoNotChangeTheOutput) {
+  struct P {
+    plane::PlaneSpec spec;
+    std::vector<uint8_t> payload;
+    std::vector<uint8_t> expect[2];  // scalar, AVX2
+    bool expect_ok[2] = {false, false};
+  };
+  std::vector<P> planes;
+  auto add = [&](const KvSpec& s, uint32_t bins, uint32_t g) {
+    P p;
+    p.spec.tokens = s.tokens;
+    p.spec.channels = s.hidden;
+    p.spec.bins = bins;
+    p.spec.anchor_group = g;
+    p.spec.anchor_bins = g ? 32 : 0;
+    plane::Scratch sc;
+    EXPECT_TRUE(plane::Encode(MakeKv(s).data(), p.spec, &sc, &p.payload));
+    planes.push_back(std::move(p));
+  };
+  const uint32_t bins[] = {16, 32, 20, 64, 8, 24};  // 20, 24 and 32: the same precision
+  for (int i = 0; i < 6; ++i) {
+    for (uint32_t g : {0u, 10u}) {
+      KvSpec s;
+      s.layers = 1;
+      s.kv_size = 1;
+      s.hidden = i % 2 ? 200 : 128;  // six full blocks and a partial one; four full
+      s.tokens = i == 4 ? 33 : 256;
+      s.outliers = 2;
+      s.seed = 100 + 10 * i + g;
+      add(s, bins[i], g);
+    }
+  }
+  // planes[4]: 20 bins, 128 channels, no anchors. A 32-bin plane of 128 channels with
+  // planes[4]'s distribution bytes, decoded after it.
+  {
+    KvSpec s;
+    s.layers = 1;
+    s.kv_size = 1;
+    s.seed = 7;
+    add(s, 32, 0);
+    P& x = planes.back();
+    memcpy(x.payload.data() + 2 * x.spec.tokens, planes[4].payload.data() + 2 * planes[4].spec.tokens,
+           2 * size_t{x.spec.channels});
+  }
+  // A plane whose last stream word is damaged: it fails after building its tables.
+  P bad = planes[3];
+  bad.payload[bad.payload.size() - 1] ^= 0x5a;
+  planes.insert(planes.begin() + 5, bad);
+  for (P& p : planes) {
+    for (int simd = 0; simd < 2; ++simd) {
+      plane::Scratch fresh;
+      fresh.slot_table_limit = 0;
+      p.expect[simd].assign(size_t{p.spec.tokens} * p.spec.channels * 2, 0xee);
+      p.expect_ok[simd] = plane::Decode(p.payload, p.spec, &fresh, p.expect[simd].data(), simd).ok();
+    }
+  }
+  EXPECT_FALSE(planes[5].expect_ok[0]);
+  int ok = 0, failed = 0;
+  for (size_t limit : {size_t{0}, size_t{32} << 10, size_t{100} << 10, size_t{1} << 19, size_t{1} << 26}) {
+    for (int simd = 0; simd < 2; ++simd) {
+      plane::Scratch sc;
+      sc.slot_table_limit = limit;
+      for (int pass = 0; pass < 2; ++pass) {  // the second pass finds its tables in the pool
+        for (size_t i = 0; i < planes.size(); ++i) {
+          const P& p = planes[i];
+          std::vector<uint8_t> out(p.expect[simd].size(), 0xee);
+          const bool st = plane::Decode(p.payload, p.spec, &sc, out.data(), simd).ok();
+          ASSERT_EQ(st, p.expect_ok[simd]) << "plane " << i << " limit " << limit << " simd " << simd;
+          ASSERT_EQ(out, p.expect[simd]) << "plane " << i << " limit " << limit << " simd " << simd << " pass " << pass;
+          (st ? ok : failed)++;
+        }
+      }
+    }
+  }
+  EXPECT_GE(ok, 5 * 2 * 2 * 12);
+  EXPECT_GE(failed, 5 * 2 * 2);
+}
+
 }  // namespace
 }  // namespace kvd::codec
