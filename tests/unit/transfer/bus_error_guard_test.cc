@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -21,32 +22,63 @@ namespace kvd::transfer {
 namespace {
 
 // A shared-memory segment mapped by the test; Truncate() makes its pages vanish.
+// Its name is unlinked as soon as it is open: a process that dies with it mapped (the
+// death test's child) leaves nothing in /dev/shm. Names come from the pid, and pids are
+// reused: a name already taken (a leftover of an older run) is skipped, never an error.
 class Shrinking {
  public:
   explicit Shrinking(size_t bytes) : bytes_(bytes) {
-    static std::atomic<int> n{0};
-    name_ = "/kvd_buserr_test_" + std::to_string(getpid()) + "_" + std::to_string(n++);
-    fd_ = shm_open(name_.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
-    EXPECT_GE(fd_, 0);
+    for (int tries = 0; tries < 1000 && fd_ < 0; ++tries) {
+      const std::string name = NameFor(next_++);
+      fd_ = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+      if (fd_ >= 0) shm_unlink(name.c_str());
+    }
+    EXPECT_GE(fd_, 0) << "no free segment name: " << std::strerror(errno);
     EXPECT_EQ(ftruncate(fd_, static_cast<off_t>(bytes)), 0);
-    data_ = static_cast<uint8_t*>(mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0));
+    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0);
+    EXPECT_NE(p, MAP_FAILED);
+    data_ = static_cast<uint8_t*>(p);
     std::memset(data_, 7, bytes);
   }
   ~Shrinking() {
     munmap(data_, bytes_);
     close(fd_);
-    shm_unlink(name_.c_str());
   }
+  // The name the n-th segment of this process tries first.
+  static std::string NameFor(int n) {
+    return "/kvd_buserr_test_" + std::to_string(getpid()) + "_" + std::to_string(n);
+  }
+  static int next() { return next_.load(); }
   void Truncate() { EXPECT_EQ(ftruncate(fd_, 0), 0); }
   uint8_t* data() const { return data_; }
   size_t bytes() const { return bytes_; }
 
  private:
-  std::string name_;
   int fd_ = -1;
   size_t bytes_;
   uint8_t* data_ = nullptr;
+  static inline std::atomic<int> next_{0};
 };
+
+// The flake of BusErrorGuard.Finding3GatherFromATruncatedSegmentReportsFailure: the death
+// test's child dies with its segment mapped and left /dev/shm/kvd_buserr_test_<pid>_0
+// behind; a later test process given the same pid (pids wrap at pid_max on a busy
+// machine) failed to create its segment (EEXIST) and crashed. A leftover of the name a
+// segment would take is skipped, and a segment leaves no name behind.
+TEST(BusErrorGuard, SegmentNameLeftOverByADeadProcessIsSkipped) {
+  const std::string taken = Shrinking::NameFor(Shrinking::next());
+  const int fd = shm_open(taken.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  ASSERT_GE(fd, 0) << std::strerror(errno);
+  close(fd);
+  {
+    Shrinking seg(4096);
+    EXPECT_EQ(seg.data()[4095], 7);
+    const std::string mine = Shrinking::NameFor(Shrinking::next() - 1);
+    EXPECT_NE(mine, taken);
+    EXPECT_NE(access(("/dev/shm" + mine).c_str(), F_OK), 0) << mine << " left in /dev/shm";
+  }
+  shm_unlink(taken.c_str());
+}
 
 TEST(BusErrorGuard, Finding3TruncatedMappingFailsTheCopyInsteadOfKilling) {
   Shrinking seg(1 << 16);
