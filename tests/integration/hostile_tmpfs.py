@@ -1,6 +1,7 @@
 """Helper of test_hostile.py (finding 3): kvd on a /dev/shm that fills up.
 
-Run as `unshare -m python hostile_tmpfs.py KVD_BIN PORT`: in its own mount namespace it
+Run as `unshare -m python hostile_tmpfs.py KVD_BIN PORT` (or `unshare --map-root-user
+--mount ...` without root, see mount_ns.py): in its own mount namespace it
 mounts a 16 MiB tmpfs on /dev/shm (only this process tree sees it), starts kvd with a 64 MiB
 L1 in it, registers a CPU worker (raw frames) whose segment lives there too, stores distinct
 prompts until the tmpfs is full, then tries an engine-driven PREPARE_STORE. Prints one JSON

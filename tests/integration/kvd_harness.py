@@ -94,6 +94,8 @@ class ServerProc:
     extra_args: list[str] = field(default_factory=list)
     proc: subprocess.Popen | None = None
     shm_name: str = ""
+    # Run the server under this command (e.g. a private mount namespace, mount_ns.py).
+    prefix: list[str] = field(default_factory=list)
 
     @property
     def url(self) -> str:
@@ -147,7 +149,7 @@ class ServerProc:
         logf = open(self.log_path, "wb") if self.log_path else subprocess.DEVNULL
         try:
             self.proc = subprocess.Popen(
-                cmd,
+                [*self.prefix, *cmd],
                 stdin=subprocess.DEVNULL,
                 stdout=logf,
                 stderr=subprocess.STDOUT,
