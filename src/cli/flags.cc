@@ -362,6 +362,16 @@ Result<ParsedCommandLine> ParseServerCommandLine(std::span<const std::string> ar
   if (!given.count(FindFlag("--eviction-policy"))) {
     return Status::InvalidArgument("--eviction-policy: required (one of LRU, ARC, IsolatedLRU, noop, S3-FIFO)");
   }
+  if (const uint64_t a = c.server.l1_align_bytes; (a & (a - 1)) != 0) {
+    return Status::InvalidArgument("--l1-align-bytes " + std::to_string(a) +
+                                   ": must be a power of two");
+  } else if (a > c.server.l1_size_bytes()) {
+    return Status::InvalidArgument("--l1-align-bytes " + std::to_string(a) +
+                                   ": larger than --l1-size-gb (" +
+                                   std::to_string(c.server.l1_size_bytes()) + " bytes)");
+  }
+  // --l1-init-size-gb larger than --l1-size-gb is capped at it (ServerConfig::l1_init_bytes),
+  // as lmcache does: its default (20) exceeds most L1 sizes.
   if (!c.max_workers_given && std::max(c.max_gpu_workers, c.max_cpu_workers) > 0) {
     c.server.max_workers = std::max(c.max_gpu_workers, c.max_cpu_workers);
   }

@@ -47,7 +47,6 @@ constexpr const char* kNoGds = "only used with --gds-l1-path, which kvd refuses"
 constexpr const char* kNoBlend = "--engine-type blend only, which kvd refuses (lmcache: no effect otherwise)";
 constexpr const char* kNoHashLog = "only used with --lookup-hash-log-dir, which kvd refuses";
 constexpr const char* kNoGc = "kvd has no garbage collector to monitor";
-constexpr const char* kL1Missing = "not implemented: kvd's L1 is one sparse pool of --l1-size-gb, backed as it fills";
 constexpr const char* kCliOutput =
     "output options of lmcache's command metrics; the server command prints none";
 
@@ -208,16 +207,25 @@ const FlagSpec kFlags[] = {
      .apply = [](const FlagValue& v, CliConfig& c) { c.server.l1_size_gb = v.AsFloat(); },
      .show = [](const CliConfig& c) { return Num(c.server.l1_size_gb); }},
     {.name = "--l1-use-lazy", .negation = "--no-l1-use-lazy", .group = kL1, .kind = K::kBool,
-     .lmcache_default = "true", .serves = "true", .accepts = "false",
-     .accept_note = "L1 stays sparse shared memory, backed as it fills; lmcache needs "
-                    "--no-l1-use-lazy to share its pool with engine-driven workers, kvd always "
-                    "shares it",
-     .note = "L1 is sparse shared memory, backed as it fills"},
+     .lmcache_default = "true",
+     .note = "true: L1 hands out the first --l1-init-size-gb and grows it by 1 GiB steps up to "
+             "--l1-size-gb as stores need room (before any eviction); false: all of --l1-size-gb "
+             "at once. Either way the pool is sparse shared memory whose pages are allocated as "
+             "they are first used, and shared with engine-driven workers",
+     .apply = [](const FlagValue& v, CliConfig& c) { c.server.l1_use_lazy = v.AsBool(); },
+     .show = [](const CliConfig& c) { return std::string(c.server.l1_use_lazy ? "true" : "false"); }},
     {.name = "--l1-init-size-gb", .group = kL1, .kind = K::kInt, .lmcache_default = "20",
-     .support = S::kRefused, .note = kL1Missing},
+     .note = "with --l1-use-lazy, the part of L1 handed out before it grows (GiB; capped at "
+             "--l1-size-gb, as lmcache caps it)",
+     .min = 0, .max = 1 << 20,
+     .apply = [](const FlagValue& v, CliConfig& c) { c.server.l1_init_size_gb = v.AsInt(); },
+     .show = [](const CliConfig& c) { return std::to_string(c.server.l1_init_size_gb); }},
     {.name = "--l1-align-bytes", .group = kL1, .kind = K::kInt, .lmcache_default = "4096",
-     .serves = "4096", .note = "objects are 4096-byte aligned",
-     .refusal = "other alignments are not implemented"},
+     .note = "alignment and allocation granularity of L1 objects, and of the pool's base "
+             "address (a power of two, at most --l1-size-gb)",
+     .min = 1, .max = 1 << 30,
+     .apply = [](const FlagValue& v, CliConfig& c) { c.server.l1_align_bytes = static_cast<uint64_t>(v.AsInt()); },
+     .show = [](const CliConfig& c) { return std::to_string(c.server.l1_align_bytes); }},
     {.name = "--l1-use-hugepages", .negation = "--no-l1-use-hugepages", .group = kL1,
      .kind = K::kBool, .lmcache_default = "false", .serves = "false",
      .note = "regular pages", .refusal = "hugepage-backed L1 is not implemented"},

@@ -194,7 +194,7 @@ Result<std::unique_ptr<L1Cache>> L1Cache::Create(const L1CacheOptions& options) 
   pool_options.shm_name = options.shm_name;
   auto pool = MemoryPool::Create(pool_options);
   if (!pool.ok()) return pool.status();
-  auto alloc = SizeClassAllocator::Create((*pool)->capacity(), options.align);
+  auto alloc = SizeClassAllocator::Create((*pool)->capacity(), options.align, options.initial_bytes);
   if (!alloc.ok()) return alloc.status();
   return std::unique_ptr<L1Cache>(
       new L1Cache(options, std::move(pool).value(), std::move(alloc).value(), *policy));

@@ -64,6 +64,10 @@ namespace kvd::l1 {
 struct L1CacheOptions {
   uint64_t capacity_bytes = 0;
   uint64_t align = 4096;            // allocation granularity (--l1-align-bytes)
+  // Lazy growth (--l1-use-lazy, --l1-init-size-gb): the part of the pool handed out at first;
+  // it grows in steps as stores need room, before anything is evicted (size_class_allocator.h).
+  // SizeClassAllocator::kAll: the whole pool from the start.
+  uint64_t initial_bytes = SizeClassAllocator::kAll;
   std::string shm_name;             // empty: anonymous memory (see MemoryPoolOptions)
   std::string eviction_policy = "LRU";  // a name eviction::MakePolicy accepts
   double read_ttl_seconds = 300;

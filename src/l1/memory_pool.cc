@@ -55,6 +55,21 @@ void WarnIfShmTooSmall(uint64_t capacity) {
   }
 }
 
+// Reserves `bytes` of address space whose start is a multiple of `align` (> a page): an
+// inaccessible mapping of bytes + align, trimmed to the aligned part. The caller maps over it
+// (MAP_FIXED) or makes it accessible.
+void* ReserveAligned(uint64_t bytes, uint64_t align) {
+  void* raw = mmap(nullptr, bytes + align, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                   -1, 0);
+  if (raw == MAP_FAILED) return MAP_FAILED;
+  const uintptr_t start = reinterpret_cast<uintptr_t>(raw);
+  const uintptr_t aligned = (start + align - 1) & ~(uintptr_t{align} - 1);
+  if (aligned > start) munmap(raw, aligned - start);
+  const uintptr_t tail = start + bytes + align - (aligned + bytes);
+  if (tail > 0) munmap(reinterpret_cast<void*>(aligned + bytes), tail);
+  return reinterpret_cast<void*>(aligned);
+}
+
 }  // namespace
 
 Result<std::string> MemoryPool::NormalizeShmName(std::string_view name) {
@@ -95,21 +110,36 @@ Result<std::unique_ptr<MemoryPool>> MemoryPool::Create(const MemoryPoolOptions& 
   std::string name;
   void* addr = MAP_FAILED;
   int fd = -1;
+  // mmap places a mapping at a page boundary; a larger alignment needs a reserved window.
+  void* at = nullptr;
+  int fixed = 0;
+  if (options.align > page) {
+    at = ReserveAligned(mapped, options.align);
+    if (at == MAP_FAILED) return Status::Internal(ErrnoText("mmap (aligned reservation)", errno));
+    fixed = MAP_FIXED;
+  }
   if (options.shm_name.empty()) {
     // MAP_NORESERVE: do not charge the whole capacity against overcommit up front.
-    addr = mmap(nullptr, mapped, PROT_READ | PROT_WRITE,
-                MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (addr == MAP_FAILED) return Status::Internal(ErrnoText("mmap anonymous pool", errno));
+    addr = mmap(at, mapped, PROT_READ | PROT_WRITE,
+                MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | fixed, -1, 0);
+    if (addr == MAP_FAILED) {
+      const int err = errno;
+      if (at != nullptr) munmap(at, mapped);
+      return Status::Internal(ErrnoText("mmap anonymous pool", err));
+    }
   } else {
     auto normalized = NormalizeShmName(options.shm_name);
-    if (!normalized.ok()) return normalized.status();
+    auto created = normalized.ok() ? CreateSegment(*normalized, mapped) : Result<int>(normalized.status());
+    if (!created.ok()) {
+      if (at != nullptr) munmap(at, mapped);
+      return created.status();
+    }
     name = std::move(normalized).value();
-    auto created = CreateSegment(name, mapped);
-    if (!created.ok()) return created.status();
     fd = *created;  // kept for fallocate (EnsureBacked)
-    addr = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, fd, 0);
+    addr = mmap(at, mapped, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE | fixed, fd, 0);
     int err = errno;
     if (addr == MAP_FAILED) {
+      if (at != nullptr) munmap(at, mapped);
       close(fd);
       shm_unlink(name.c_str());
       return Status::Internal(ErrnoText(("mmap " + name).c_str(), err));

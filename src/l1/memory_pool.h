@@ -37,7 +37,8 @@ namespace kvd::l1 {
 struct MemoryPoolOptions {
   // Usable bytes. Rounded DOWN to a multiple of `align`; must be at least `align`.
   uint64_t capacity_bytes = 0;
-  // Object alignment and allocation granularity; a power of two (default: one page).
+  // Object alignment and allocation granularity; a power of two (default: one page). The
+  // region's base address is a multiple of it too (above a page, the mapping is placed so).
   uint64_t align = 4096;
   // Empty: anonymous private memory. Otherwise "name" or "/name" of a POSIX shared-memory
   // segment to create; a segment of that name left over by a crashed run is replaced.

@@ -32,7 +32,9 @@ inline void SetBits(uint64_t* bits, uint32_t u, uint32_t n, bool value) {
 }  // namespace
 
 Result<std::unique_ptr<SizeClassAllocator>> SizeClassAllocator::Create(uint64_t capacity_bytes,
-                                                                       uint64_t align) {
+                                                                       uint64_t align,
+                                                                       uint64_t initial_bytes,
+                                                                       uint64_t grow_step_bytes) {
   if (!IsPowerOfTwo(align)) {
     return Status::InvalidArgument("allocation alignment must be a power of two, got " +
                                    std::to_string(align));
@@ -47,12 +49,21 @@ Result<std::unique_ptr<SizeClassAllocator>> SizeClassAllocator::Create(uint64_t 
                                    std::to_string(units) + " units of " + std::to_string(align) +
                                    " bytes; at most 2^32 - 2 (raise --l1-align-bytes)");
   }
-  std::unique_ptr<SizeClassAllocator> a(new SizeClassAllocator(static_cast<uint32_t>(units), align));
+  if (grow_step_bytes == 0) return Status::InvalidArgument("pool growth step of 0 bytes");
+  const uint64_t initial_units =
+      initial_bytes == kAll ? units : std::min<uint64_t>(units, (initial_bytes + align - 1) / align);
+  const uint64_t grow_units =
+      std::clamp<uint64_t>((grow_step_bytes + align - 1) / align, 1, units);
+  std::unique_ptr<SizeClassAllocator> a(new SizeClassAllocator(
+      static_cast<uint32_t>(units), align, static_cast<uint32_t>(initial_units),
+      static_cast<uint32_t>(grow_units)));
   if (!a->MapMetadata()) return Status::Internal("cannot map the allocator's metadata");
   return a;
 }
 
-SizeClassAllocator::SizeClassAllocator(uint32_t units, uint64_t align) : units_(units), align_(align) {}
+SizeClassAllocator::SizeClassAllocator(uint32_t units, uint64_t align, uint32_t limit,
+                                       uint32_t grow_units)
+    : units_(units), align_(align), grow_units_(grow_units), limit_(limit) {}
 
 bool SizeClassAllocator::MapMetadata() {
   MutexLock lock(&mu_);
@@ -131,10 +142,9 @@ void SizeClassAllocator::Take(uint32_t u, uint32_t n, uint32_t owner) {
   }
 }
 
-std::optional<uint32_t> SizeClassAllocator::Allocate(uint16_t cls, uint32_t owner) {
-  const SizeClass& c = classes_[cls];
+std::optional<uint32_t> SizeClassAllocator::AllocateCommitted(const SizeClass& c, uint32_t owner) {
   const uint32_t n = c.units;
-  MutexLock lock(&mu_);
+  const uint32_t limit = limit_.load(std::memory_order_relaxed);
   // 1. A freed range of exactly this length (entries can be stale: checked against the bitmap).
   auto& list = free_lists_[c.list];
   while (!list.empty()) {
@@ -147,18 +157,47 @@ std::optional<uint32_t> SizeClassAllocator::Allocate(uint16_t cls, uint32_t owne
   }
   // 2. Never-used memory at the frontier.
   const uint32_t frontier = frontier_.load(std::memory_order_relaxed);
-  if (n <= units_ - frontier) {
+  if (n <= limit - frontier) {
     Take(frontier, n, owner);
     return frontier;
   }
   // 3. Any free run long enough (mixed sizes).
-  if (units_ - used_units_.load(std::memory_order_relaxed) >= n) {
+  if (limit - used_units_.load(std::memory_order_relaxed) >= n) {
     if (auto u = SearchRun(n)) {
       Take(*u, n, owner);
       return u;
     }
   }
   return std::nullopt;
+}
+
+std::optional<uint32_t> SizeClassAllocator::Allocate(uint16_t cls, uint32_t owner) {
+  const SizeClass& c = classes_[cls];
+  std::optional<uint32_t> got;
+  uint32_t grown_from = 0, grown_to = 0;
+  {
+    MutexLock lock(&mu_);
+    got = AllocateCommitted(c, owner);
+    // 4. Lazy pools: grow the committed region (by whole steps, enough for this object at
+    // the frontier) before giving up.
+    const uint32_t limit = limit_.load(std::memory_order_relaxed);
+    if (!got && limit < units_) {
+      const uint64_t need = uint64_t{frontier_.load(std::memory_order_relaxed)} + c.units;
+      uint64_t next = uint64_t{limit} + grow_units_;
+      if (need > next) next += (need - next + grow_units_ - 1) / grow_units_ * grow_units_;
+      next = std::min<uint64_t>(next, units_);
+      limit_.store(static_cast<uint32_t>(next), std::memory_order_relaxed);
+      grown_from = limit;
+      grown_to = static_cast<uint32_t>(next);
+      got = AllocateCommitted(c, owner);
+    }
+  }
+  if (grown_to != 0) {
+    auto level = grown_to == units_ ? spdlog::level::info : spdlog::level::debug;
+    spdlog::log(level, "l1: grew the pool's usable part from {} to {} of {} bytes", grown_from * align_,
+                uint64_t{grown_to} * align_, capacity_bytes());
+  }
+  return got;
 }
 
 std::pair<uint32_t, uint32_t> SizeClassAllocator::RunAround(uint32_t u) const {
@@ -173,24 +212,27 @@ std::pair<uint32_t, uint32_t> SizeClassAllocator::RunAround(uint32_t u) const {
     }
     start = w * 64;
   }
+  // Free runs end at the committed region's end: nothing past it may be handed out.
+  const uint32_t limit = limit_.load(std::memory_order_relaxed);
   uint32_t end = u;
-  while (end < units_) {
+  while (end < limit) {
     const uint32_t w = end >> 6;
     const uint64_t above = used_bits_[w] & (~0ULL << (end & 63));
     if (above != 0) {
-      end = std::min<uint32_t>(units_, w * 64 + std::countr_zero(above));
+      end = std::min<uint32_t>(limit, w * 64 + std::countr_zero(above));
       break;
     }
-    end = std::min<uint32_t>(units_, (w + 1) * 64);
+    end = std::min<uint32_t>(limit, (w + 1) * 64);
   }
   return {start, end};
 }
 
 std::optional<uint32_t> SizeClassAllocator::SearchRun(uint32_t n) {
-  // First fit over [0, units_): whole words at a time where possible.
+  // First fit over the committed region [0, limit_): whole words at a time where possible.
+  const uint32_t limit = limit_.load(std::memory_order_relaxed);
   uint32_t run_start = 0, run = 0;
-  for (uint32_t u = 0; u < units_;) {
-    if ((u & 63) == 0 && units_ - u >= 64) {
+  for (uint32_t u = 0; u < limit;) {
+    if ((u & 63) == 0 && limit - u >= 64) {
       const uint64_t used = used_bits_[u >> 6];
       if (used == 0) {
         if (run == 0) run_start = u;
@@ -220,7 +262,7 @@ std::optional<uint32_t> SizeClassAllocator::AllocateAround(uint16_t cls, uint32_
                                                            uint32_t owner) {
   const uint32_t n = classes_[cls].units;
   MutexLock lock(&mu_);
-  if (unit >= units_ || Used(unit)) return std::nullopt;
+  if (unit >= limit_.load(std::memory_order_relaxed) || Used(unit)) return std::nullopt;
   auto [start, end] = RunAround(unit);
   if (end - start < n) return std::nullopt;
   Take(start, n, owner);
@@ -250,13 +292,18 @@ void SizeClassAllocator::Free(uint32_t unit, uint16_t cls) {
 void SizeClassAllocator::CompactList(std::vector<uint32_t>& list, uint32_t n) {
   std::sort(list.begin(), list.end());
   list.erase(std::unique(list.begin(), list.end()), list.end());
-  std::erase_if(list, [&](uint32_t u) { return !RangeFree(u, n); });
+  // A plain loop: the thread-safety analysis does not see mu_ held inside a lambda.
+  size_t kept = 0;
+  for (const uint32_t u : list) {
+    if (RangeFree(u, n)) list[kept++] = u;
+  }
+  list.resize(kept);
 }
 
 SizeClassAllocator::Neighbours SizeClassAllocator::NeighboursOf(uint32_t unit) const {
   Neighbours out;
   MutexLock lock(&mu_);
-  if (unit >= units_ || Used(unit)) return out;
+  if (unit >= limit_.load(std::memory_order_relaxed) || Used(unit)) return out;
   auto [start, end] = RunAround(unit);
   out.run_units = end - start;
   if (start > 0) {

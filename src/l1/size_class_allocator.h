@@ -12,6 +12,12 @@
 // neighbouring ranges until the run is long enough (AllocateAround), so an allocation evicts
 // at most the bytes it needs plus one object, whatever the sizes around it.
 //
+// Lazy growth (--l1-use-lazy): the allocator may start with only the first `initial_bytes`
+// of the pool to hand out (the committed region) and grow it by `grow_step_bytes` at a time,
+// up to the capacity, when an allocation finds no room in it: growth comes before the
+// caller's eviction, so a lazy pool evicts only once it has grown to the capacity. Every
+// range handed out lies in the committed region, which never shrinks.
+//
 // Every allocation records an owner id (the L1's global entry ref) for its first unit.
 //
 // Metadata: two bits per unit (used, start of an allocation) and 4 bytes per unit for the
@@ -39,10 +45,16 @@ class SizeClassAllocator {
   static constexpr uint32_t kNoOwner = 0xFFFFFFFFu;
   static constexpr uint32_t kMaxClasses = 4096;
 
+  static constexpr uint64_t kAll = ~uint64_t{0};
+  static constexpr uint64_t kDefaultGrowStep = uint64_t{1} << 30;
+
   // `capacity_bytes` is rounded down to a multiple of `align` (a power of two); at most
-  // 2^32 - 2 units. InvalidArgument otherwise; Internal when the metadata cannot be mapped.
-  static Result<std::unique_ptr<SizeClassAllocator>> Create(uint64_t capacity_bytes,
-                                                            uint64_t align);
+  // 2^32 - 2 units. `initial_bytes` (rounded up to `align`, capped at the capacity) is the
+  // committed region at start; kAll: all of it, no growth. `grow_step_bytes` > 0.
+  // InvalidArgument otherwise; Internal when the metadata cannot be mapped.
+  static Result<std::unique_ptr<SizeClassAllocator>> Create(
+      uint64_t capacity_bytes, uint64_t align, uint64_t initial_bytes = kAll,
+      uint64_t grow_step_bytes = kDefaultGrowStep);
   ~SizeClassAllocator();
   SizeClassAllocator(const SizeClassAllocator&) = delete;
   SizeClassAllocator& operator=(const SizeClassAllocator&) = delete;
@@ -55,7 +67,8 @@ class SizeClassAllocator {
   uint32_t ClassUnits(uint16_t cls) const { return classes_[cls].units; }
 
   // A range for one object of class `cls`, owned by `owner`: free list, then frontier, then
-  // bitmap search. nullopt when nothing fits (the caller may evict and retry).
+  // bitmap search, in the committed region, then growth of that region (lazy pools).
+  // nullopt when nothing fits in the whole capacity (the caller may evict and retry).
   std::optional<uint32_t> Allocate(uint16_t cls, uint32_t owner) KVD_EXCLUDES(mu_);
   // A range for `cls` inside the free run that contains the free unit `unit`; nullopt when
   // that run is too short (or `unit` is in use).
@@ -87,6 +100,8 @@ class SizeClassAllocator {
   uint64_t capacity_bytes() const { return uint64_t{units_} * align_; }
   uint64_t used_bytes() const { return used_units_.load(std::memory_order_relaxed) * align_; }
   uint64_t frontier_bytes() const { return frontier_.load(std::memory_order_relaxed) * align_; }
+  // The committed region: [0, committed_bytes()) may be handed out (lazy growth, above).
+  uint64_t committed_bytes() const { return uint64_t{limit_.load(std::memory_order_relaxed)} * align_; }
   size_t live_allocations() const { return live_.load(std::memory_order_relaxed); }
 
  private:
@@ -95,7 +110,7 @@ class SizeClassAllocator {
     uint32_t units = 0;
     uint32_t list = 0;  // index into free_lists_
   };
-  SizeClassAllocator(uint32_t units, uint64_t align);
+  SizeClassAllocator(uint32_t units, uint64_t align, uint32_t limit, uint32_t grow_units);
   bool MapMetadata();
 
   bool Used(uint32_t u) const KVD_REQUIRES(mu_);
@@ -104,10 +119,13 @@ class SizeClassAllocator {
   // [start, end) of the free run containing free unit u, within [0, units_).
   std::pair<uint32_t, uint32_t> RunAround(uint32_t u) const KVD_REQUIRES(mu_);
   std::optional<uint32_t> SearchRun(uint32_t n) KVD_REQUIRES(mu_);
+  // Free list, frontier, search, all within the committed region.
+  std::optional<uint32_t> AllocateCommitted(const SizeClass& c, uint32_t owner) KVD_REQUIRES(mu_);
   void CompactList(std::vector<uint32_t>& list, uint32_t n) KVD_REQUIRES(mu_);
 
   const uint32_t units_;
   const uint64_t align_;
+  const uint32_t grow_units_;  // growth step of the committed region, in units
   mutable Mutex mu_;
   // Anonymous, sparse, zero-filled arrays (MAP_NORESERVE: pages appear when written). The
   // pointers are set once by Create; what they point to is guarded by mu_.
@@ -125,6 +143,7 @@ class SizeClassAllocator {
   // Written under mu_, read lock-free by the stats accessors.
   std::atomic<uint64_t> used_units_{0};
   std::atomic<uint32_t> frontier_{0};
+  std::atomic<uint32_t> limit_{0};  // committed region [0, limit_); frontier_ <= limit_ <= units_
   std::atomic<size_t> live_{0};
 };
 

@@ -15,7 +15,10 @@ std::string ServerConfig::ZmqEndpoint() const {
 std::string ServerConfig::Describe() const {
   std::ostringstream os;
   os << "host=" << host << " port=" << port << " chunk_size=" << chunk_size
-     << " l1_size_gb=" << l1_size_gb << " eviction_policy=" << eviction_policy
+     << " l1_size_gb=" << l1_size_gb << " l1_align_bytes=" << l1_align_bytes
+     << " l1_use_lazy=" << (l1_use_lazy ? "true" : "false")
+     << " l1_init_size_gb=" << l1_init_size_gb
+     << " eviction_policy=" << eviction_policy
      << " eviction_trigger_watermark=" << eviction_trigger_watermark
      << " eviction_ratio=" << eviction_ratio << " l1_read_ttl_seconds=" << l1_read_ttl_seconds
      << " l1_write_ttl_seconds=" << l1_write_ttl_seconds << " max_workers=" << max_workers

@@ -13,6 +13,9 @@ struct ServerConfig {
   int port = 5555;
   int64_t chunk_size = 256;
   double l1_size_gb = 0;                 // required
+  uint64_t l1_align_bytes = 4096;        // L1 allocation unit (--l1-align-bytes; a power of two)
+  bool l1_use_lazy = true;               // --l1-use-lazy: L1 grows from l1_init_size_gb
+  int64_t l1_init_size_gb = 20;          // --l1-init-size-gb (capped at l1_size_gb)
   std::string eviction_policy;           // required: LRU
   double eviction_trigger_watermark = 0.8;
   double eviction_ratio = 0.2;
@@ -62,6 +65,12 @@ struct ServerConfig {
   double l2_prefetch_timeout_seconds = 10;     // a lookup waits this long for its tiers
 
   uint64_t l1_size_bytes() const { return static_cast<uint64_t>(l1_size_gb * (1ull << 30)); }
+  // The part of L1 handed out before it grows: all of it unless lazy.
+  uint64_t l1_init_bytes() const {
+    if (!l1_use_lazy) return l1_size_bytes();
+    const uint64_t init = static_cast<uint64_t>(l1_init_size_gb) << 30;
+    return init < l1_size_bytes() ? init : l1_size_bytes();
+  }
   std::string ZmqEndpoint() const;       // tcp://host:port
   std::string Describe() const;          // one line for the startup log
 };

@@ -12,6 +12,8 @@ Result<std::unique_ptr<KvService>> KvService::Create(const ServerConfig& config,
                                                      const Clock* clock) {
   l1::L1CacheOptions o;
   o.capacity_bytes = config.l1_size_bytes();
+  o.align = config.l1_align_bytes;
+  o.initial_bytes = config.l1_init_bytes();
   o.shm_name = config.shm_name;
   o.read_ttl_seconds = config.l1_read_ttl_seconds;
   o.write_ttl_seconds = config.l1_write_ttl_seconds;

@@ -84,7 +84,8 @@ def _shm_entries() -> set[str]:
 def server(request, tmp_path_factory):
     """The server under test, started for this module.
 
-    A module can set SERVER_L1_GB (float) to choose --l1-size-gb.
+    A module can set SERVER_L1_GB (float) to choose --l1-size-gb, and
+    SERVER_EXTRA_ARGS (list of str) to add flags to the server's command line.
 
     Teardown (after every cluster of the module is closed): SIGTERM, then
     SIGKILL; then /dev/shm must hold no new entry the server created (its
@@ -98,7 +99,9 @@ def server(request, tmp_path_factory):
     l1 = float(getattr(request.module, "SERVER_L1_GB", 1.0))
     logdir = tmp_path_factory.mktemp("server")
     port = H.free_port()
-    srv = H.ServerProc(kind=kind, port=port, l1_size_gb=l1, log_path=logdir / f"{kind}-{port}.log")
+    extra = list(getattr(request.module, "SERVER_EXTRA_ARGS", []))
+    srv = H.ServerProc(kind=kind, port=port, l1_size_gb=l1, log_path=logdir / f"{kind}-{port}.log",
+                       extra_args=extra)
     before = _shm_entries()
     try:
         srv.start(ready_timeout=120.0)

@@ -96,8 +96,6 @@ TEST(Parse, RefusalsSayWhy) {
   EXPECT_EQ(Error({"--l2-adapter", "{}"}), "(parsed)");
   EXPECT_THAT(Error({"--isolated-ipc"}), HasSubstr("--isolated-ipc: not supported by kvd ("));
   EXPECT_EQ(Error({"--no-isolated-ipc"}), "(parsed)");
-  EXPECT_THAT(Error({"--l1-align-bytes", "8192"}), HasSubstr("not supported by kvd"));
-  EXPECT_EQ(Error({"--l1-align-bytes", "4096"}), "(parsed)");
 }
 
 TEST(Parse, ListFlagsTakeWordsUpToTheNextFlag) {
@@ -112,14 +110,14 @@ TEST(Parse, ListFlagsTakeWordsUpToTheNextFlag) {
 }
 
 TEST(Parse, AcceptedFlagsAreListedOnceWithTheirReason) {
-  auto r = Parse({"--prometheus-port", "9090", "--no-l1-use-lazy", "--prometheus-port", "9091",
+  auto r = Parse({"--prometheus-port", "9090", "--no-gds-l1-use-direct-io", "--prometheus-port", "9091",
                   "--coordinator-l2-event-reporting"});
   ASSERT_TRUE(r.ok()) << r.status().message();
   ASSERT_EQ(r->ignored.size(), 3u);
   EXPECT_EQ(r->ignored[0].flag, "--prometheus-port");
   EXPECT_EQ(r->ignored[0].value, "9091");
   EXPECT_THAT(r->ignored[0].why, HasSubstr("never opens it"));
-  EXPECT_EQ(r->ignored[1].flag, "--no-l1-use-lazy");
+  EXPECT_EQ(r->ignored[1].flag, "--no-gds-l1-use-direct-io");
   EXPECT_EQ(r->ignored[2].flag, "--coordinator-l2-event-reporting");
   auto plain = Parse({"--l1-use-lazy", "--port", "5555"});
   ASSERT_TRUE(plain.ok());
@@ -194,6 +192,55 @@ TEST(Render, HelpHidesWhatLmcacheHidesAndSummaryIsGrouped) {
   auto lines = StartupSummary(r->config);
   ASSERT_FALSE(lines.empty());
   EXPECT_THAT(lines[0], HasSubstr("MP Server: host=localhost port=6000 chunk_size=256"));
+}
+
+TEST(ServerFlags, L1AlignBytesIsAPowerOfTwoThatReachesTheServerConfig) {
+  auto r = Parse({"--l1-align-bytes", "65536"});
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->config.server.l1_align_bytes, 65536u);
+  EXPECT_EQ(Parse({})->config.server.l1_align_bytes, 4096u);
+  EXPECT_EQ(Parse({"--l1-align-bytes", "1"})->config.server.l1_align_bytes, 1u);
+  EXPECT_EQ(Error({"--l1-align-bytes", "3000"}), "--l1-align-bytes 3000: must be a power of two");
+  EXPECT_THAT(Error({"--l1-align-bytes", "0"}), HasSubstr("--l1-align-bytes 0: out of range"));
+  EXPECT_THAT(Error({"--l1-align-bytes", "-4096"}), HasSubstr("out of range"));
+  // At most the L1 size (Parse gives --l1-size-gb 1).
+  EXPECT_EQ(Error({"--l1-align-bytes", "1073741824"}), "(parsed)");
+  EXPECT_THAT(Error({"--l1-size-gb", "0.5", "--l1-align-bytes", "1073741824"}),
+              HasSubstr("--l1-align-bytes 1073741824: larger than --l1-size-gb"));
+}
+
+TEST(ServerFlags, L1LazyAndInitSizeReachTheServerConfig) {
+  auto d = Parse({});
+  ASSERT_TRUE(d.ok());
+  EXPECT_TRUE(d->config.server.l1_use_lazy);
+  EXPECT_EQ(d->config.server.l1_init_size_gb, 20);
+  // lmcache's default initial size (20 GiB) is capped at a smaller L1 silently.
+  EXPECT_EQ(d->config.server.l1_init_bytes(), uint64_t{1} << 30);
+  EXPECT_TRUE(d->ignored.empty());
+  auto r = Parse({"--l1-size-gb", "8", "--l1-init-size-gb", "2"});
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->config.server.l1_init_bytes(), uint64_t{2} << 30);
+  auto eager = Parse({"--l1-size-gb", "8", "--l1-init-size-gb", "2", "--no-l1-use-lazy"});
+  ASSERT_TRUE(eager.ok());
+  EXPECT_FALSE(eager->config.server.l1_use_lazy);
+  EXPECT_EQ(eager->config.server.l1_init_bytes(), uint64_t{8} << 30);
+  EXPECT_TRUE(eager->ignored.empty()) << "--no-l1-use-lazy is implemented";
+  EXPECT_EQ(Parse({"--l1-init-size-gb", "0"})->config.server.l1_init_bytes(), 0u);
+  // Larger than L1, given or not: capped at the L1 size, as lmcache does (and accepts).
+  auto capped = Parse({"--l1-size-gb", "4", "--l1-init-size-gb", "5"});
+  ASSERT_TRUE(capped.ok()) << capped.status().ToString();
+  EXPECT_EQ(capped->config.server.l1_init_bytes(), uint64_t{4} << 30);
+  EXPECT_THAT(Error({"--l1-init-size-gb", "-1"}), HasSubstr("--l1-init-size-gb -1: out of range"));
+  EXPECT_THAT(Error({"--l1-init-size-gb", "1.5"}), HasSubstr("not an integer"));
+}
+
+TEST(ServerFlags, EveryEvictionPolicyIsAccepted) {
+  for (const char* p : {"LRU", "ARC", "IsolatedLRU", "noop", "S3-FIFO"}) {
+    std::vector<std::string> args = {"--l1-size-gb", "1", "--eviction-policy", p};
+    auto r = ParseServerCommandLine(args, Env{}.lookup());
+    ASSERT_TRUE(r.ok()) << p << ": " << r.status().ToString();
+    EXPECT_EQ(r->config.server.eviction_policy, p);
+  }
 }
 
 }  // namespace

@@ -69,6 +69,22 @@ TEST(MemoryPoolTest, MemoryIsWritableAndZeroed) {
   EXPECT_EQ(p[3 * 4096 - 1], 0xab);
 }
 
+TEST(MemoryPoolTest, BaseIsAlignedToTheAlignmentEvenAboveAPage) {
+  for (const uint64_t align : {uint64_t{64}, uint64_t{4096}, uint64_t{64} * kKiB, 2 * kMiB,
+                               16 * kMiB}) {
+    for (const bool shared : {false, true}) {
+      auto pool = MakePool(4 * align + 5, align, shared ? UniqueShmName("align") : "");
+      ASSERT_NE(pool, nullptr);
+      EXPECT_EQ(reinterpret_cast<uintptr_t>(pool->base()) % align, 0u) << align << shared;
+      EXPECT_EQ(pool->capacity(), 4 * align);
+      // Every byte of the region is mapped and writable.
+      pool->base()[0] = 1;
+      pool->base()[pool->capacity() - 1] = 2;
+      EXPECT_EQ(pool->base()[pool->capacity() - 1], 2);
+    }
+  }
+}
+
 TEST(MemoryPoolTest, RejectsBadOptions) {
   MemoryPoolOptions options;
   options.capacity_bytes = 0;

@@ -167,5 +167,111 @@ TEST(SizeClassAllocatorTest, HugePoolMetadataIsSparse) {
   EXPECT_EQ((*a)->used_bytes(), 1000 * kPage);
 }
 
+std::unique_ptr<SizeClassAllocator> MakeLazy(uint64_t pages, uint64_t initial_pages,
+                                             uint64_t step_pages, uint64_t align = kPage) {
+  auto a = SizeClassAllocator::Create(pages * kPage, align, initial_pages * kPage,
+                                      step_pages * kPage);
+  EXPECT_TRUE(a.ok()) << a.status().ToString();
+  return a.ok() ? std::move(a).value() : nullptr;
+}
+
+TEST(SizeClassAllocatorLazyTest, GrowsFromTheInitialSizeByStepsUpToTheTotal) {
+  // 16 pages, 4 committed at first, growing 4 at a time.
+  auto a = MakeLazy(16, 4, 4);
+  EXPECT_EQ(a->committed_bytes(), 4 * kPage);
+  EXPECT_EQ(a->capacity_bytes(), 16 * kPage);
+  const uint16_t c = *a->ClassFor(kPage);
+  for (uint32_t i = 0; i < 16; ++i) {
+    auto u = a->Allocate(c, i);
+    ASSERT_TRUE(u) << i;
+    EXPECT_EQ(*u, i);  // sequential: growth continues the frontier
+    // The committed region grows only when an allocation needs it, one step at a time.
+    EXPECT_EQ(a->committed_bytes(), (i / 4 + 1) * 4 * kPage) << i;
+    EXPECT_LT(*u * kPage, a->committed_bytes());
+  }
+  EXPECT_FALSE(a->Allocate(c, 99));  // full at the total: the caller evicts
+  EXPECT_EQ(a->committed_bytes(), 16 * kPage);
+}
+
+TEST(SizeClassAllocatorLazyTest, FreedMemoryInTheCommittedRegionIsReusedBeforeGrowing) {
+  auto a = MakeLazy(16, 4, 4);
+  const uint16_t c = *a->ClassFor(2 * kPage);
+  ASSERT_EQ(a->Allocate(c, 1), 0u);
+  ASSERT_EQ(a->Allocate(c, 2), 2u);
+  a->Free(0, c);
+  EXPECT_EQ(a->Allocate(c, 3), 0u);
+  EXPECT_EQ(a->committed_bytes(), 4 * kPage);
+  // Mixed sizes: a free run inside the committed region is found before growing.
+  const uint16_t one = *a->ClassFor(kPage);
+  a->Free(2, c);
+  EXPECT_EQ(a->Allocate(one, 4), 2u);
+  EXPECT_EQ(a->committed_bytes(), 4 * kPage);
+}
+
+TEST(SizeClassAllocatorLazyTest, AnObjectLargerThanAStepGrowsByAsManyStepsAsItNeeds) {
+  auto a = MakeLazy(64, 2, 2);
+  const uint16_t big = *a->ClassFor(7 * kPage);
+  EXPECT_EQ(a->Allocate(big, 1), 0u);
+  EXPECT_EQ(a->committed_bytes(), 8 * kPage);  // 2 + 3 steps of 2
+  EXPECT_EQ(a->Allocate(big, 2), 7u);
+  EXPECT_EQ(a->committed_bytes(), 14 * kPage);
+}
+
+TEST(SizeClassAllocatorLazyTest, NoRangeOrFreeRunReachesPastTheCommittedRegion) {
+  auto a = MakeLazy(64, 4, 4);
+  const uint16_t c = *a->ClassFor(kPage);
+  ASSERT_EQ(a->Allocate(c, 1), 0u);
+  // The free run after unit 0 ends at the committed end, not at the pool's.
+  auto n = a->NeighboursOf(1);
+  EXPECT_EQ(n.run_units, 3u);
+  EXPECT_FALSE(a->AllocateAround(c, 4, 2));  // outside the committed region
+  EXPECT_EQ(a->AllocateAround(c, 3, 2), 1u);
+}
+
+TEST(SizeClassAllocatorLazyTest, InitialSizeIsRoundedUpAndCappedAndZeroIsAllowed) {
+  auto a = SizeClassAllocator::Create(16 * kPage, kPage, kPage + 1, kPage);
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ((*a)->committed_bytes(), 2 * kPage);
+  auto b = SizeClassAllocator::Create(16 * kPage, kPage, 100 * kPage, kPage);
+  EXPECT_EQ((*b)->committed_bytes(), 16 * kPage);
+  auto z = MakeLazy(16, 0, 4);
+  EXPECT_EQ(z->committed_bytes(), 0u);
+  EXPECT_EQ(z->Allocate(*z->ClassFor(kPage), 1), 0u);
+  EXPECT_EQ(z->committed_bytes(), 4 * kPage);
+  EXPECT_EQ(SizeClassAllocator::Create(16 * kPage, kPage, kPage, 0).status().code(),
+            StatusCode::kInvalidArgument);
+  // Not lazy: everything is committed from the start.
+  EXPECT_EQ(Make(16)->committed_bytes(), 16 * kPage);
+}
+
+TEST(SizeClassAllocatorLazyTest, EveryRangeIsAlignedForEveryAlignment) {
+  for (const uint64_t align : {uint64_t{64}, uint64_t{4096}, uint64_t{65536}, uint64_t{2} << 20}) {
+    auto made = SizeClassAllocator::Create(64 * align, align, 8 * align, 8 * align);
+    ASSERT_TRUE(made.ok()) << align;
+    auto& a = *made;
+    // Odd object sizes, mixed, until the pool is full; then free every other and refill.
+    const uint16_t c1 = *a->ClassFor(align + 1);
+    const uint16_t c2 = *a->ClassFor(align / 2 + 3);
+    std::vector<std::pair<uint32_t, uint16_t>> got;
+    for (int i = 0;; ++i) {
+      const uint16_t c = i % 2 ? c1 : c2;
+      auto u = a->Allocate(c, i);
+      if (!u) break;
+      got.push_back({*u, c});
+    }
+    EXPECT_EQ(a->committed_bytes(), a->capacity_bytes()) << align;
+    for (size_t i = 0; i < got.size(); i += 2) a->Free(got[i].first, got[i].second);
+    for (int i = 0; i < 8; ++i) {
+      if (auto u = a->Allocate(c2, 1000 + i)) got.push_back({*u, c2});
+    }
+    ASSERT_GT(got.size(), 40u) << align;
+    for (const auto& [u, c] : got) {
+      const uint64_t offset = uint64_t{u} * a->align();
+      EXPECT_EQ(offset % align, 0u) << align;
+      EXPECT_LE(offset + a->ClassBytes(c), a->capacity_bytes()) << align;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace kvd::l1
