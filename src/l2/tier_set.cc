@@ -225,12 +225,61 @@ void TierSet::StoreBatch::TierDone() {
   // The last tier answered: the pins go, then (skip_l1) the L1 copies a tier now holds.
   pins.clear();
   encoded.clear();
-  if (set->options_.store_policy == "skip_l1") {
-    std::vector<l1::ChunkKey> chunks;
+  if (set->options_.store_policy == "skip_l1") set->SkipL1Stored(objects, stored.get());
+}
+
+void TierSet::SkipL1Stored(const std::vector<CommittedObject>& objects,
+                           const std::atomic<bool>* stored) {
+  std::vector<l1::ChunkKey> complete;
+  {
+    std::lock_guard<std::mutex> lock(skip_mu_);
     for (size_t i = 0; i < objects.size(); ++i) {
-      if (stored[i]) chunks.push_back(objects[i].chunk);
+      const CommittedObject& o = objects[i];
+      if (!stored[i] || o.num_slots == 0 || o.slot >= o.num_slots) continue;
+      SkipL1Chunk& c = skip_l1_[o.chunk];
+      if (c.slots.size() != o.num_slots) c = SkipL1Chunk{std::vector<bool>(o.num_slots, false), 0};
+      if (c.slots[o.slot]) continue;
+      c.slots[o.slot] = true;
+      if (++c.held == o.num_slots) complete.push_back(o.chunk);
     }
-    set->skip_l1_removed_ += set->l1_->RemoveIfIdle(chunks);
+  }
+  if (complete.empty()) return;
+  // Removed now when idle; a busy one (read-locked, pinned) stays recorded for the sweep.
+  std::vector<l1::ChunkKey> gone;
+  for (const auto& k : complete) {
+    if (l1_->RemoveIfIdle({&k, 1}) > 0) {
+      skip_l1_removed_++;
+      gone.push_back(k);
+    }
+  }
+  std::lock_guard<std::mutex> lock(skip_mu_);
+  for (const auto& k : gone) skip_l1_.erase(k);
+}
+
+void TierSet::SweepSkipL1() {
+  std::vector<std::pair<l1::ChunkKey, SkipL1Chunk>> records;
+  {
+    std::lock_guard<std::mutex> lock(skip_mu_);
+    if (skip_l1_.empty()) return;
+    records.assign(skip_l1_.begin(), skip_l1_.end());
+  }
+  // A complete chunk is removed once idle; a record is dropped once none of its held slots
+  // is in L1 any more (evicted, cleared, removed by someone else).
+  std::vector<std::pair<l1::ChunkKey, uint32_t>> drop;  // key, held count seen
+  for (const auto& [k, c] : records) {
+    if (c.held == c.slots.size() && l1_->RemoveIfIdle({&k, 1}) > 0) {
+      skip_l1_removed_++;
+      drop.emplace_back(k, c.held);
+      continue;
+    }
+    bool any = false;
+    for (uint32_t s = 0; s < c.slots.size() && !any; ++s) any = c.slots[s] && l1_->IsResident(k, s);
+    if (!any) drop.emplace_back(k, c.held);
+  }
+  std::lock_guard<std::mutex> lock(skip_mu_);
+  for (const auto& [k, held] : drop) {
+    auto it = skip_l1_.find(k);
+    if (it != skip_l1_.end() && it->second.held == held) skip_l1_.erase(it);
   }
 }
 
@@ -250,6 +299,7 @@ void TierSet::ControlLoop() {
     if (now - last_second >= 1'000'000'000LL) {
       last_second = now;
       SweepTemporary();
+      SweepSkipL1();
       for (auto& t : tiers_) EvictTier(*t);
     }
     lock.lock();
@@ -326,6 +376,10 @@ TierSetStats TierSet::stats() const {
   s.prefetch_failed_chunks = prefetch_failed_chunks_.load();
   s.prefetch_timeouts = prefetch_timeouts_.load();
   s.skip_l1_removed_chunks = skip_l1_removed_.load();
+  {
+    std::lock_guard<std::mutex> lock(skip_mu_);
+    s.skip_l1_waiting_chunks = skip_l1_.size();
+  }
   {
     std::lock_guard<std::mutex> lock(jobs_mu_);
     s.active_prefetch_jobs = static_cast<uint64_t>(active_jobs_);

@@ -7,7 +7,9 @@
 //   not fit a tier's budget is not written to that tier and is counted as skipped — a slow or
 //   dead tier costs skipped writes, never a stalled STORE or unbounded memory. The pin is
 //   dropped when the last tier answered. Objects loaded from a tier are not written back.
-//   With store_policy skip_l1 the L1 copy of a chunk is removed once a tier holds it.
+//   With store_policy skip_l1 the L1 copy of a chunk is removed once tiers hold the objects
+//   of all its slots (every rank's; each rank stores its own, so this may take several
+//   batches, and a chunk one of whose objects was skipped or failed stays in L1).
 //
 //   PREFETCH. Prefetch() is called by a LOOKUP for the chunks after its L1 prefix. Every tier
 //   is asked which objects it has; each object is planned from the lowest-index tier that has
@@ -143,6 +145,7 @@ struct TierSetStats {
   uint64_t queued_prefetch_jobs = 0;
   uint64_t temporary_chunks = 0;         // prefetched chunks waiting to leave L1 (default)
   uint64_t skip_l1_removed_chunks = 0;
+  uint64_t skip_l1_waiting_chunks = 0;  // skip_l1: chunks in L1 with some ranks' objects in a tier
   std::string store_policy, prefetch_policy;
 };
 
@@ -210,6 +213,19 @@ class TierSet {
   // Prefetched chunks (default policy) -> when they were committed. Guarded by temp_mu_.
   std::unordered_map<l1::ChunkKey, int64_t, l1::ChunkKeyHash> temporary_;
   static constexpr int64_t kTemporaryGraceNs = 2'000'000'000;
+
+  // skip_l1: the chunks in L1 some of whose slots (ranks) a tier holds, with which slots. A
+  // chunk leaves L1 only once every slot is held (each rank stores its own object, and one
+  // may be skipped or fail); a complete chunk still busy is retried by the control loop, and
+  // a record whose chunk L1 let go is dropped there. Guarded by skip_mu_.
+  struct SkipL1Chunk {
+    std::vector<bool> slots;  // one per slot of the L1 entry
+    uint32_t held = 0;        // slots set
+  };
+  void SkipL1Stored(const std::vector<CommittedObject>& objects, const std::atomic<bool>* stored);
+  void SweepSkipL1();
+  mutable std::mutex skip_mu_;
+  std::unordered_map<l1::ChunkKey, SkipL1Chunk, l1::ChunkKeyHash> skip_l1_;
 
   std::atomic<uint64_t> prefetch_requests_{0}, prefetch_hit_chunks_{0}, prefetch_failed_chunks_{0},
       prefetch_timeouts_{0}, skip_l1_removed_{0};

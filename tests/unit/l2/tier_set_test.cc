@@ -382,6 +382,92 @@ TEST_F(TierSetTest, SkipL1RemovesTheL1CopyOnceATierHasIt) {
   EXPECT_TRUE(L1Holds(0));
 }
 
+// Regression (skip_l1 data loss): the whole chunk's L1 entry was removed as soon as one rank's
+// object of it was in a tier, losing the other ranks' only copies. Each rank stores its own
+// object (one StoreBehind per worker); the chunk leaves L1 only once every rank's is stored.
+TEST_F(TierSetTest, SkipL1KeepsTheChunkUntilEveryRankIsInATier) {
+  auto a = std::make_shared<MemoryTier>();
+  TierSetOptions o;
+  o.store_policy = "skip_l1";
+  Make({a}, o);
+  auto objs = WriteL1(0);
+  set_->StoreBehind({objs[0]}, Format());  // rank 0's worker
+  ASSERT_TRUE(set_->WaitIdle(10));
+  EXPECT_EQ(a->size(), 1u);
+  EXPECT_TRUE(L1Holds(0));  // rank 1's object is only in L1
+  EXPECT_EQ(set_->stats().skip_l1_removed_chunks, 0u);
+  EXPECT_EQ(set_->stats().skip_l1_waiting_chunks, 1u);
+  set_->StoreBehind({objs[1]}, Format());  // rank 1's worker
+  ASSERT_TRUE(set_->WaitIdle(10));
+  EXPECT_EQ(a->size(), 2u);
+  EXPECT_FALSE(l1_->IsResident(Chunk(0), 0));
+  EXPECT_FALSE(l1_->IsResident(Chunk(0), 1));
+  EXPECT_EQ(set_->stats().skip_l1_removed_chunks, 1u);
+  EXPECT_EQ(set_->stats().skip_l1_waiting_chunks, 0u);
+  EXPECT_EQ(PrefetchSync(Request(0, 1)), 1u);  // every rank comes back from the tier
+  EXPECT_TRUE(L1Holds(0));
+}
+
+// Regression (skip_l1 data loss): a rank whose tier write was skipped (over the in-flight
+// budget) or failed keeps the chunk in L1; the others' tier copies do not count for it.
+TEST_F(TierSetTest, SkipL1KeepsTheChunkWhenOneRankWasNotStored) {
+  auto a = std::make_shared<MemoryTier>();
+  TierSetOptions o;
+  o.store_policy = "skip_l1";
+  o.store_max_inflight_bytes = kObj;  // one object per batch: rank 1 is skipped
+  Make({a}, o);
+  set_->StoreBehind(WriteL1(0), Format());
+  ASSERT_TRUE(set_->WaitIdle(10));
+  EXPECT_EQ(a->size(), 1u);
+  EXPECT_EQ(set_->stats().tiers[0].store_skipped_objects, 1u);
+  EXPECT_TRUE(L1Holds(0));
+  EXPECT_EQ(set_->stats().skip_l1_removed_chunks, 0u);
+  EXPECT_EQ(set_->stats().skip_l1_waiting_chunks, 1u);
+  // A chunk L1 lets go (evicted, cleared) is no longer waited for.
+  l1_->Clear();
+  clock_.AdvanceSeconds(2);
+  for (int i = 0; i < 400 && set_->stats().skip_l1_waiting_chunks > 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_EQ(set_->stats().skip_l1_waiting_chunks, 0u);
+}
+
+// A chunk whose every rank is in a tier but that a lookup holds stays until its readers are
+// done, then the control loop removes it.
+TEST_F(TierSetTest, SkipL1RemovesABusyChunkOnceItsReadersAreDone) {
+  auto a = std::make_shared<MemoryTier>();
+  TierSetOptions o;
+  o.store_policy = "skip_l1";
+  Make({a}, o);
+  auto objs = WriteL1(0);
+  std::vector<l1::ChunkKey> keys = {Chunk(0)};
+  ASSERT_EQ(l1_->LookupAndLock("req", 0, keys, kRanks, 1), 1u);
+  set_->StoreBehind(objs, Format());
+  ASSERT_TRUE(set_->WaitIdle(10));
+  EXPECT_TRUE(L1Holds(0));
+  EXPECT_EQ(set_->stats().skip_l1_waiting_chunks, 1u);
+  l1_->ReleaseAllLocks("req");
+  clock_.AdvanceSeconds(2);
+  for (int i = 0; i < 400 && l1_->IsResident(Chunk(0), 0); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_FALSE(l1_->IsResident(Chunk(0), 0));
+  EXPECT_EQ(set_->stats().skip_l1_removed_chunks, 1u);
+  EXPECT_EQ(set_->stats().skip_l1_waiting_chunks, 0u);
+}
+
+TEST_F(TierSetTest, SkipL1KeepsTheChunkWhenOneRankFailedToEncode) {
+  auto a = std::make_shared<MemoryTier>();
+  TierSetOptions o;
+  o.store_policy = "skip_l1";
+  Make({a}, o, {}, std::make_shared<PoisonSerde>(std::vector<std::vector<uint8_t>>{Value(0, 1)}));
+  set_->StoreBehind(WriteL1(0), Format());
+  ASSERT_TRUE(set_->WaitIdle(10));
+  EXPECT_EQ(a->size(), 1u);
+  EXPECT_TRUE(L1Holds(0));
+  EXPECT_EQ(set_->stats().skip_l1_removed_chunks, 0u);
+}
+
 TEST_F(TierSetTest, EvictionCoversObjectsOfEarlierRunsOldestFirst) {
   auto a = std::make_shared<MemoryTier>();
   // An earlier run left 8 objects (chunks 100-103).
