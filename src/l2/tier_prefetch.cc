@@ -99,6 +99,11 @@ void TierSet::CheckTimeouts() {
     }
     Answer(j, 0);
   }
+  if (late.empty()) return;
+  // Answered jobs still waiting for a turn leave the queue now (a hung tier may never give
+  // them one); JobFinished would skip them anyway.
+  std::lock_guard<std::mutex> lock(jobs_mu_);
+  std::erase_if(queued_, [](const std::shared_ptr<PrefetchJob>& j) { return j->answered.load(); });
 }
 
 void TierSet::RunJob(const std::shared_ptr<PrefetchJob>& job) {
@@ -202,6 +207,11 @@ void TierSet::OnExists(const std::shared_ptr<PrefetchJob>& job) {
       planned = c;
       break;
     }
+  }
+  // Timed out while planning: the lookup was answered from L1, so no load is issued.
+  if (job->answered.load() && planned > 0) {
+    for (auto& r : job->res) r.Abort();
+    planned = 0;
   }
   job->planned = planned;
   // One load batch per tier.
