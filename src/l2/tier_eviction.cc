@@ -102,8 +102,10 @@ void TierSet::EvictTier(TierState& t) {
           t.NoteError(results[i].status.message());
           continue;
         }
+        // Gone from the tier, so gone from the index, even when a load of it started after
+        // the round was planned (that load answers NotFound, or read it before the delete).
         auto it = t.index.find(RespKey((*keys)[i]));
-        if (it == t.index.end() || it->second.busy > 0) continue;
+        if (it == t.index.end()) continue;
         t.usage -= std::min(t.usage, it->second.bytes);
         bytes += it->second.bytes;
         t.lru.erase(it->second.lru);

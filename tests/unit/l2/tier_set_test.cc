@@ -4,7 +4,9 @@
 #include <chrono>
 #include <filesystem>
 #include <cstring>
+#include <functional>
 #include <future>
+#include <mutex>
 #include <thread>
 
 #include <gtest/gtest.h>
@@ -466,6 +468,131 @@ TEST_F(TierSetTest, SkipL1KeepsTheChunkWhenOneRankFailedToEncode) {
   EXPECT_EQ(a->size(), 1u);
   EXPECT_TRUE(L1Holds(0));
   EXPECT_EQ(set_->stats().skip_l1_removed_chunks, 0u);
+}
+
+// Regression (timed-out queued prefetches stayed queued): a prefetch answered by its
+// timeout while waiting for a turn stayed in the queue (counted, holding its request) until
+// a running prefetch finished, which with a hung tier is never.
+TEST_F(TierSetTest, TimedOutQueuedPrefetchesLeaveTheQueue) {
+  auto inner = std::make_shared<MemoryTier>();
+  auto f = std::make_shared<FaultTier>(inner);
+  for (int c = 0; c < 3; ++c) {
+    for (uint32_t r = 0; r < kRanks; ++r) inner->Put(Obj(c, r), Value(c, r));
+  }
+  TierSetOptions o;
+  o.prefetch_max_in_flight = 1;
+  o.prefetch_timeout_s = 0.2;
+  Make({f}, o);
+  f->Stall();
+  std::vector<std::future<size_t>> fs;
+  for (int c = 0; c < 3; ++c) {
+    auto p = std::make_shared<std::promise<size_t>>();
+    fs.push_back(p->get_future());
+    set_->Prefetch(Request(c, 1), [p](size_t n) { p->set_value(n); });
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  ASSERT_EQ(set_->stats().queued_prefetch_jobs, 2u);
+  clock_.AdvanceSeconds(1);
+  for (auto& x : fs) {
+    ASSERT_EQ(x.wait_for(std::chrono::seconds(5)), std::future_status::ready);
+    EXPECT_EQ(x.get(), 0u);
+  }
+  for (int i = 0; i < 400 && set_->stats().queued_prefetch_jobs > 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_EQ(set_->stats().queued_prefetch_jobs, 0u);  // the tier is still hung
+  EXPECT_EQ(set_->stats().active_prefetch_jobs, 1u);
+  f->Resume();
+}
+
+// A tier that holds Delete and Load calls until the test releases them; the rest goes
+// straight to the inner tier.
+class GateTier final : public Tier {
+ public:
+  explicit GateTier(std::shared_ptr<Tier> inner) : inner_(std::move(inner)) {}
+  std::string_view type() const override { return inner_->type(); }
+  std::string Describe() const override { return "gate"; }
+  void Store(std::vector<StoreItem> items, Done done) override { inner_->Store(std::move(items), std::move(done)); }
+  void Exists(std::vector<ObjectKey> keys, Done done) override { inner_->Exists(std::move(keys), std::move(done)); }
+  void Load(std::vector<LoadItem> items, Done done) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    loads_.push_back([this, items = std::move(items), done = std::move(done)]() mutable {
+      inner_->Load(std::move(items), std::move(done));
+    });
+  }
+  void Delete(std::vector<ObjectKey> keys, Done done) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    deletes_.push_back([this, keys = std::move(keys), done = std::move(done)]() mutable {
+      inner_->Delete(std::move(keys), std::move(done));
+    });
+  }
+  void Scan(ScanDone done) override { inner_->Scan(std::move(done)); }
+  TierHealth Health() const override { return inner_->Health(); }
+  void Close() override {
+    ReleaseDeletes();
+    ReleaseLoads();
+    inner_->Close();
+  }
+  size_t held_deletes() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return deletes_.size();
+  }
+  size_t held_loads() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return loads_.size();
+  }
+  void ReleaseDeletes() { Release(deletes_); }
+  void ReleaseLoads() { Release(loads_); }
+
+ private:
+  void Release(std::vector<std::function<void()>>& q) {
+    std::vector<std::function<void()>> run;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      run.swap(q);
+    }
+    for (auto& f : run) f();
+  }
+  std::shared_ptr<Tier> inner_;
+  std::mutex mu_;
+  std::vector<std::function<void()>> loads_, deletes_;  // guarded by mu_
+};
+
+// Regression (busy deleted objects stayed indexed): an object the eviction round deleted
+// while a prefetch was loading it stayed in the index, so the tier's usage and object count
+// kept it forever (and eviction planned it again).
+TEST_F(TierSetTest, EvictedObjectBeingLoadedLeavesTheIndex) {
+  auto mem = std::make_shared<MemoryTier>();
+  for (int c = 100; c < 102; ++c) {
+    for (uint32_t r = 0; r < kRanks; ++r) mem->Put(Obj(c, r), Value(c, r));
+  }
+  auto gate = std::make_shared<GateTier>(mem);
+  AdapterConfig cfg;
+  cfg.type = "memory";
+  cfg.max_capacity_gb = 4.0 * kObj / (1ull << 30);  // full
+  cfg.eviction = TierEvictionConfig{"LRU", 0.8, 1.0};  // evict everything
+  Make({gate}, {}, {cfg});
+  for (int i = 0; i < 100 && !set_->stats().tiers[0].scanned; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  ASSERT_EQ(set_->stats().tiers[0].objects, 4u);
+  clock_.AdvanceSeconds(2);
+  for (int i = 0; i < 400 && gate->held_deletes() == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  ASSERT_EQ(gate->held_deletes(), 1u);
+  // A lookup loads chunk 100 while its objects' delete is on its way.
+  auto pr = std::make_shared<std::promise<size_t>>();
+  auto fut = pr->get_future();
+  set_->Prefetch(Request(100, 1), [pr](size_t n) { pr->set_value(n); });
+  for (int i = 0; i < 400 && gate->held_loads() == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  ASSERT_EQ(gate->held_loads(), 1u);
+  gate->ReleaseDeletes();
+  gate->ReleaseLoads();
+  ASSERT_EQ(fut.wait_for(std::chrono::seconds(5)), std::future_status::ready);
+  EXPECT_EQ(fut.get(), 0u);  // deleted before the load read it
+  ASSERT_TRUE(set_->WaitIdle(10));
+  auto s = set_->stats().tiers[0];
+  EXPECT_EQ(mem->size(), 0u);
+  EXPECT_EQ(s.evicted_objects, 4u);
+  EXPECT_EQ(s.objects, 0u);
+  EXPECT_EQ(s.usage_bytes, 0u);
 }
 
 TEST_F(TierSetTest, EvictionCoversObjectsOfEarlierRunsOldestFirst) {
