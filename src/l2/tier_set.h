@@ -32,9 +32,10 @@
 //
 // THREADS. All public methods are thread-safe and never block on a tier. Tier callbacks run
 // on tier threads; one control thread of the TierSet runs prefetch timeouts, the removal of
-// prefetched chunks and tier eviction. Close() (also the destructor) stops new work, waits
-// for every tier call to answer, then closes the tiers; it must run before the L1 cache is
-// destroyed.
+// prefetched chunks and tier eviction. Close() (also the destructor) stops new work, closes
+// the tiers and waits for every tier call to answer (a tier that breaks its contract and
+// leaves calls unanswered is logged every 30 s while Close waits); it must run before the
+// L1 cache is destroyed.
 #pragma once
 
 #include <atomic>
