@@ -132,6 +132,8 @@ std::string HandleRequest(KvService& svc, const wire::OpInfo& op, wire::Frames p
     case Op::kWaitPrefetchStatus: {
       auto req = Decoded(wire::DecodeWaitPrefetch, p);
       if (!req.ok()) return Fail(op, client, req.status(), wire::EncodeInt(0));
+      // The socket loop parks a wait whose prefetch runs (prefetch_waits.h) and answers it
+      // when the prefetch ends or the timeout passes; here the answer is due now.
       auto hits = svc.QueryPrefetchStatus(req->first);
       return hits ? wire::EncodeInt(*hits) : wire::EncodeNil();
     }

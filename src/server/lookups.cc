@@ -33,6 +33,7 @@ Status Lookups::Lookup(const wire::LookupRequest& req) {
     // scheduler's key does not say which one its workers read, so 0 hits, never wrong KV.
     l1_->ReleaseAllLocks(key.request_id);  // a new lookup replaces the request's old locks
     sessions_->SetLookupResult(key.request_id, 0);
+    prefetch_changes_.fetch_add(1, std::memory_order_acq_rel);
     return Status::Ok();
   }
   // With tiers, a namespace L1 has not seen yet (a restart) may still have objects in them.
@@ -41,6 +42,7 @@ Status Lookups::Lookup(const wire::LookupRequest& req) {
   if (!chunks.ok()) {
     l1_->ReleaseAllLocks(key.request_id);
     sessions_->SetLookupResult(key.request_id, 0);
+    prefetch_changes_.fetch_add(1, std::memory_order_acq_rel);
     return chunks.status();
   }
   // The locks belong to this request: only its own RETRIEVEs, FREE_LOOKUP_LOCKS, next LOOKUP
@@ -59,6 +61,7 @@ Status Lookups::Lookup(const wire::LookupRequest& req) {
   if (tiers_ && hits < chunks->keys.size()) format = TierFormatFor(key.model_name, key.world_size);
   if (!format) {
     sessions_->SetLookupResult(key.request_id, static_cast<int64_t>(hits));
+    prefetch_changes_.fetch_add(1, std::memory_order_acq_rel);
     return Status::Ok();
   }
   // The L1 prefix stays read-locked (for this request) while the tiers load the rest; then
@@ -74,6 +77,11 @@ Status Lookups::Lookup(const wire::LookupRequest& req) {
   p.format = *format;
   const std::string request_id = key.request_id;
   tiers_->Prefetch(std::move(p), [this, all, hits, world, readers, request_id, generation](size_t n) {
+    // However it ends (superseded, session gone, finished): a parked WAIT re-checks then.
+    struct Ended {
+      Lookups* self;
+      ~Ended() { self->PrefetchEnded(); }
+    } ended{this};
     // A later LOOKUP of the request (or its end) supersedes this one: its locks are not ours.
     if (!sessions_->LookupCurrent(request_id, generation)) return;
     size_t total = hits;
@@ -100,6 +108,17 @@ std::optional<l2::ObjectFormat> Lookups::TierFormatFor(const std::string& model,
   return std::nullopt;
 }
 
+void Lookups::SetPrefetchWakeup(std::function<void()> wakeup) {
+  std::lock_guard<std::mutex> lock(wakeup_mu_);
+  wakeup_ = std::move(wakeup);
+}
+
+void Lookups::PrefetchEnded() {
+  prefetch_changes_.fetch_add(1, std::memory_order_acq_rel);
+  std::lock_guard<std::mutex> lock(wakeup_mu_);
+  if (wakeup_) wakeup_();
+}
+
 std::optional<int64_t> Lookups::QueryPrefetchStatus(std::string_view request_id) {
   if (sessions_->LookupRunning(request_id)) return std::nullopt;
   return sessions_->TakeLookupResult(request_id).value_or(0);
@@ -123,6 +142,7 @@ void Lookups::EndSession(std::string_view request_id) {
   // The request's read locks stay until its RETRIEVEs, FREE_LOOKUP_LOCKS or the read TTL, as
   // in lmcache: a worker's RETRIEVE may still be on its way when the scheduler ends the session.
   auto [identity, hashes] = sessions_->End(request_id);
+  prefetch_changes_.fetch_add(1, std::memory_order_acq_rel);  // its waiter answers 0 now
   if (hashes.empty()) return;
   ScopedPhase index(Phase::kIndex);
   // The model name and keys are built in this thread's scratch: ending sessions allocates

@@ -8,10 +8,13 @@
 // QUERY_PREFETCH_STATUS answers "running" (nil) until the loaded chunks are in L1 and
 // read-locked, then the whole hit count.
 //
-// Thread-safe (SessionTable and L1Cache are); no lock of its own.
+// Thread-safe (SessionTable and L1Cache are); its only lock guards the prefetch wakeup.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
+#include <functional>
+#include <mutex>
 #include <optional>
 #include <string>
 
@@ -38,6 +41,14 @@ class Lookups {
   // The recorded result, taken once (0 when none is pending); nullopt while a prefetch for
   // the request is still running.
   std::optional<int64_t> QueryPrefetchStatus(std::string_view request_id);
+  // True while the request's lookup still loads its prefix from the tiers (does not take the
+  // result). WAIT_PREFETCH_STATUS is parked meanwhile (server/prefetch_waits.h).
+  bool PrefetchRunning(std::string_view request_id) { return sessions_->LookupRunning(request_id); }
+  // Counts the events after which a running prefetch may have ended: lookups answered,
+  // prefetches finished (or dropped), sessions ended. A waiter re-checks when it moved.
+  uint64_t prefetch_changes() const { return prefetch_changes_.load(std::memory_order_acquire); }
+  // Called (from a tiers thread) each time a prefetch ends; null: none. Replaces the last.
+  void SetPrefetchWakeup(std::function<void()> wakeup);
   // The tiers a lookup prefetches from (null: none). Set once, before use.
   void set_tiers(l2::TierSet* tiers) { tiers_ = tiers; }
   // FREE_LOOKUP_LOCKS: releases the locks a lookup took on a range.
@@ -51,6 +62,8 @@ class Lookups {
  private:
   // The tier format of a registered instance of the model (nullopt: none registered).
   std::optional<l2::ObjectFormat> TierFormatFor(const std::string& model, int64_t world_size) const;
+  // A prefetch's callback is done with the request: counts a change, calls the wakeup.
+  void PrefetchEnded();
 
   const ServerConfig& config_;
   l1::L1Cache* const l1_;
@@ -58,6 +71,9 @@ class Lookups {
   const InstanceRegistry* const registry_;
   ServiceCounters* const counters_;
   l2::TierSet* tiers_ = nullptr;
+  std::atomic<uint64_t> prefetch_changes_{0};
+  std::mutex wakeup_mu_;
+  std::function<void()> wakeup_;  // guarded by wakeup_mu_
 };
 
 }  // namespace kvd::server

@@ -16,6 +16,7 @@
 #include "common/clock.h"
 #include "server/handlers.h"
 #include "server/kv_event_streams.h"
+#include "server/prefetch_waits.h"
 #include "server/request_phases.h"
 #include "wire/codec.h"
 
@@ -36,6 +37,13 @@ std::string_view View(const zmq::message_t& m) {
 struct Reply {
   zmq::message_t identity, uid, op, body;
   uint64_t queued_bytes = 0;  // bytes it held against its connection's bound (lane requests)
+};
+
+// A WAIT_PREFETCH_STATUS parked until its prefetch ends (prefetch_waits.h): its envelope
+// (the reply's body is set when it is answered) and when it arrived.
+struct ParkedWait {
+  Reply reply;
+  int64_t began = 0;
 };
 
 struct StringHash {
@@ -73,6 +81,8 @@ struct ZmqServer::Impl {
   int64_t last_refusal_log_ns = 0;
   SteadyClock clock;
   std::unique_ptr<KvEventStreams> streams;  // subscribe_kv_events (kv_event_streams.h)
+  PrefetchWaits<ParkedWait> waits;           // parked WAIT_PREFETCH_STATUS requests
+  uint64_t prefetch_changes_seen = 0;        // service->prefetch_changes() at the last check
 
   Impl(const ServerConfig& c, KvService* s, RequestMetrics* m)
       : config(c),
@@ -90,6 +100,10 @@ struct ZmqServer::Impl {
         (void)!write(fd, &one, sizeof(one));
       });
     }
+    s->SetPrefetchWakeup([fd = wake_fd] {  // a prefetch ended: let the loop answer its waits
+      uint64_t one = 1;
+      (void)!write(fd, &one, sizeof(one));
+    });
     const int threads = c.max_workers > 0
                             ? c.max_workers
                             : std::clamp(static_cast<int>(std::thread::hardware_concurrency()), 2, 16);
@@ -107,6 +121,7 @@ struct ZmqServer::Impl {
   }
   ~Impl() {
     if (KvEventLog* log = service->kv_events()) log->SetWakeup(nullptr);
+    service->SetPrefetchWakeup(nullptr);
     pool.reset();
     if (wake_fd >= 0) close(wake_fd);
   }
@@ -189,6 +204,53 @@ struct ZmqServer::Impl {
     return reply;
   }
 
+  // WAIT_PREFETCH_STATUS for a request whose prefetch runs, with a timeout: parked (no
+  // thread waits; AnswerWaits replies). False: it is answered now, as any inline op.
+  bool ParkWait(int64_t began) {
+    payload_views.clear();
+    for (size_t i = 3; i < frames.size(); ++i) payload_views.push_back(View(frames[i]));
+    auto req = wire::DecodeWaitPrefetch(payload_views);
+    if (!req.ok()) return false;
+    const int64_t now = WallNs();
+    const int64_t deadline = PrefetchWaits<ParkedWait>::DeadlineNs(now, req->second);
+    if (deadline <= now || !service->PrefetchRunning(req->first)) return false;
+    std::string connection(View(frames[0]));
+    std::string request_id(req->first);
+    ParkedWait w{Reply{std::move(frames[0]), std::move(frames[1]), std::move(frames[2]),
+                       zmq::message_t(), 0},
+                 began};
+    if (!waits.Park(std::move(connection), std::move(request_id), deadline, std::move(w))) {
+      // Bound reached: answer "still running" now (Park left `w` as it was).
+      metrics->CountRefused(wire::Op::kWaitPrefetchStatus);
+      metrics->End(wire::Op::kWaitPrefetchStatus, began);
+      const std::string nil = wire::EncodeNil();
+      w.reply.body = zmq::message_t(nil.data(), nil.size());
+      sending.push_back(std::move(w.reply));
+    }
+    frames = std::vector<zmq::message_t>();  // moved from: make it a valid empty vector again
+    frames.reserve(16);
+    return true;
+  }
+
+  // Socket thread: answers the parked waits whose prefetch ended (or session ended) or
+  // whose deadline passed. Looks at them only when something changed or a deadline is due.
+  void AnswerWaits(bool all = false) {
+    if (waits.empty()) return;
+    const uint64_t changes = service->prefetch_changes();
+    const int64_t now = all ? INT64_MAX : WallNs();
+    if (changes == prefetch_changes_seen && now < waits.NextDeadlineNs()) return;
+    prefetch_changes_seen = changes;
+    waits.AnswerReady(
+        now, [this](std::string_view id) { return service->PrefetchRunning(id); },
+        [this](std::string_view id, ParkedWait w) {
+          auto hits = service->QueryPrefetchStatus(id);  // nullopt: still running (timed out)
+          const std::string body = hits ? wire::EncodeInt(*hits) : wire::EncodeNil();
+          w.reply.body = zmq::message_t(body.data(), body.size());
+          metrics->End(wire::Op::kWaitPrefetchStatus, w.began);
+          sending.push_back(std::move(w.reply));
+        });
+  }
+
   // Returns the time spent running the request here (inline), 0 when it was handed on.
   int64_t OnRequest() {
     // [identity, uid, op, payload...]
@@ -226,6 +288,7 @@ struct ZmqServer::Impl {
       return metrics->End(info.op, began);
     }
 
+    if (info.op == wire::Op::kWaitPrefetchStatus && ParkWait(began)) return 0;
     if (dispatch == wire::Dispatch::kInline) {
       payload_views.clear();
       for (size_t i = 3; i < frames.size(); ++i) payload_views.push_back(View(frames[i]));
@@ -296,8 +359,14 @@ void ZmqServer::Run(const std::atomic<bool>& stop) {
       {nullptr, s.wake_fd, ZMQ_POLLIN, 0},
   };
   while (!stop.load(std::memory_order_relaxed)) {
+    // Wake at least every 100 ms, and in time for the next parked wait's deadline.
+    int64_t timeout_ms = 100;
+    if (!s.waits.empty()) {
+      const int64_t left = s.waits.NextDeadlineNs() - WallNs();
+      timeout_ms = std::clamp<int64_t>((left + 999'999) / 1'000'000, 0, 100);
+    }
     try {
-      zmq::poll(items, 2, std::chrono::milliseconds(100));
+      zmq::poll(items, 2, std::chrono::milliseconds(timeout_ms));
     } catch (const zmq::error_t& e) {
       if (e.num() == EINTR) continue;
       throw;
@@ -317,6 +386,7 @@ void ZmqServer::Run(const std::atomic<bool>& stop) {
         }
       }
     }
+    s.AnswerWaits();
     s.SendAll();
     s.streams->Pump();  // new KV events, fresh credits, idle streams
     if (items[0].revents | items[1].revents) {
@@ -327,6 +397,7 @@ void ZmqServer::Run(const std::atomic<bool>& stop) {
   // Stop accepting; let queued transfers finish and deliver their replies.
   s.pool.reset();
   s.TakeOutbox();
+  s.AnswerWaits(/*all=*/true);  // parked waits: their status now (nil while still running)
   s.SendAll();
   // Let those replies leave before the socket closes (linger is 0 while serving).
   s.socket.set(zmq::sockopt::linger, 2000);

@@ -7,6 +7,8 @@
 // the op table) run to completion right there; transfers and registrations go to the
 // connection's lane on the TaskPool (a worker's requests stay in order, off the socket
 // thread), long lookups and CLEAR to a per-connection pool lane as wide as the pool.
+// A WAIT_PREFETCH_STATUS whose prefetch still runs is parked on the loop, not on a thread
+// (prefetch_waits.h), and answered when the prefetch ends or its timeout passes.
 // Request frames are moved, never copied: a lane task owns the zmq messages it was
 // handed and its reply reuses them for the envelope.
 //

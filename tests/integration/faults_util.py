@@ -185,7 +185,7 @@ def kvd_server(tmp_path: Path, **kw):
 
 OP = {
     "register_kv_cache": 1, "unregister_kv_cache": 2, "store": 6, "retrieve": 7, "lookup": 8,
-    "query_prefetch_status": 9, "free_lookup_locks": 12, "end_session": 13,
+    "query_prefetch_status": 9, "wait_prefetch_status": 10, "free_lookup_locks": 12, "end_session": 13,
     "get_chunk_size": 21, "ping": 22, "noop": 24,
 }
 

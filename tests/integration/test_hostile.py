@@ -359,3 +359,88 @@ def test_finding8_sessions_are_bounded_and_not_recreated_after_end(tmp_path):
             assert srv.alive(), srv.log()
     finally:
         seg.close()
+
+
+# ---------------------------------------------------------------------------------------
+# Finding 10: protocol (WAIT_PREFETCH_STATUS)
+# ---------------------------------------------------------------------------------------
+
+
+def test_finding10_wait_prefetch_status_waits_up_to_its_timeout(tmp_path):
+    """WAIT_PREFETCH_STATUS waits while the request's prefetch from the tiers runs, up to
+    the client's timeout (it answered at once, ignoring the timeout): nil when the prefetch
+    still runs then, the hit count as soon as it ends, 0 when the session ends meanwhile.
+    Waiters hold no thread: with --max-workers 2, seven parked waits do not delay another
+    client's long LOOKUP (a pool op). A Redis paused for 4 s (CLIENT PAUSE) holds the
+    prefetches."""
+    import json
+
+    from tiers_util import Prompt, Redis
+
+    r = Redis().start()
+    try:
+        adapter = json.dumps({"type": "resp", "host": "127.0.0.1", "port": r.port})
+        base = ["--l2-adapter", adapter]
+        with F.kvd_server(tmp_path, extra=base) as srv:
+            c = H.TPCluster(srv.url, "lmcache_driven", "hostile-wait", tp=1)
+            # One prompt per request: lookups of one prefix at once share its loads.
+            prompts = [Prompt(c, chunks=2, seed=91 + i) for i in range(9)]
+            for i, p in enumerate(prompts):
+                p.store(c, f"wait-store-{os.getpid()}-{i}")
+            deadline = time.monotonic() + 20
+            while len(r.cli("KEYS", "*").split()) < 18 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            c.close()
+        with F.kvd_server(tmp_path, extra=[*base, "--max-workers", "2"]) as srv:
+            c = H.TPCluster(srv.url, "lmcache_driven", "hostile-wait", tp=1)
+            w = F.RawClient(srv.url)
+            other = F.RawClient(srv.url)
+            try:
+                rids = [f"wait-{os.getpid()}-{i}" for i in range(9)]
+                assert w.call("wait_prefetch_status", "never-seen", 5.0) == 0  # unknown: 0 at once
+                assert r.cli("CLIENT", "PAUSE", "4000", "ALL").strip() == "OK"
+                paused = time.monotonic()
+                for rid, p in zip(rids, prompts):  # on w's socket: in before the WAITs below
+                    toks = list(p.tokens)
+                    w.call("lookup", F.cache_key("hostile-wait", 1, None, toks, 0, len(toks), rid), 1)
+                # A prefetch that still runs when the timeout passes: nil, after the timeout.
+                t0 = time.monotonic()
+                assert w.call("wait_prefetch_status", rids[0], 0.3) is None
+                waited = time.monotonic() - t0
+                assert 0.25 <= waited < 2.0, f"answered after {waited:.2f} s for a 0.3 s timeout"
+                # A timeout of 0 (or NaN, or negative) does not wait.
+                t0 = time.monotonic()
+                assert w.call("wait_prefetch_status", rids[0], 0.0) is None
+                assert w.call("wait_prefetch_status", rids[0], float("nan")) is None
+                assert w.call("wait_prefetch_status", rids[0], -1.0) is None
+                assert time.monotonic() - t0 < 0.5
+                # Seven long waits, more than the pool has threads; one session ends meanwhile.
+                sent = {w.send("wait_prefetch_status", rid, 30.0): rid for rid in rids[1:8]}
+                ended = w.send("wait_prefetch_status", rids[8], 30.0)
+                time.sleep(0.1)
+                long = [7 + i for i in range(8 * 1024)]  # a 16 KiB+ LOOKUP runs on the pool
+                t0 = time.monotonic()
+                other.call("lookup", F.cache_key("hostile-unregistered", 1, None, long, 0,
+                                                 len(long), f"long-{os.getpid()}"), 1)
+                assert time.monotonic() - t0 < 1.5, "a pool op waited for parked waits"
+                other.call("end_session", rids[8])
+                got, reply = w.recv(timeout=2.0)
+                assert (got, reply) == (ended, 0), "END_SESSION did not release its waiter"
+                assert time.monotonic() - paused < 3.5, "released only when the pause ended"
+                answers = {}
+                while len(answers) < len(sent):
+                    got, reply = w.recv(timeout=20.0)
+                    answers[sent[got]] = (reply, time.monotonic() - paused)
+                for rid, (reply, at) in answers.items():
+                    assert reply == 2, (rid, reply)  # both chunks, loaded from Redis
+                    assert at >= 3.0, f"{rid} answered {at:.2f} s into a 4 s pause"
+                assert w.call("wait_prefetch_status", rids[1], 5.0) == 0  # taken once
+                for rid in rids:
+                    c.end_session(rid)
+            finally:
+                w.close()
+                other.close()
+                c.close()
+            assert srv.alive(), srv.log()
+    finally:
+        r.close()
