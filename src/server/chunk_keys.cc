@@ -38,6 +38,7 @@ Result<RequestChunks> RequestChunkKeys(SessionTable& sessions, l1::Namespaces& n
   if (!hashes.ok()) return hashes.status();
   RequestChunks out;
   out.first_chunk = static_cast<uint64_t>(key.start / c);
+  if (out.first_chunk > 0) out.parent_hash = (*hashes)[out.first_chunk - 1];
   const std::string model = KeyModelName(key.model_name, key_namespace);
   const int32_t ws = static_cast<int32_t>(key.world_size);
   std::optional<l1::NamespaceId> ns;
@@ -55,6 +56,26 @@ Result<RequestChunks> RequestChunkKeys(SessionTable& sessions, l1::Namespaces& n
   out.keys.reserve(static_cast<size_t>((key.end - key.start) / c));
   for (int64_t i = key.start / c; i < key.end / c; ++i) out.keys.push_back({*ns, (*hashes)[i]});
   return out;
+}
+
+void BindStoredChunks(KvEventLog* events, const wire::CacheKey& key, const RequestChunks& chunks,
+                      int64_t chunk_size) {
+  if (!events || chunks.keys.empty()) return;
+  const size_t c = static_cast<size_t>(chunk_size);
+  std::vector<KvEventLog::Binding> bindings;
+  bindings.reserve(chunks.keys.size());
+  for (size_t j = 0; j < chunks.keys.size(); ++j) {
+    KvEventLog::Binding b;
+    b.hash = chunks.keys[j].chunk_hash;
+    if (j > 0) {
+      b.parent = chunks.keys[j - 1].chunk_hash;
+    } else {
+      b.parent = chunks.parent_hash;
+    }
+    b.tokens = key.token_ids.span().subspan((chunks.first_chunk + j) * c, c);
+    bindings.push_back(b);
+  }
+  events->Bind(bindings);
 }
 
 }  // namespace kvd::server

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -12,6 +13,7 @@
 #include "keys/chunk_hasher.h"
 #include "l1/chunk_key.h"
 #include "l1/namespaces.h"
+#include "server/kv_events.h"
 #include "server/sessions.h"
 #include "wire/messages.h"
 
@@ -30,6 +32,8 @@ struct RequestChunks {
   uint64_t first_chunk = 0;        // chunk index of keys[0] within the request (start / C)
   std::vector<l1::ChunkKey> keys;  // chunks [start/C, end/C)
   bool namespace_known = true;     // false: nothing of this namespace is cached (keys empty)
+  // Hash of chunk first_chunk - 1 (the chain's parent of keys[0]); none when first_chunk is 0.
+  std::optional<keys::Hash32> parent_hash;
 };
 
 // Keys of chunks [start/C, end/C) of `key` (C = chunk_size) in `key_namespace`. With
@@ -43,5 +47,12 @@ Result<RequestChunks> RequestChunkKeys(SessionTable& sessions, l1::Namespaces& n
                                        bool create_namespace,
                                        const std::string& key_namespace = "",
                                        SessionUse use = SessionUse::kCreate);
+
+// Binds the tokens of the chunks a store is about to write (`chunks`, from RequestChunkKeys
+// for `key`) in the KV-event log, for the "stored" records their commits produce. Call before
+// the chunks can commit. Nothing when `events` is null. Reuses the hashes in `chunks`: the
+// tokens are not hashed again.
+void BindStoredChunks(KvEventLog* events, const wire::CacheKey& key, const RequestChunks& chunks,
+                      int64_t chunk_size);
 
 }  // namespace kvd::server

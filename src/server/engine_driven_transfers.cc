@@ -135,6 +135,7 @@ EngineDrivenTransfers::PrepareStore(const wire::EngineDrivenRequest& req) {
     counters_->store_failures++;
     return chunks.status();
   }
+  BindStoredChunks(kv_events_, req.key, *chunks, config_.chunk_size);  // before CommitStore
   const std::vector<l1::ChunkKey>* keys = &chunks->keys;
   PendingStore pending;
   pending.started_ns = clock_->NowNanos();

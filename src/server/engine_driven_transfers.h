@@ -22,6 +22,7 @@
 #include "l2/tier_set.h"
 #include "server/config.h"
 #include "server/instance_registry.h"
+#include "server/kv_events.h"
 #include "server/service_counters.h"
 #include "server/sessions.h"
 #include "wire/messages.h"
@@ -47,6 +48,8 @@ class EngineDrivenTransfers {
   Status CommitRetrieve(const wire::EngineDrivenRequest& req);
   // The tiers committed objects are written behind to (null: none). Set once, before use.
   void set_tiers(l2::TierSet* tiers) { tiers_ = tiers; }
+  // The KV-event log stores bind their chunks' tokens in (BindStoredChunks); null: none.
+  void set_kv_events(KvEventLog* events) { kv_events_ = events; }
 
   // Drops every half-done operation of the instance (unregistered or reaped).
   void DropInstance(int64_t instance_id);
@@ -81,6 +84,7 @@ class EngineDrivenTransfers {
   InstanceRegistry* const registry_;
   ServiceCounters* const counters_;
   l2::TierSet* tiers_ = nullptr;
+  KvEventLog* kv_events_ = nullptr;
 
   mutable std::mutex mu_;
   std::map<PendingKey, PendingStore> pending_stores_;        // guarded by mu_

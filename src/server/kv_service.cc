@@ -63,6 +63,10 @@ KvService::KvService(const ServerConfig& config, const Clock* clock,
   lookups_.set_tiers(tiers_.get());
   lmcache_.set_tiers(tiers_.get());
   engine_driven_.set_tiers(tiers_.get());
+  // Stores bind their chunks' tokens for the "stored" KV events from the hashes they compute
+  // for their keys (the tokens are hashed once per store).
+  lmcache_.set_kv_events(kv_events_.get());
+  engine_driven_.set_kv_events(kv_events_.get());
 }
 
 KvService::~KvService() {
@@ -83,30 +87,6 @@ std::vector<std::string> KvService::ExperimentalCapabilities() const {
   std::vector<std::string> caps;
   if (kv_events_) caps.push_back("kv_event_stream");
   return caps;
-}
-
-void KvService::BindKvEvents(const wire::CacheKey& key) {
-  const int64_t c = config_.chunk_size;
-  if (!kv_events_ || key.start % c != 0 || key.end % c != 0 || key.end <= key.start ||
-      static_cast<int64_t>(key.token_ids.size()) < key.end) {
-    return;  // nothing to bind; the store itself reports a bad range
-  }
-  // No identity: the store that follows records it (with its key namespace). Binding never
-  // creates a session: a STORE after END_SESSION must not bring one back (finding 8).
-  auto hashes = sessions_.ChunkHashes(key.request_id, key.token_ids,
-                                      static_cast<size_t>(key.end / c), SessionIdentity{},
-                                      SessionUse::kIfExists);
-  if (!hashes.ok()) return;
-  std::vector<KvEventLog::Binding> chunks;
-  chunks.reserve(static_cast<size_t>((key.end - key.start) / c));
-  for (int64_t i = key.start / c; i < key.end / c; ++i) {
-    KvEventLog::Binding b;
-    b.hash = (*hashes)[i];
-    if (i > 0) b.parent = (*hashes)[i - 1];
-    b.tokens = key.token_ids.span().subspan(static_cast<size_t>(i * c), static_cast<size_t>(c));
-    chunks.push_back(b);
-  }
-  kv_events_->Bind(chunks);
 }
 
 void KvService::Ping(std::optional<int64_t> instance_id) {

@@ -60,7 +60,6 @@ class KvService {
 
   // STORE / RETRIEVE (see LmcacheTransfers).
   Status Store(const wire::TransferRequest& req, std::string* event_handle = nullptr) {
-    BindKvEvents(req.key);
     return lmcache_.Store(req, event_handle);
   }
   Status Retrieve(const wire::TransferRequest& req, std::string* event_handle = nullptr) {
@@ -89,7 +88,6 @@ class KvService {
   }
   Result<std::pair<std::vector<wire::ShmSlot>, std::vector<int64_t>>> PrepareStore(
       const wire::EngineDrivenRequest& req) {
-    BindKvEvents(req.key);
     return engine_driven_.PrepareStore(req);
   }
   Status CommitStore(const wire::EngineDrivenRequest& req) { return engine_driven_.CommitStore(req); }
@@ -109,6 +107,8 @@ class KvService {
   void Maintain();
 
   const ServiceCounters& counters() const { return counters_; }
+  // Chunks hashed so far (SessionTable::hashed_chunks): each request's chunk is hashed once.
+  uint64_t hashed_chunks() const { return sessions_.hashed_chunks(); }
   // The tiers behind L1; null without --l2-adapter.
   const l2::TierSet* tiers() const { return tiers_.get(); }
   // Waits until no write to a tier is in flight (tests and benchmarks). True when idle.
@@ -135,9 +135,6 @@ class KvService {
   KvService(const ServerConfig& config, const Clock* clock, std::unique_ptr<KvEventLog> events,
             std::unique_ptr<l1::L1Cache> l1, transfer::ShmAccessPolicy shm_policy,
             std::unique_ptr<l2::TierSet> tiers);
-  // Records the tokens of the chunks a store names, for the "stored" KV events their
-  // commits produce (before the store, so the binding precedes the commit).
-  void BindKvEvents(const wire::CacheKey& key);
 
   // Declaration order is destruction order in reverse: the parts (which hold L1 handles)
   // go before the sessions, the registry and the cache they borrow.

@@ -322,6 +322,7 @@ Status LmcacheTransfers::Store(const wire::TransferRequest& req, std::string* ev
                                  /*create_namespace=*/true, inst->key_namespace,
                                  SessionUse::kIfExists);
   if (!chunks.ok()) return fail(chunks.status());
+  BindStoredChunks(kv_events_, req.key, *chunks, config_.chunk_size);  // before any commit
   const std::vector<l1::ChunkKey>* keys = &chunks->keys;
   const int64_t n = static_cast<int64_t>(keys->size());
   if (Status st = transfer::ValidateBlockIds(inst->layout, req.block_ids, n); !st.ok()) {

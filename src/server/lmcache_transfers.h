@@ -33,6 +33,7 @@
 #include "server/config.h"
 #include "server/inflight_copies.h"
 #include "server/instance_registry.h"
+#include "server/kv_events.h"
 #include "server/service_counters.h"
 #include "server/sessions.h"
 #include "transfer/copy_engine.h"
@@ -63,6 +64,8 @@ class LmcacheTransfers {
   Status Retrieve(const wire::TransferRequest& req, std::string* event_handle);
   // The tiers committed objects are written behind to (null: none). Set once, before use.
   void set_tiers(l2::TierSet* tiers) { tiers_ = tiers; }
+  // The KV-event log stores bind their chunks' tokens in (BindStoredChunks); null: none.
+  void set_kv_events(KvEventLog* events) { kv_events_ = events; }
 
   // Cancels the instances whose asynchronous copies are past their deadline (see above);
   // returns how many. Called periodically (KvService::Maintain).
@@ -89,6 +92,7 @@ class LmcacheTransfers {
   InstanceRegistry* const registry_;
   ServiceCounters* const counters_;
   l2::TierSet* tiers_ = nullptr;
+  KvEventLog* kv_events_ = nullptr;
   const int copy_threads_;  // most threads one CPU copy may use
   const transfer::ShmAccessPolicy shm_policy_;
   // Shared with the completions, which may run after this object is gone.

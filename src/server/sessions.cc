@@ -77,8 +77,10 @@ namespace {
 
 // Hashes of chunks [first, num_chunks) of `tokens`, chained from `prev`, into out[first..).
 void HashFrom(const keys::Hash32& prev, const wire::TokenIds& tokens, size_t first,
-              size_t num_chunks, uint32_t chunk_size, std::vector<keys::Hash32>& out) {
+              size_t num_chunks, uint32_t chunk_size, std::vector<keys::Hash32>& out,
+              std::atomic<uint64_t>& hashed_chunks) {
   out.resize(num_chunks);
+  hashed_chunks.fetch_add(num_chunks - first, std::memory_order_relaxed);
   keys::HashTokenChain(prev,
                        tokens.span().subspan(first * chunk_size, (num_chunks - first) * chunk_size),
                        chunk_size, std::span(out).subspan(first));
@@ -103,7 +105,7 @@ Result<std::vector<keys::Hash32>> SessionTable::ChunkHashes(std::string_view req
   auto s = Get(request_id, use == SessionUse::kCreate);
   if (!s) {  // no session and none to create: compute, keep nothing
     std::vector<keys::Hash32> hashes;
-    HashFrom(keys::NoneHash(), tokens, 0, num_chunks, chunk_size_, hashes);
+    HashFrom(keys::NoneHash(), tokens, 0, num_chunks, chunk_size_, hashes, hashed_chunks_);
     return hashes;
   }
   std::vector<SessionPtr> dropped;  // destroyed after both locks are released
@@ -120,7 +122,7 @@ Result<std::vector<keys::Hash32>> SessionTable::ChunkHashes(std::string_view req
     const size_t first = s->hashes.size();
     // Copy the chain's start before growing the vector it lives in.
     const keys::Hash32 prev = first == 0 ? keys::NoneHash() : s->hashes.back();
-    HashFrom(prev, tokens, first, num_chunks, chunk_size_, s->hashes);
+    HashFrom(prev, tokens, first, num_chunks, chunk_size_, s->hashes, hashed_chunks_);
     s->tokens.resize(first * chunk_size_);
     s->tokens.insert(s->tokens.end(), tokens.data() + first * chunk_size_, tokens.data() + n);
   }

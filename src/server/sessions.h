@@ -16,6 +16,7 @@
 // request wait for, and then reuse, one computation. Lock order: a session's mu, then mu_.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <list>
 #include <memory>
@@ -97,6 +98,9 @@ class SessionTable {
   uint64_t bytes() const;
   // Sessions dropped to stay within the bounds (not counting expiry or END_SESSION).
   uint64_t evicted() const;
+  // Chunks hashed by ChunkHashes since construction (each chunk of a chain counts once per
+  // computation; a reused hash does not count). Lets tests and metrics see repeated hashing.
+  uint64_t hashed_chunks() const { return hashed_chunks_.load(std::memory_order_relaxed); }
   const SessionLimits& limits() const { return limits_; }
 
  private:
@@ -142,6 +146,7 @@ class SessionTable {
   std::list<std::string_view> lru_;  // guarded by mu_; most recently used first
   uint64_t bytes_ = 0;               // guarded by mu_
   uint64_t evicted_ = 0;             // guarded by mu_
+  std::atomic<uint64_t> hashed_chunks_{0};  // relaxed: a statistic
 };
 
 }  // namespace kvd::server

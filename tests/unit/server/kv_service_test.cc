@@ -335,6 +335,55 @@ TEST_F(KvServiceTest, EngineDrivenPrepareCommitRoundTrip) {
   munmap(pool, r->second);
 }
 
+// Regression (a STORE without a session hashed its tokens twice with KV events on: once to
+// bind the chunks' tokens for the "stored" events, once for the chunk keys).
+TEST_F(KvServiceTest, StoreWithoutSessionHashesEachChunkOnceWithKvEventsOn) {
+  ASSERT_NE(svc_->kv_events(), nullptr);  // the default config records KV events
+  FakeWorker w0("/kvd_test_w0");
+  w0.Fill(5);
+  ASSERT_TRUE(svc_->RegisterKvCache(w0.Registration(100, 1)).ok());
+  // 3 full chunks, no LOOKUP before: no session exists for "nosession".
+  uint64_t before = svc_->hashed_chunks();
+  wire::TransferRequest st{Key(0, 768, 0, 768, 1, "nosession"), 100, Blocks(0, 48), "", 0};
+  ASSERT_TRUE(svc_->Store(st).ok());
+  EXPECT_EQ(svc_->hashed_chunks() - before, 3u);
+  // The store's chunks were bound: their commits are "stored" events with the tokens.
+  EXPECT_EQ(svc_->kv_events()->stats().stored_records, 3u);
+  EXPECT_EQ(svc_->kv_events()->stats().unbound_stores, 0u);
+  // A store of a later range only: the whole prefix is hashed once, not twice.
+  before = svc_->hashed_chunks();
+  wire::TransferRequest tail{Key(0, 1024, 768, 1024, 1, "nosession2"), 100, Blocks(48, 16), "", 0};
+  ASSERT_TRUE(svc_->Store(tail).ok());
+  EXPECT_EQ(svc_->hashed_chunks() - before, 4u);
+  // With a session (the scheduler's LOOKUP first), the store hashes nothing more.
+  EXPECT_EQ(LookupHits(Key(std::nullopt, 512, 0, 512, 1, "withsession")), 2);
+  before = svc_->hashed_chunks();
+  wire::TransferRequest again{Key(0, 512, 0, 512, 1, "withsession"), 100, Blocks(0, 32), "", 0};
+  ASSERT_TRUE(svc_->Store(again).ok());
+  EXPECT_EQ(svc_->hashed_chunks() - before, 0u);
+}
+
+TEST_F(KvServiceTest, EngineDrivenPrepareStoreWithoutSessionHashesEachChunkOnce) {
+  wire::RegisterEngineDrivenRequest reg;
+  reg.instance_id = 7;
+  reg.model_name = "llama";
+  reg.world_size = 1;
+  reg.block_size = 16;
+  reg.num_layers = 2;
+  reg.hidden_dim_size = 16;
+  reg.dtype_str = "bfloat16";
+  reg.num_physical_slots = 256;
+  ASSERT_TRUE(svc_->RegisterEngineDriven(reg).ok());
+  const uint64_t before = svc_->hashed_chunks();
+  wire::EngineDrivenRequest ps{Key(0, 512, 0, 512, 1, "e"), 7, ""};
+  auto slots = svc_->PrepareStore(ps);
+  ASSERT_TRUE(slots.ok());
+  EXPECT_EQ(svc_->hashed_chunks() - before, 2u);
+  ASSERT_TRUE(svc_->CommitStore(ps).ok());
+  EXPECT_EQ(svc_->kv_events()->stats().stored_records, 2u);
+  EXPECT_EQ(svc_->kv_events()->stats().unbound_stores, 0u);
+}
+
 // Stores one chunk through an engine-driven instance; returns whether it committed.
 bool EngineDrivenStoreOneChunk(KvService& svc, int64_t id, const std::string& rid) {
   wire::EngineDrivenRequest ps{Key(0, 256, 0, 256, 1, rid), id, ""};
