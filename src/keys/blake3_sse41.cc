@@ -35,15 +35,38 @@ KVD_SSE41 __m128i Rotr7(__m128i x) { return _mm_or_si128(_mm_srli_epi32(x, 7), _
 // G on all four columns (or diagonals, after rotating rows) at once.
 // The message word is added to r0 first: r0 is ready before r1, so only one add waits
 // for r1 (a single compression is latency-bound; this is its critical path).
+// The empty asm keeps the compiler from reassociating (r0 + m) + r1 into (r0 + r1) + m,
+// which would put a second add on the critical path.
+KVD_SSE41 __m128i AddEarly(__m128i a, __m128i m) {
+  __m128i t = Add(a, m);
+  __asm__("" : "+x"(t));
+  return t;
+}
 KVD_SSE41 void MixRows(__m128i& r0, __m128i& r1, __m128i& r2, __m128i& r3, __m128i mx, __m128i my) {
-  r0 = Add(Add(r0, mx), r1);
+  r0 = Add(AddEarly(r0, mx), r1);
   r3 = Rotr16(Xor(r3, r0));
   r2 = Add(r2, r3);
   r1 = Rotr12(Xor(r1, r2));
-  r0 = Add(Add(r0, my), r1);
+  r0 = Add(AddEarly(r0, my), r1);
   r3 = Rotr8(Xor(r3, r0));
   r2 = Add(r2, r3);
   r1 = Rotr7(Xor(r1, r2));
+}
+
+// Diagonal step: rows 0, 2 and 3 are rotated so that lane j of each row holds the
+// diagonal through row 1's lane j (row 1 stays put). Row 1 is the last value a G step
+// computes, rows 0, 2 and 3 are ready earlier, so the rotations stay off the critical path
+// of the (latency-bound) compression. Lane 0 then holds diagonal 3 (v3, v4, v9, v14),
+// lane 1 diagonal 0, lane 2 diagonal 1, lane 3 diagonal 2.
+KVD_SSE41 void Diagonalize(__m128i& r0, __m128i& r2, __m128i& r3) {
+  r0 = _mm_shuffle_epi32(r0, 0x93);  // lanes 3,0,1,2
+  r2 = _mm_shuffle_epi32(r2, 0x39);  // lanes 1,2,3,0
+  r3 = _mm_shuffle_epi32(r3, 0x4E);  // lanes 2,3,0,1
+}
+KVD_SSE41 void Undiagonalize(__m128i& r0, __m128i& r2, __m128i& r3) {
+  r0 = _mm_shuffle_epi32(r0, 0x39);
+  r2 = _mm_shuffle_epi32(r2, 0x93);
+  r3 = _mm_shuffle_epi32(r3, 0x4E);
 }
 
 template <int R>
@@ -51,15 +74,10 @@ KVD_SSE41 void RowRound(__m128i& r0, __m128i& r1, __m128i& r2, __m128i& r3, cons
   constexpr const uint8_t* s = kSchedule.idx[R];
   MixRows(r0, r1, r2, r3, _mm_setr_epi32(m[s[0]], m[s[2]], m[s[4]], m[s[6]]),
           _mm_setr_epi32(m[s[1]], m[s[3]], m[s[5]], m[s[7]]));
-  // Rotate rows so that lane j of each row holds diagonal j.
-  r1 = _mm_shuffle_epi32(r1, 0x39);  // lanes 1,2,3,0
-  r2 = _mm_shuffle_epi32(r2, 0x4E);  // lanes 2,3,0,1
-  r3 = _mm_shuffle_epi32(r3, 0x93);  // lanes 3,0,1,2
-  MixRows(r0, r1, r2, r3, _mm_setr_epi32(m[s[8]], m[s[10]], m[s[12]], m[s[14]]),
-          _mm_setr_epi32(m[s[9]], m[s[11]], m[s[13]], m[s[15]]));
-  r1 = _mm_shuffle_epi32(r1, 0x93);
-  r2 = _mm_shuffle_epi32(r2, 0x4E);
-  r3 = _mm_shuffle_epi32(r3, 0x39);
+  Diagonalize(r0, r2, r3);
+  MixRows(r0, r1, r2, r3, _mm_setr_epi32(m[s[14]], m[s[8]], m[s[10]], m[s[12]]),
+          _mm_setr_epi32(m[s[15]], m[s[9]], m[s[11]], m[s[13]]));
+  Undiagonalize(r0, r2, r3);
 }
 
 KVD_SSE41 void CompressRows(const uint32_t cv[8], const uint8_t block[kBlockLen], uint8_t block_len,
@@ -224,22 +242,14 @@ KVD_SSE41 void RowRound2(__m128i a[4], __m128i b[4], const uint32_t ma[16], cons
           _mm_setr_epi32(ma[s[1]], ma[s[3]], ma[s[5]], ma[s[7]]));
   MixRows(b[0], b[1], b[2], b[3], _mm_setr_epi32(mb[s[0]], mb[s[2]], mb[s[4]], mb[s[6]]),
           _mm_setr_epi32(mb[s[1]], mb[s[3]], mb[s[5]], mb[s[7]]));
-  a[1] = _mm_shuffle_epi32(a[1], 0x39);
-  a[2] = _mm_shuffle_epi32(a[2], 0x4E);
-  a[3] = _mm_shuffle_epi32(a[3], 0x93);
-  b[1] = _mm_shuffle_epi32(b[1], 0x39);
-  b[2] = _mm_shuffle_epi32(b[2], 0x4E);
-  b[3] = _mm_shuffle_epi32(b[3], 0x93);
-  MixRows(a[0], a[1], a[2], a[3], _mm_setr_epi32(ma[s[8]], ma[s[10]], ma[s[12]], ma[s[14]]),
-          _mm_setr_epi32(ma[s[9]], ma[s[11]], ma[s[13]], ma[s[15]]));
-  MixRows(b[0], b[1], b[2], b[3], _mm_setr_epi32(mb[s[8]], mb[s[10]], mb[s[12]], mb[s[14]]),
-          _mm_setr_epi32(mb[s[9]], mb[s[11]], mb[s[13]], mb[s[15]]));
-  a[1] = _mm_shuffle_epi32(a[1], 0x93);
-  a[2] = _mm_shuffle_epi32(a[2], 0x4E);
-  a[3] = _mm_shuffle_epi32(a[3], 0x39);
-  b[1] = _mm_shuffle_epi32(b[1], 0x93);
-  b[2] = _mm_shuffle_epi32(b[2], 0x4E);
-  b[3] = _mm_shuffle_epi32(b[3], 0x39);
+  Diagonalize(a[0], a[2], a[3]);
+  Diagonalize(b[0], b[2], b[3]);
+  MixRows(a[0], a[1], a[2], a[3], _mm_setr_epi32(ma[s[14]], ma[s[8]], ma[s[10]], ma[s[12]]),
+          _mm_setr_epi32(ma[s[15]], ma[s[9]], ma[s[11]], ma[s[13]]));
+  MixRows(b[0], b[1], b[2], b[3], _mm_setr_epi32(mb[s[14]], mb[s[8]], mb[s[10]], mb[s[12]]),
+          _mm_setr_epi32(mb[s[15]], mb[s[9]], mb[s[11]], mb[s[13]]));
+  Undiagonalize(a[0], a[2], a[3]);
+  Undiagonalize(b[0], b[2], b[3]);
 }
 
 // First block of chunk 0 (counter 0) and of chunk 1 (counter 1) of one message at once.
