@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <vector>
 
@@ -23,9 +24,17 @@ uint32_t Lookups::ReadLocksPerSlot(const wire::CacheKey& key, int64_t tp_size) {
   return static_cast<uint32_t>(std::clamp<int64_t>(n, 1, l1::EntryLocks::kMax));
 }
 
+std::mutex& Lookups::RequestMutex(std::string_view request_id) {
+  return request_mu_[std::hash<std::string_view>{}(request_id) % request_mu_.size()];
+}
+
 Status Lookups::Lookup(const wire::LookupRequest& req) {
   counters_->lookups++;
   const auto& key = req.key;
+  // A lookup's locking and registration, and a prefetch completion of the same request, run
+  // one at a time: a completion never sees itself current while a newer lookup of the
+  // request is between taking its locks and registering (it would replace those locks).
+  std::unique_lock<std::mutex> serial(RequestMutex(key.request_id));
   const auto ns = registry_->KeyNamespace(key.model_name, key.world_size);
   if (!ns.registered || !ns.agreed) {
     // No worker of this model has registered: nothing can be retrieved, so 0 hits. Or its
@@ -45,6 +54,9 @@ Status Lookups::Lookup(const wire::LookupRequest& req) {
     prefetch_changes_.fetch_add(1, std::memory_order_acq_rel);
     return chunks.status();
   }
+  // With tiers the lookup is registered (superseding any earlier one of the request) before
+  // it takes locks; SetLookupResult below supersedes it again when nothing is prefetched.
+  const uint64_t generation = tiers_ ? sessions_->BeginLookup(key.request_id) : 0;
   // The locks belong to this request: only its own RETRIEVEs, FREE_LOOKUP_LOCKS, next LOOKUP
   // or the read TTL release them.
   const uint32_t world = static_cast<uint32_t>(key.world_size);
@@ -66,7 +78,6 @@ Status Lookups::Lookup(const wire::LookupRequest& req) {
   }
   // The L1 prefix stays read-locked (for this request) while the tiers load the rest; then
   // the whole prefix is locked again in one call (LookupAndLock replaces the owner's locks).
-  const uint64_t generation = sessions_->BeginLookup(key.request_id);
   auto all = std::make_shared<RequestChunks>(std::move(chunks).value());
   l2::PrefetchRequest p;
   p.chunks.assign(all->keys.begin() + static_cast<std::ptrdiff_t>(hits), all->keys.end());
@@ -76,12 +87,14 @@ Status Lookups::Lookup(const wire::LookupRequest& req) {
   p.world_size = world;
   p.format = *format;
   const std::string request_id = key.request_id;
+  serial.unlock();  // the completion may run inside Prefetch
   tiers_->Prefetch(std::move(p), [this, all, hits, world, readers, request_id, generation](size_t n) {
     // However it ends (superseded, session gone, finished): a parked WAIT re-checks then.
     struct Ended {
       Lookups* self;
       ~Ended() { self->PrefetchEnded(); }
     } ended{this};
+    std::lock_guard<std::mutex> serial(RequestMutex(request_id));
     // A later LOOKUP of the request (or its end) supersedes this one: its locks are not ours.
     if (!sessions_->LookupCurrent(request_id, generation)) return;
     size_t total = hits;
@@ -89,7 +102,12 @@ Status Lookups::Lookup(const wire::LookupRequest& req) {
       std::span<const l1::ChunkKey> prefix(all->keys.data(), hits + n);
       total = l1_->LookupAndLock(request_id, all->first_chunk, prefix, world, readers);
     }
-    if (!sessions_->FinishLookup(request_id, generation, static_cast<int64_t>(total))) return;
+    if (!sessions_->FinishLookup(request_id, generation, static_cast<int64_t>(total))) {
+      // The session ended meanwhile: nobody will read this result, and the request's locks
+      // are this lookup's (no newer lookup of it ran: see RequestMutex).
+      l1_->ReleaseAllLocks(request_id);
+      return;
+    }
     const size_t more = total > hits ? total - hits : 0;
     counters_->hit_chunks += more;
     counters_->hit_l2_chunks += more;

@@ -8,9 +8,12 @@
 // QUERY_PREFETCH_STATUS answers "running" (nil) until the loaded chunks are in L1 and
 // read-locked, then the whole hit count.
 //
-// Thread-safe (SessionTable and L1Cache are); its only lock guards the prefetch wakeup.
+// Thread-safe (SessionTable and L1Cache are). A lookup and a prefetch completion of the same
+// request are serialized by a striped per-request mutex (RequestMutex); wakeup_mu_ guards only
+// the prefetch wakeup.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <functional>
@@ -74,6 +77,10 @@ class Lookups {
   std::atomic<uint64_t> prefetch_changes_{0};
   std::mutex wakeup_mu_;
   std::function<void()> wakeup_;  // guarded by wakeup_mu_
+  // One of request_mu_, by request id: held while a LOOKUP locks and registers, and while a
+  // prefetch completion checks, locks and records; never across a tier call.
+  std::mutex& RequestMutex(std::string_view request_id);
+  std::array<std::mutex, 64> request_mu_;  // guards the order of a request's lookup steps
 };
 
 }  // namespace kvd::server
