@@ -3,8 +3,10 @@
 #
 #   asan  every unit test (ctest) and the interop suite (tests/integration, real lmcache
 #         client) against BUILD_DIR/kvd built with -DKVD_SANITIZE=ON (ASan + UBSan + LSan).
-#   tsan  the unit tests of the concurrent modules (l1: cache, concurrency; server: KvService,
-#         sessions, liveness, device path, metrics, TaskPool, ZMQ server) and the fuzz
+#   tsan  the unit tests of the concurrent modules (l1: cache, concurrency; l2: tiers, TierSet
+#         store-behind/prefetch/eviction, Redis and Redis Cluster against a real
+#         redis-server; server: KvService, sessions, lookups with tiers, liveness, device path,
+#         metrics, TaskPool, ZMQ server) and the fuzz
 #         replays, and a short TP=8 soak against BUILD_DIR/kvd built with -DKVD_TSAN=ON.
 #
 # Sanitizer reports of every instrumented process (test binaries and kvd servers the Python
@@ -35,8 +37,8 @@ case "$mode" in
     ;;
   tsan)
     export TSAN_OPTIONS="log_path=$logs/tsan:halt_on_error=0:second_deadlock_stack=1:suppressions=$here/tsan.supp"
-    echo "tsan: l1, server and fuzz-replay unit tests ($dir)"
-    # `make test-tsan` builds only l1_tests, server_tests, codec_tests and fuzz_replay_*; ctest lists the
+    echo "tsan: l1, l2, server and fuzz-replay unit tests ($dir)"
+    # `make test-tsan` builds only l1_tests, l2_tests, server_tests, codec_tests and fuzz_replay_*; ctest lists the
     # other test binaries as *_NOT_BUILT.
     ctest --test-dir "$dir" --output-on-failure -j"$(nproc)" --timeout 900 -E '_NOT_BUILT' \
       || status=1
