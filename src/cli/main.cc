@@ -23,7 +23,9 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <mutex>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <thread>
 #include <unistd.h>
@@ -141,7 +143,42 @@ class ServiceStats final : public kvd::http::StatsSource {
     return {};
   }
 
+  // Counters count from the last POST /metrics/reset (gauges and histograms are absolute).
   kvd::http::Snapshot Collect() override {
+    kvd::http::Snapshot s = CollectRaw();
+    std::lock_guard<std::mutex> lock(baseline_mu_);
+    if (!baseline_) return s;
+    const kvd::http::Snapshot& b = *baseline_;
+    auto sub = [](uint64_t& v, uint64_t base) { v = v > base ? v - base : 0; };
+    auto& c = s.counters;
+    const auto& bc = b.counters;
+    sub(c.lookups, bc.lookups);
+    sub(c.lookup_tokens, bc.lookup_tokens);
+    sub(c.hit_tokens, bc.hit_tokens);
+    sub(c.stores, bc.stores);
+    sub(c.store_failures, bc.store_failures);
+    sub(c.stored_chunks, bc.stored_chunks);
+    sub(c.stored_bytes, bc.stored_bytes);
+    sub(c.retrieves, bc.retrieves);
+    sub(c.retrieve_failures, bc.retrieve_failures);
+    sub(c.retrieved_chunks, bc.retrieved_chunks);
+    sub(c.retrieved_bytes, bc.retrieved_bytes);
+    sub(s.l1.evictions, b.l1.evictions);
+    sub(s.l1.evicted_bytes, b.l1.evicted_bytes);
+    sub(s.unknown_ops, b.unknown_ops);
+    sub(s.kv_events.stored_records, b.kv_events.stored_records);
+    sub(s.kv_events.removed_records, b.kv_events.removed_records);
+    for (auto& o : s.ops) {
+      for (const auto& bo : b.ops) {
+        if (bo.name != o.name) continue;
+        sub(o.requests, bo.requests);
+        sub(o.refused, bo.refused);
+      }
+    }
+    return s;
+  }
+
+  kvd::http::Snapshot CollectRaw() {
     kvd::http::Snapshot s;
     s.uptime_seconds = static_cast<double>(Now() - started_) * 1e-9;
     s.chunk_size = cfg_.chunk_size;
@@ -272,7 +309,100 @@ class ServiceStats final : public kvd::http::StatsSource {
     return out;
   }
 
+  kvd::http::DeleteResult DeleteL1Objects(const std::vector<kvd::http::ObjectKeyRef>& keys,
+                                          bool /*force: kvd never removes an entry in use*/) override {
+    std::vector<kvd::server::KvService::L1EntryName> names;
+    names.reserve(keys.size());
+    for (const auto& k : keys) {
+      // lmcache's kv_rank = (world << 24) | (rank << 16) | (world << 8) | rank.
+      names.push_back({k.model_name, static_cast<int32_t>((k.kv_rank >> 24) & 0xff), k.cache_salt,
+                       k.chunk_hash});
+    }
+    const auto n = svc_->DeleteL1Entries(names);
+    return {n.removed, n.busy, {}};
+  }
+
+  void ResetMetrics() override {
+    kvd::http::Snapshot now = CollectRaw();
+    std::lock_guard<std::mutex> lock(baseline_mu_);
+    baseline_ = std::move(now);
+  }
+
+  std::vector<kvd::http::L2AdapterView> L2Adapters() override {
+    std::vector<kvd::http::L2AdapterView> out;
+    const kvd::l2::TierSet* tiers = svc_->tiers();
+    if (!tiers) return out;
+    const kvd::l2::TierSetStats ts = tiers->stats();
+    for (size_t i = 0; i < ts.tiers.size(); ++i) {
+      out.push_back({ts.tiers[i].type, ts.tiers[i].name, tiers->adapter_config(i).shared});
+    }
+    return out;
+  }
+
+  kvd::Result<std::vector<kvd::http::L2ObjectView>> ListL2Objects(size_t index) override {
+    kvd::l2::TierSet* tiers = svc_->tiers();
+    if (!tiers) return kvd::Status::Unavailable("no L2 adapters configured");
+    using Listing = kvd::Result<std::vector<kvd::l2::ScannedObject>>;
+    auto answer = std::make_shared<std::promise<Listing>>();
+    auto future = answer->get_future();
+    tiers->ListObjects(index, [answer](Listing r) { answer->set_value(std::move(r)); });
+    if (future.wait_for(kTierCallTimeout) != std::future_status::ready) {
+      return kvd::Status::Unavailable("the tier did not list its objects within 30 s");
+    }
+    Listing r = future.get();
+    if (!r.ok()) return r.status();
+    std::vector<kvd::http::L2ObjectView> out;
+    for (const auto& o : r.value()) {
+      kvd::http::L2ObjectView v;
+      v.key.chunk_hash = o.key.chunk_hash;
+      v.key.model_name = o.key.model_name;
+      v.key.kv_rank = o.key.kv_rank;
+      v.key.object_group_id = o.key.object_group;
+      v.key.cache_salt = o.key.cache_salt;
+      v.key.layout_tag = o.key.layout_tag;
+      v.size_bytes = o.bytes;
+      out.push_back(std::move(v));
+    }
+    return out;
+  }
+
+  kvd::Result<kvd::http::DeleteResult> DeleteL2Objects(
+      size_t index, const std::vector<kvd::http::ObjectKeyRef>& keys) override {
+    kvd::l2::TierSet* tiers = svc_->tiers();
+    if (!tiers) return kvd::Status::Unavailable("no L2 adapters configured");
+    std::vector<kvd::l2::ObjectKey> names;
+    names.reserve(keys.size());
+    for (const auto& k : keys) {
+      kvd::l2::ObjectKey key;
+      key.model_name = k.model_name;
+      key.kv_rank = static_cast<uint32_t>(k.kv_rank);
+      key.object_group = static_cast<uint32_t>(k.object_group_id);
+      key.chunk_hash = k.chunk_hash;
+      key.cache_salt = k.cache_salt;
+      key.layout_tag = k.layout_tag;
+      names.push_back(std::move(key));
+    }
+    auto answer = std::make_shared<std::promise<std::vector<kvd::l2::ItemResult>>>();
+    auto future = answer->get_future();
+    tiers->DeleteObjects(index, std::move(names),
+                         [answer](std::vector<kvd::l2::ItemResult> r) { answer->set_value(std::move(r)); });
+    if (future.wait_for(kTierCallTimeout) != std::future_status::ready) {
+      return kvd::Status::Unavailable("the tier did not answer the delete within 30 s");
+    }
+    kvd::http::DeleteResult out;
+    for (const auto& r : future.get()) {
+      if (!r.status.ok()) {
+        if (out.error.empty()) out.error = r.status.message();
+      } else if (r.bytes > 0) {
+        out.deleted++;
+      }
+    }
+    return out;
+  }
+
  private:
+  static constexpr std::chrono::seconds kTierCallTimeout{30};
+
   static int64_t Now() {
     return std::chrono::duration_cast<std::chrono::nanoseconds>(
                std::chrono::steady_clock::now().time_since_epoch())
@@ -310,6 +440,8 @@ class ServiceStats final : public kvd::http::StatsSource {
   const kvd::server::ServerConfig cfg_;
   const std::atomic<int64_t>* const beat_ns_;
   const int64_t started_;
+  std::mutex baseline_mu_;
+  std::optional<kvd::http::Snapshot> baseline_;  // guarded by baseline_mu_; see ResetMetrics
   std::string probe_endpoint_;
   zmq::context_t ctx_{1};
   std::mutex probe_mu_;

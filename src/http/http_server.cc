@@ -11,6 +11,7 @@
 
 #include "http/dashboard.h"
 #include "http/json_views.h"
+#include "http/lmcache_api.h"
 #include "http/prometheus.h"
 #include "http/quota_routes.h"
 
@@ -25,6 +26,27 @@ void SendJson(httplib::Response& res, int status, const std::string& body) {
   res.status = status;
   NoStore(res);
   res.set_content(body, kJson);
+}
+
+void Send(httplib::Response& res, const Reply& r) {
+  res.status = r.status;
+  NoStore(res);
+  res.set_content(r.body, r.content_type);
+}
+
+// The whole body of a content-reader request (bounded: these are small JSON documents).
+constexpr size_t kMaxBodyBytes = 64 << 20;
+bool ReadBody(const httplib::ContentReader& reader, std::string* body) {
+  bool too_big = false;
+  reader([&](const char* data, size_t n) {
+    if (body->size() + n > kMaxBodyBytes) {
+      too_big = true;
+      return false;
+    }
+    body->append(data, n);
+    return true;
+  });
+  return !too_big;
 }
 
 std::string ErrorJson(const std::string& error) {
@@ -67,7 +89,17 @@ HttpServer::HttpServer(HttpOptions options, StatsSource* source)
   svr.set_read_timeout(10);
   svr.set_write_timeout(10);
 
-  svr.Get("/", [](const httplib::Request&, httplib::Response& res) {
+  // Browsers get the dashboard; other clients lmcache's JSON (content negotiation).
+  svr.Get("/", [](const httplib::Request& req, httplib::Response& res) {
+    res.set_header("Vary", "Accept");
+    if (!WantsHtml(req.get_header_value("Accept"))) {
+      Send(res, RootReply());
+      return;
+    }
+    NoStore(res);
+    res.set_content(std::string(DashboardHtml()), "text/html; charset=utf-8");
+  });
+  svr.Get("/dashboard", [](const httplib::Request&, httplib::Response& res) {
     NoStore(res);
     res.set_content(std::string(DashboardHtml()), "text/html; charset=utf-8");
   });
@@ -88,20 +120,68 @@ HttpServer::HttpServer(HttpOptions options, StatsSource* source)
   });
   // A content-reader handler: httplib would answer a body-less POST without
   // Content-Length (`curl -X POST …`) with 400 before reaching a plain handler.
-  auto clear = [this](const httplib::Request& req, httplib::Response& res,
-                      const httplib::ContentReader&) {
+  svr.Post("/clear-cache", [this](const httplib::Request& req, httplib::Response& res,
+                                  const httplib::ContentReader&) {
     uint64_t n = source_->ClearCache();
     spdlog::info("http: L1 cleared on request from {} ({} entries)", req.remote_addr, n);
     SendJson(res, 200, nlohmann::json{{"status", "ok"}, {"cleared_entries", n}}.dump());
+  });
+  // lmcache's routes and shapes (lmcache_api.h).
+  auto with_body = [](auto handler) {
+    return [handler](const httplib::Request& req, httplib::Response& res,
+                     const httplib::ContentReader& reader) {
+      std::string body;
+      if (!ReadBody(reader, &body)) {
+        SendJson(res, 413, nlohmann::json{{"detail", "request body too large"}}.dump());
+        return;
+      }
+      Send(res, handler(req, body));
+    };
   };
-  svr.Post("/clear-cache", clear);
-  svr.Post("/cache/clear", clear);
+  svr.Post("/cache/clear", with_body([this](const httplib::Request& req, const std::string& body) {
+             spdlog::info("http: POST /cache/clear from {}", req.remote_addr);
+             return ClearCacheReply(*source_, body);
+           }));
+  svr.Get("/cache/objects", [this](const httplib::Request& req, httplib::Response& res) {
+    Send(res, ListObjectsReply(*source_, req.params));
+  });
+  svr.Delete("/cache/objects", with_body([this](const httplib::Request&, const std::string& body) {
+               return DeleteObjectsReply(*source_, body);
+             }));
+  svr.Post("/cache/prefetches", with_body([this](const httplib::Request&, const std::string& body) {
+             return SubmitPrefetchReply(*source_, body);
+           }));
+  svr.Get(R"(/cache/prefetches/([^/]+))", [](const httplib::Request& req, httplib::Response& res) {
+    Send(res, PrefetchStatusReply(req.matches[1].str()));
+  });
+  svr.Get("/loglevel", [](const httplib::Request& req, httplib::Response& res) {
+    Send(res, LogLevelReply(req.params));
+  });
+  svr.Get("/threads", [](const httplib::Request& req, httplib::Response& res) {
+    Send(res, ThreadsReply(req.params));
+  });
+  svr.Get("/lmc_version", [](const httplib::Request&, httplib::Response& res) {
+    Send(res, LmcVersionReply());
+  });
+  svr.Get("/commit_id", [this](const httplib::Request&, httplib::Response& res) {
+    Send(res, CommitIdReply(options_.version));
+  });
+  svr.Post("/metrics/reset", [this](const httplib::Request& req, httplib::Response& res,
+                                    const httplib::ContentReader&) {
+    source_->ResetMetrics();
+    spdlog::info("http: metrics reset on request from {}", req.remote_addr);
+    res.status = 200;
+    res.set_content("ok", "text/plain; charset=utf-8");
+  });
   auto conf = [this](const httplib::Request&, httplib::Response& res) {
     SendJson(res, 200, options_.config_json);
   };
   svr.Get("/conf", conf);
   svr.Get("/config", conf);
   svr.Get("/version", [this](const httplib::Request&, httplib::Response& res) {
+    Send(res, VersionStringReply(options_.version));  // lmcache's shape: a JSON string
+  });
+  svr.Get("/api/version", [this](const httplib::Request&, httplib::Response& res) {
     SendJson(res, 200, VersionJson(options_.version));
   });
   svr.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {

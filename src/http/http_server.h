@@ -1,12 +1,16 @@
 // HttpServer: kvd's operator endpoints on one HTTP port (cpp-httplib):
-//   GET  /                 dashboard (self-contained HTML/JS/CSS, no external resources)
+//   GET  /                 dashboard for browsers (Accept: text/html), lmcache's JSON otherwise
+//   GET  /dashboard        dashboard (self-contained HTML/JS/CSS, no external resources)
 //   GET  /healthcheck      200 {"status":"healthy"} | 503 {"status":"unhealthy","reason":...}
 //   GET  /status           instances, L1, sessions, per-op request stats (JSON)
-//   POST /clear-cache      drop every L1 entry (also POST /cache/clear, LMCache's path)
+//   POST /clear-cache      drop every L1 entry (kvd's answer)
 //   GET  /conf             effective configuration (also /config, LMCache's path)
-//   GET  /version
+//   GET  /api/version      kvd's version object
 //   GET  /metrics          Prometheus text; 404 when metrics are disabled
 //   GET  /api/timeseries   the last minutes of 1-second samples (JSON, for the dashboard)
+//   lmcache 0.5.6's routes with its shapes (lmcache_api.h): POST /cache/clear,
+//   GET|DELETE /cache/objects, POST /cache/prefetches, GET /cache/prefetches/{id},
+//   POST /metrics/reset, GET /version, /lmc_version, /commit_id, /loglevel, /threads.
 // See docs/operations.md for the payloads.
 //
 // Threads: Start binds the port (failing cleanly when it is taken) and starts a small

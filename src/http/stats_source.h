@@ -7,6 +7,7 @@
 // for long (a healthcheck may wait for a bounded probe).
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -166,6 +167,35 @@ struct QuotaView {
   uint64_t usage_bytes = 0;             // L1 bytes the salt's entries hold
 };
 
+// One key of DELETE /cache/objects (lmcache's EncodedObjectKey, hash decoded).
+struct ObjectKeyRef {
+  std::array<uint8_t, 32> chunk_hash{};
+  std::string model_name;
+  int64_t kv_rank = 0;         // (world << 24) | (rank << 16) | (world << 8) | rank
+  int64_t object_group_id = 0;
+  std::string cache_salt;
+  std::string layout_tag;      // kvd's extension: names a kvd-private tier object (l2/object_key.h)
+};
+
+// One tier (--l2-adapter), as GET/DELETE /cache/objects select it.
+struct L2AdapterView {
+  std::string type;            // lmcache's type_name: "fs", "resp", ...
+  std::string name;            // kvd's l2_name: the type, or "<type>#<index>" when repeated
+  bool shared = false;
+};
+
+// One object a tier holds (lmcache's KeyEntry).
+struct L2ObjectView {
+  ObjectKeyRef key;
+  uint64_t size_bytes = 0;
+};
+
+struct DeleteResult {
+  uint64_t deleted = 0;  // keys whose L1 entry was removed
+  uint64_t skipped = 0;  // keys whose entry is in use (read, pinned or being written)
+  std::string error;     // non-empty: the tier failed on some key (lmcache's "ok": false)
+};
+
 class StatsSource {
  public:
   virtual ~StatsSource() = default;
@@ -182,6 +212,18 @@ class StatsSource {
   virtual bool DeleteQuota(const std::string& cache_salt) = 0;  // true: one was set
   virtual QuotaView GetQuota(const std::string& cache_salt) = 0;
   virtual std::vector<QuotaView> ListQuotas() = 0;  // salts with a limit set
+  // Removes the L1 entries of `keys` that are idle (DELETE /cache/objects, tier l1); absent
+  // keys count in neither field.
+  virtual DeleteResult DeleteL1Objects(const std::vector<ObjectKeyRef>& keys, bool force) = 0;
+  // POST /metrics/reset: counters of later snapshots start from zero again (gauges and
+  // latency histograms are not touched).
+  virtual void ResetMetrics() = 0;
+  // The tiers in priority order (empty: no --l2-adapter).
+  virtual std::vector<L2AdapterView> L2Adapters() = 0;
+  // Every object tier `index` holds (waits for the tier's listing, bounded).
+  virtual Result<std::vector<L2ObjectView>> ListL2Objects(size_t index) = 0;
+  // Deletes `keys` from tier `index` (waits, bounded): deleted = keys that were there.
+  virtual Result<DeleteResult> DeleteL2Objects(size_t index, const std::vector<ObjectKeyRef>& keys) = 0;
 };
 
 }  // namespace kvd::http

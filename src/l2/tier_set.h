@@ -172,6 +172,15 @@ class TierSet {
   void AfterRetrieve(std::span<const l1::ChunkKey> chunks);
 
   TierSetStats stats() const;
+
+  // Operator calls (GET / DELETE /cache/objects), tier_admin.cc; `index` < size() (else
+  // InvalidArgument, inline). ListObjects: every object tier `index` holds (Tier::Scan).
+  // DeleteObjects: removes `keys` from the tier and from its accounting; one result per key
+  // (bytes > 0: it was there). `done` runs once, on a tier thread (inline after Close()).
+  void ListObjects(size_t index, Tier::ScanDone done);
+  void DeleteObjects(size_t index, std::vector<ObjectKey> keys, Tier::Done done);
+  // The configuration of tier `index` (< size()).
+  const AdapterConfig& adapter_config(size_t index) const;
   // Waits until no store-behind write is in flight (tests, benchmarks, shutdown).
   bool WaitIdle(double timeout_s);
   void Close();

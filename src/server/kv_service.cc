@@ -98,6 +98,26 @@ void KvService::Clear() {
   spdlog::info("L1 cleared");
 }
 
+KvService::DeleteCounts KvService::DeleteL1Entries(std::span<const L1EntryName> names) {
+  DeleteCounts n;
+  std::vector<l1::ChunkKey> removed;
+  for (const auto& name : names) {
+    auto ns = l1_->namespaces().Find(name.model_name, name.world_size, name.cache_salt);
+    if (!ns) continue;
+    const l1::ChunkKey key{*ns, name.chunk_hash};
+    if (!l1_->DescribeSlot(key, 0)) continue;  // absent
+    if (l1_->RemoveIfIdle(std::span<const l1::ChunkKey>(&key, 1)) == 1) {
+      ++n.removed;
+      removed.push_back(key);
+    } else {
+      ++n.busy;
+    }
+  }
+  if (kv_events_ && !removed.empty()) kv_events_->OnEntriesRemoved(removed, l1::RemovalCause::kCleared);
+  if (n.removed > 0) spdlog::info("L1: {} entries deleted on request ({} in use kept)", n.removed, n.busy);
+  return n;
+}
+
 void KvService::Maintain() {
   sessions_.Expire();
   engine_driven_.ExpirePending();

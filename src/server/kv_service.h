@@ -19,10 +19,12 @@
 // write reservations.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -100,6 +102,20 @@ class KvService {
 
   void Ping(std::optional<int64_t> instance_id);
   void Clear();
+  // DELETE /cache/objects (tier l1): removes the entries of these chunks that are idle (no
+  // reader, pin or write); entries in use are counted as busy, absent ones not at all.
+  // Removed entries are announced as KV events.
+  struct L1EntryName {
+    std::string model_name;
+    int32_t world_size = 0;
+    std::string cache_salt;
+    std::array<uint8_t, 32> chunk_hash{};
+  };
+  struct DeleteCounts {
+    size_t removed = 0;
+    size_t busy = 0;
+  };
+  DeleteCounts DeleteL1Entries(std::span<const L1EntryName> names);
 
   // Periodic work: expire sessions and abandoned engine-driven operations, cancel instances
   // whose device copies outlived their TTL, reap silent workers, evict to the watermark.
@@ -111,6 +127,7 @@ class KvService {
   uint64_t hashed_chunks() const { return sessions_.hashed_chunks(); }
   // The tiers behind L1; null without --l2-adapter.
   const l2::TierSet* tiers() const { return tiers_.get(); }
+  l2::TierSet* tiers() { return tiers_.get(); }  // operator calls (/cache/objects)
   // Waits until no write to a tier is in flight (tests and benchmarks). True when idle.
   bool WaitTiersIdle(double timeout_s) { return !tiers_ || tiers_->WaitIdle(timeout_s); }
   // count_locked walks the L1 table (see L1Cache::stats): on demand only.

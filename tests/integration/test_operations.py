@@ -69,7 +69,8 @@ def wait_for(pred, timeout: float, what: str, interval: float = 0.1):
 
 def test_endpoints_answer_with_the_documented_shapes(kvd):
     assert kvd.get_json("/healthcheck") == {"status": "healthy"}
-    v = kvd.get_json("/version")
+    assert kvd.get_json("/version").startswith("kvd-")  # lmcache's shape: a JSON string
+    v = kvd.get_json("/api/version")
     assert v["name"] == "kvd" and v["version"] and v["lmcache_protocol"] == "0.5.6"
     conf = kvd.get_json("/conf")
     assert conf["zmq"]["port"] == kvd.port
@@ -85,8 +86,9 @@ def test_endpoints_answer_with_the_documented_shapes(kvd):
     status, ctype, body = kvd.get("/metrics")
     assert status == 200 and ctype.startswith("text/plain")
     assert "# TYPE lmcache_mp_l1_usage_ratio gauge" in body
-    status, ctype, body = kvd.get("/")
+    status, ctype, body = kvd.get("/dashboard")
     assert status == 200 and ctype.startswith("text/html") and "<canvas" in body
+    assert kvd.get_json("/") == {"status": "ok", "service": "LMCache HTTP API"}  # not a browser
     status, _, body = kvd.get("/nope")
     assert status == 404 and "nope" in json.loads(body)["error"]
     ts = kvd.get_json("/api/timeseries")

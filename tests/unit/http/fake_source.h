@@ -56,6 +56,67 @@ class FakeSource : public StatsSource {
     std::lock_guard<std::mutex> lock(mu_);
     usage[salt] = bytes;
   }
+  // Keys whose model name is "busy" are skipped, "absent" ones ignored, others deleted.
+  DeleteResult DeleteL1Objects(const std::vector<ObjectKeyRef>& keys, bool /*force*/) override {
+    DeleteResult r;
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& k : keys) {
+      deleted_keys.push_back(k);
+      if (k.model_name == "absent") continue;
+      if (k.model_name == "busy") {
+        ++r.skipped;
+      } else {
+        ++r.deleted;
+      }
+    }
+    return r;
+  }
+  void ResetMetrics() override {
+    resets++;
+    std::lock_guard<std::mutex> lock(mu_);
+    snapshot.counters = {};
+  }
+  std::vector<L2AdapterView> L2Adapters() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return adapters;
+  }
+  Result<std::vector<L2ObjectView>> ListL2Objects(size_t index) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (index >= adapters.size()) return Status::InvalidArgument("no such tier");
+    if (!list_error.empty()) return Status::Unavailable(list_error);
+    return l2_objects;
+  }
+  // Deletes from l2_objects the keys that match one (model, rank, group, hash, salt, tag).
+  Result<DeleteResult> DeleteL2Objects(size_t index, const std::vector<ObjectKeyRef>& keys) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (index >= adapters.size()) return Status::InvalidArgument("no such tier");
+    l2_delete_tier = static_cast<int>(index);
+    DeleteResult r;
+    for (const auto& k : keys) {
+      auto same = [&](const L2ObjectView& o) {
+        return o.key.model_name == k.model_name && o.key.kv_rank == k.kv_rank &&
+               o.key.object_group_id == k.object_group_id && o.key.chunk_hash == k.chunk_hash &&
+               o.key.cache_salt == k.cache_salt && o.key.layout_tag == k.layout_tag;
+      };
+      const auto before = l2_objects.size();
+      std::erase_if(l2_objects, same);
+      if (l2_objects.size() < before) r.deleted++;
+    }
+    return r;
+  }
+  void SetL2(std::vector<L2AdapterView> a, std::vector<L2ObjectView> objects) {
+    std::lock_guard<std::mutex> lock(mu_);
+    adapters = std::move(a);
+    l2_objects = std::move(objects);
+  }
+  std::vector<L2ObjectView> L2Objects() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return l2_objects;
+  }
+  std::vector<ObjectKeyRef> DeletedKeys() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return deleted_keys;
+  }
   void Set(const Snapshot& s) {
     std::lock_guard<std::mutex> lock(mu_);
     snapshot = s;
@@ -67,6 +128,7 @@ class FakeSource : public StatsSource {
 
   std::atomic<int> collects{0};
   std::atomic<int> clears{0};
+  std::atomic<int> resets{0};
 
  private:
   std::mutex mu_;
@@ -74,6 +136,13 @@ class FakeSource : public StatsSource {
   Snapshot snapshot;
   std::map<std::string, uint64_t> limits;
   std::map<std::string, uint64_t> usage;
+  std::vector<ObjectKeyRef> deleted_keys;
+  std::vector<L2AdapterView> adapters;
+  std::vector<L2ObjectView> l2_objects;
+
+ public:
+  std::string list_error;   // set before use: ListL2Objects fails with it
+  int l2_delete_tier = -1;  // the tier the last DeleteL2Objects addressed
 };
 
 // A snapshot with some of everything.

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
 
 #include "fake_source.h"
 #include "http/httplib_wrap.h"
@@ -113,11 +114,229 @@ TEST_F(HttpServerTest, ConfVersionAndUnknownPaths) {
   Start();
   EXPECT_EQ(GetJson("/conf")["l1"]["eviction_trigger_watermark"], 0.8);
   EXPECT_EQ(GetJson("/config")["l1"]["eviction_trigger_watermark"], 0.8);
-  auto v = GetJson("/version");
+  EXPECT_EQ(GetJson("/version"), "kvd-9.9.9") << "lmcache's shape: a JSON string";
+  EXPECT_EQ(GetJson("/lmc_version"), "0.5.6");
+  auto v = GetJson("/api/version");
   EXPECT_EQ(v["version"], "9.9.9");
   EXPECT_EQ(v["name"], "kvd");
   auto nf = GetJson("/no/such/thing", 404);
   EXPECT_NE(nf["error"].get<std::string>().find("/no/such/thing"), std::string::npos);
+}
+
+// lmcache 0.5.6's routes (lmcache_api.h); their shapes are compared with the reference
+// server's in tests/integration/test_http_lmcache.py.
+TEST_F(HttpServerTest, RootServesBrowsersTheDashboardAndOthersLmcachesJson) {
+  Start();
+  EXPECT_EQ(GetJson("/"), nlohmann::json({{"status", "ok"}, {"service", "LMCache HTTP API"}}));
+  auto r = client_->Get("/", {{"Accept", "text/html,application/xhtml+xml,*/*;q=0.8"}});
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200);
+  EXPECT_NE(r->get_header_value("Content-Type").find("text/html"), std::string::npos);
+  EXPECT_EQ(r->get_header_value("Vary"), "Accept");
+  r = client_->Get("/dashboard");
+  ASSERT_TRUE(r);
+  EXPECT_NE(r->get_header_value("Content-Type").find("text/html"), std::string::npos);
+}
+
+TEST_F(HttpServerTest, CacheClearTakesLmcachesBodyAndAnswersItsShape) {
+  Start();
+  auto post = [&](const std::string& body) {
+    auto r = client_->Post("/cache/clear", body, "application/json");
+    EXPECT_TRUE(r);
+    return r ? std::make_pair(r->status, nlohmann::json::parse(r->body)) : std::make_pair(0, nlohmann::json());
+  };
+  auto [st, j] = post("");
+  EXPECT_EQ(st, 200);
+  EXPECT_EQ(j["status"], "ok");
+  EXPECT_EQ(j["cleared"], nlohmann::json({{"tier", "l1"}}));
+  EXPECT_EQ(source_.clears.load(), 1);
+  EXPECT_EQ(post(R"({"tier":"l1","force":true})").first, 200);
+  EXPECT_EQ(source_.clears.load(), 2);
+  auto [st2, j2] = post(R"({"tier":"l2"})");
+  EXPECT_EQ(st2, 400);
+  EXPECT_EQ(j2["detail"], "tier 'l2' not supported; only 'l1'");
+  auto [st3, j3] = post(R"({"tier":"disk"})");
+  EXPECT_EQ(st3, 422);
+  EXPECT_EQ(j3["detail"][0]["loc"], nlohmann::json({"body", "tier"}));
+  EXPECT_EQ(post(R"({"force":"maybe"})").first, 422);
+  EXPECT_EQ(post(R"({"force":"yes"})").first, 200) << "pydantic's lax booleans";
+  EXPECT_EQ(source_.clears.load(), 3);
+  EXPECT_EQ(post("{not json").first, 422);
+  EXPECT_EQ(post("[1]").first, 422);
+  EXPECT_EQ(source_.clears.load(), 3) << "a refused request clears nothing";
+}
+
+TEST_F(HttpServerTest, CacheObjectsListingAndPrefetchAnswerAsAnL1OnlyLmcache) {
+  Start();
+  EXPECT_EQ(GetJson("/cache/objects", 503)["detail"].get<std::string>().rfind("no L2 adapters", 0), 0u);
+  EXPECT_EQ(GetJson("/cache/objects?tier=l1", 400)["detail"], "tier 'l1' not supported; only 'l2'");
+  EXPECT_EQ(GetJson("/cache/objects?page_size=0", 422)["detail"][0]["loc"],
+            nlohmann::json({"query", "page_size"}));
+  EXPECT_EQ(GetJson("/cache/objects?page_size=5001", 422)["detail"][0]["type"], "less_than_equal");
+  EXPECT_EQ(GetJson("/cache/objects?tier=nope", 422)["detail"][0]["type"], "enum");
+
+  auto post = [&](const std::string& body) {
+    auto r = client_->Post("/cache/prefetches", body, "application/json");
+    EXPECT_TRUE(r);
+    return r ? std::make_pair(r->status, nlohmann::json::parse(r->body)) : std::make_pair(0, nlohmann::json());
+  };
+  auto [st, j] = post(R"({"model_name":"m","world_size":"1","token_ids":[1,2,"3"]})");
+  EXPECT_EQ(st, 503) << "valid (lax integers), and model m has not registered here";
+  EXPECT_EQ(j["detail"], "no layout registered for model_name='m' world_size=1; the model has not "
+                         "allocated KV cache on this node yet");
+  // The sample snapshot's instance: model llama"3, world size 2, chunks of 256 tokens.
+  const std::string model = R"("model_name":"llama\"3","world_size":2)";
+  auto [st_short, j_short] = post("{" + model + R"(,"token_ids":[1,2,3]})");
+  EXPECT_EQ(st_short, 202);
+  EXPECT_EQ(j_short, nlohmann::json({{"chunks", 0}, {"status", "noop"}})) << "shorter than a chunk";
+  std::string chunk = "[0";
+  for (int i = 1; i < 256; ++i) chunk += "," + std::to_string(i);
+  chunk += "]";
+  auto [st_nol2, j_nol2] = post("{" + model + R"(,"token_ids":)" + chunk + "}");
+  EXPECT_EQ(st_nol2, 503);
+  EXPECT_EQ(j_nol2["detail"], "no L2 adapters configured");
+  source_.SetL2({{"fs", "fs", false}}, {});
+  auto [st_l2, j_l2] = post("{" + model + R"(,"token_ids":)" + chunk + "}");
+  EXPECT_EQ(st_l2, 503) << "tiers configured in the fake's L2Adapters, not in its snapshot yet";
+  Snapshot with_tier = SampleSnapshot();
+  with_tier.tiers.tiers.push_back(TierView{});
+  source_.Set(with_tier);
+  auto [st_warm, j_warm] = post("{" + model + R"(,"token_ids":)" + chunk + "}");
+  EXPECT_EQ(st_warm, 501) << "kvd prefetches from its tiers on LOOKUP only";
+  EXPECT_NE(j_warm["detail"].get<std::string>().find("1 configured L2 adapter"), std::string::npos);
+  EXPECT_EQ(post(R"({"model_name":"m","token_ids":[]})").first, 422) << "world_size missing";
+  EXPECT_EQ(post(R"({"model_name":"m","world_size":1,"token_ids":["a"]})").first, 422);
+  EXPECT_EQ(post(R"({"model_name":"m","world_size":1,"token_ids":[],"source_tier":"l1"})").first, 400);
+  EXPECT_EQ(GetJson("/cache/prefetches/abc", 404)["detail"].get<std::string>().find("'abc'") !=
+                std::string::npos,
+            true);
+}
+
+TEST_F(HttpServerTest, DeleteCacheObjectsPassesKeysAndCountsDeletedAndSkipped) {
+  Start();
+  const std::string hash(64, 'a');
+  auto del = [&](const std::string& body) {
+    auto r = client_->Delete("/cache/objects", body, "application/json");
+    EXPECT_TRUE(r);
+    return r ? std::make_pair(r->status, nlohmann::json::parse(r->body)) : std::make_pair(0, nlohmann::json());
+  };
+  auto key = [&](const std::string& model, const std::string& h) {
+    return R"({"chunk_hash_hex":")" + h + R"(","model_name":")" + model +
+           R"(","kv_rank":33620225,"cache_salt":"s"})";
+  };
+  auto [st, j] = del(R"({"tier":"l1","keys":[)" + key("m", hash) + "," + key("busy", hash) + "," +
+                     key("absent", hash) + "]}");
+  EXPECT_EQ(st, 200);
+  EXPECT_EQ(j, nlohmann::json({{"deleted", 1}, {"skipped", 1}, {"ok", true}}));
+  auto keys = source_.DeletedKeys();
+  ASSERT_EQ(keys.size(), 3u);
+  EXPECT_EQ(keys[0].chunk_hash[0], 0xaa);
+  EXPECT_EQ(keys[0].kv_rank, 33620225);  // world 2, rank 1
+  EXPECT_EQ(keys[0].cache_salt, "s");
+  EXPECT_EQ(del(R"({"tier":"l1","keys":[)" + key("m", "zz") + "]}").first, 400);
+  EXPECT_EQ(del(R"({"tier":"l1","keys":[)" + key("a@b", hash) + "]}").first, 400);
+  EXPECT_EQ(del(R"({"tier":"l1"})").first, 422) << "keys missing";
+  EXPECT_EQ(del(R"({"tier":"l1","keys":[{"model_name":"m"}]})").first, 422);
+  EXPECT_EQ(source_.DeletedKeys().size(), 3u) << "refused requests delete nothing";
+  EXPECT_EQ(del(R"({"keys":[]})").first, 503) << "lmcache's default tier is l2";
+}
+
+L2ObjectView TierObject(const std::string& model, uint8_t hash_byte, int64_t rank, uint64_t bytes,
+                        const std::string& tag = "") {
+  L2ObjectView o;
+  o.key.model_name = model;
+  o.key.chunk_hash.fill(hash_byte);
+  o.key.kv_rank = rank;
+  o.key.layout_tag = tag;
+  o.size_bytes = bytes;
+  return o;
+}
+
+TEST_F(HttpServerTest, CacheObjectsListTheSelectedTiersObjectsInPages) {
+  Start();
+  source_.SetL2({{"fs", "fs", true}, {"resp", "resp", false}},
+                {TierObject("m", 0x22, 0x01000100, 10), TierObject("m", 0x11, 0x01000100, 20),
+                 TierObject("other", 0x33, 0x01000100, 30), TierObject("m", 0x44, 0x01000100, 40, "ab12")});
+  auto page1 = GetJson("/cache/objects?model_name=m&page_size=2");
+  EXPECT_EQ(page1["adapter"], "fs");
+  EXPECT_EQ(page1["shared"], true);
+  ASSERT_EQ(page1["entries"].size(), 2u);
+  EXPECT_EQ(page1["entries"][0]["key"],
+            nlohmann::json({{"chunk_hash_hex", std::string(64, '1')}, {"model_name", "m"},
+                            {"kv_rank", 0x01000100}, {"object_group_id", 0}, {"cache_salt", ""}}));
+  EXPECT_EQ(page1["entries"][0]["size_bytes"], 20);
+  EXPECT_EQ(page1["entries"][1]["key"]["chunk_hash_hex"], std::string(64, '2'));
+  ASSERT_TRUE(page1["next_page_token"].is_string());
+  auto page2 = GetJson("/cache/objects?model_name=m&page_size=2&page_token=" +
+                       page1["next_page_token"].get<std::string>());
+  ASSERT_EQ(page2["entries"].size(), 1u);
+  EXPECT_EQ(page2["entries"][0]["key"]["layout_tag"], "ab12") << "a kvd-private object says so";
+  EXPECT_TRUE(page2["next_page_token"].is_null());
+  EXPECT_EQ(GetJson("/cache/objects")["entries"].size(), 4u);
+  EXPECT_EQ(GetJson("/cache/objects?adapter=resp")["adapter"], "resp");
+  EXPECT_EQ(GetJson("/cache/objects?adapter=s3", 404)["detail"], "no L2 adapter with type_name='s3'");
+  EXPECT_EQ(GetJson("/cache/objects?page_token=xyz", 400)["detail"], "malformed page_token");
+  source_.list_error = "opendir /x: Permission denied";
+  EXPECT_EQ(GetJson("/cache/objects", 503)["detail"],
+            "L2 adapter 'fs' could not list its objects: opendir /x: Permission denied");
+}
+
+TEST_F(HttpServerTest, DeleteCacheObjectsFromATierRemovesOnlyTheNamedKeys) {
+  Start();
+  source_.SetL2({{"fs", "fs", false}, {"fs", "fs#1", false}},
+                {TierObject("m", 0x11, 0x01000100, 20), TierObject("m", 0x22, 0x01000100, 10)});
+  auto del = [&](const std::string& body) {
+    auto r = client_->Delete("/cache/objects", body, "application/json");
+    EXPECT_TRUE(r);
+    return r ? std::make_pair(r->status, nlohmann::json::parse(r->body)) : std::make_pair(0, nlohmann::json());
+  };
+  const std::string key11 = R"({"chunk_hash_hex":")" + std::string(64, '1') +
+                            R"(","model_name":"m","kv_rank":16777472})";
+  const std::string absent = R"({"chunk_hash_hex":")" + std::string(64, '9') +
+                             R"(","model_name":"m","kv_rank":16777472})";
+  auto [st, j] = del(R"({"keys":[)" + key11 + "," + absent + "]}");
+  EXPECT_EQ(st, 200);
+  EXPECT_EQ(j, nlohmann::json({{"deleted", 1}, {"skipped", 0}, {"ok", true}}));
+  ASSERT_EQ(source_.L2Objects().size(), 1u);
+  EXPECT_EQ(source_.L2Objects()[0].key.chunk_hash[0], 0x22);
+  EXPECT_EQ(source_.l2_delete_tier, 0) << "no adapter named: the primary";
+  EXPECT_EQ(del(R"({"adapter":"fs#1","keys":[)" + absent + "]}").first, 200);
+  EXPECT_EQ(source_.l2_delete_tier, 1);
+  EXPECT_EQ(del(R"({"adapter":"s3","tier":"all","keys":[)" + key11 + "]}").first, 404);
+  EXPECT_TRUE(source_.DeletedKeys().empty()) << "an unknown adapter deletes nothing, L1 included";
+  EXPECT_EQ(del(R"({"keys":[{"chunk_hash_hex":")" + std::string(64, '2') +
+                R"(","model_name":"m","kv_rank":-1}]})").first, 400);
+  EXPECT_EQ(source_.L2Objects().size(), 1u);
+}
+
+TEST_F(HttpServerTest, LogLevelThreadsAndMetricsReset) {
+  Start();
+  const auto before = spdlog::get_level();
+  auto text = [&](const std::string& path, int want) {
+    auto r = client_->Get(path.c_str());
+    EXPECT_TRUE(r);
+    if (!r) return std::string();
+    EXPECT_EQ(r->status, want) << path;
+    EXPECT_NE(r->get_header_value("Content-Type").find("text/plain"), std::string::npos);
+    return r->body;
+  };
+  EXPECT_EQ(text("/loglevel", 200).rfind("=== Loggers and Levels ===\nkvd: ", 0), 0u);
+  EXPECT_EQ(text("/loglevel?logger_name=lmcache&level=debug", 200),
+            "Set lmcache level to DEBUG (including all handlers)");
+  EXPECT_EQ(spdlog::get_level(), spdlog::level::debug);
+  EXPECT_EQ(text("/loglevel?logger_name=kvd", 200), "kvd: DEBUG");
+  EXPECT_EQ(text("/loglevel?logger_name=kvd&level=loud", 400), "Invalid log level: loud");
+  spdlog::set_level(before);
+  const std::string threads = text("/threads", 200);
+  EXPECT_NE(threads.find("=== Thread Summary ===\nTotal threads: "), std::string::npos);
+  EXPECT_NE(threads.find("Thread: "), std::string::npos);
+  EXPECT_NE(text("/threads?name=no-such-thread", 200).find("Total threads: 0\n"), std::string::npos);
+  EXPECT_EQ(GetJson("/threads?thread_id=x", 422)["detail"][0]["loc"], nlohmann::json({"query", "thread_id"}));
+  auto r = client_->Post("/metrics/reset");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200);
+  EXPECT_EQ(r->body, "ok");
+  EXPECT_EQ(source_.resets.load(), 1);
 }
 
 TEST_F(HttpServerTest, MetricsAreServedAsPrometheusText) {
@@ -139,7 +358,7 @@ TEST_F(HttpServerTest, DisabledMetricsAnswer404) {
 
 TEST_F(HttpServerTest, DashboardIsSelfContainedHtml) {
   Start();
-  auto r = client_->Get("/");
+  auto r = client_->Get("/dashboard");
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 200);
   EXPECT_NE(r->get_header_value("Content-Type").find("text/html"), std::string::npos);

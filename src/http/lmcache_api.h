@@ -1,0 +1,61 @@
+// The routes of lmcache 0.5.6's HTTP API that kvd answers with lmcache's shapes
+// (lmcache/v1/multiprocess/http_apis and internal_api_server/common), as pure functions of
+// a request: HttpServer (http_server.h) routes to them. docs/operations.md lists each route,
+// its shape and where kvd differs.
+//
+// Errors follow FastAPI's shapes: a body or query that does not validate answers 422
+// {"detail":[{"type","loc","msg","input"}]}; a request the server cannot serve answers
+// 400 / 404 / 503 {"detail": "..."} as lmcache's cache-control services do.
+//
+// Threads: every function is safe to call concurrently (the StatsSource is thread-safe).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+#include <map>
+#include <string>
+#include <string_view>
+
+#include "http/stats_source.h"
+
+namespace kvd::http {
+
+struct Reply {
+  int status = 200;
+  std::string content_type = "application/json";
+  std::string body;
+};
+
+// Query parameters, as httplib gives them (a name may repeat; the first value counts).
+using QueryParams = std::multimap<std::string, std::string>;
+
+// GET / for clients that do not ask for HTML: {"status":"ok","service":"LMCache HTTP API"}.
+Reply RootReply();
+// True when the Accept header prefers HTML (a browser): GET / then serves the dashboard.
+bool WantsHtml(std::string_view accept);
+
+// POST /cache/clear, body {"tier":"l1","force":false} (absent or empty: the defaults).
+Reply ClearCacheReply(StatsSource& source, std::string_view body);
+// GET /cache/objects?tier&adapter&model_name&page_size&page_token.
+Reply ListObjectsReply(StatsSource& source, const QueryParams& q);
+// DELETE /cache/objects, body {"keys":[EncodedObjectKey...],"tier","force","adapter"}.
+Reply DeleteObjectsReply(StatsSource& source, std::string_view body);
+// POST /cache/prefetches, body {model_name, world_size, token_ids, cache_salt, source_tier,
+// target_tier}: validated as lmcache validates it (the model must be registered here, a
+// sub-chunk sequence is a no-op), then 503 without tiers and 501 with them (kvd prefetches
+// from its tiers on LOOKUP only); GET /cache/prefetches/{id}: 404 (no id is ever handed out).
+Reply SubmitPrefetchReply(StatsSource& source, std::string_view body);
+Reply PrefetchStatusReply(std::string_view request_id);
+
+// GET /loglevel[?logger_name[&level]] (text/plain, lmcache's wording).
+Reply LogLevelReply(const QueryParams& q);
+// GET /threads[?name&thread_id] (text/plain): the process's threads from /proc/self/task.
+Reply ThreadsReply(const QueryParams& q);
+
+// GET /version, /lmc_version, /commit_id: JSON strings, as lmcache answers them.
+Reply VersionStringReply(const std::string& version);
+Reply LmcVersionReply();
+Reply CommitIdReply(const std::string& version);
+
+}  // namespace kvd::http
