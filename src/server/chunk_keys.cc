@@ -75,7 +75,7 @@ void BindStoredChunks(KvEventLog* events, const wire::CacheKey& key, const Reque
     b.tokens = key.token_ids.span().subspan((chunks.first_chunk + j) * c, c);
     bindings.push_back(b);
   }
-  events->Bind(bindings);
+  events->Bind(key.model_name, bindings);
 }
 
 }  // namespace kvd::server

@@ -51,18 +51,20 @@ void KvEventStreams::Subscribe(std::string_view identity_view, std::string_view 
   if (!Service(key, it->second, log_ ? log_->next_seq() : 0)) End(it);
 }
 
-void KvEventStreams::Control(std::string_view identity, std::string_view uid,
+bool KvEventStreams::Control(std::string_view identity, std::string_view uid,
                              std::string_view action) {
   Touch(identity);
-  if (streams_.empty()) return;
+  if (action != "ack" && action != "cancel") return false;
+  if (streams_.empty()) return false;
   auto it = streams_.find({std::string(identity), std::string(uid)});
-  if (it == streams_.end()) return;  // an ack for a stream that has ended: nothing to do
+  if (it == streams_.end()) return false;  // the stream has ended (or never was)
   if (action == "ack") {
     it->second.credit = true;
     if (!Service(it->first, it->second, log_ ? log_->next_seq() : 0)) End(it);
-  } else if (action == "cancel") {
+  } else {
     End(it);
   }
+  return true;
 }
 
 void KvEventStreams::Touch(std::string_view identity) {

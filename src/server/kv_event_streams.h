@@ -45,8 +45,9 @@ class KvEventStreams {
   // A subscribe_kv_events request.
   void Subscribe(std::string_view identity, std::string_view uid, std::string_view op_frame,
                  wire::Frames payloads);
-  // A control message: [uid, "", action].
-  void Control(std::string_view identity, std::string_view uid, std::string_view action);
+  // A control message: [uid, "", action]. Returns false when no stream took it: no open
+  // stream (identity, uid), or an action other than "ack" / "cancel".
+  bool Control(std::string_view identity, std::string_view uid, std::string_view action);
   // Any message from `identity` proves the connection alive. Cheap without streams.
   void Touch(std::string_view identity);
   // Sends what is due and ends idle streams. Cheap when nothing changed.

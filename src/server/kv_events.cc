@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstring>
 #include <map>
+#include <utility>
 
 namespace kvd::server {
 
@@ -20,6 +21,10 @@ size_t KvEventLog::HashKey::operator()(const Hash& h) const noexcept {
   return v;
 }
 
+size_t KvEventLog::ModelHashKey::operator()(const ModelHash& k) const noexcept {
+  return HashKey{}(k.hash) ^ (std::hash<std::string>{}(k.model) * 0x9e3779b97f4a7c15ULL);
+}
+
 KvEventLog::KvEventLog(size_t capacity, const Clock* clock)
     : capacity_(std::max<size_t>(1, capacity)),
       clock_(clock),
@@ -27,15 +32,19 @@ KvEventLog::KvEventLog(size_t capacity, const Clock* clock)
                        std::chrono::system_clock::now().time_since_epoch())
                        .count()) {}
 
-void KvEventLog::Bind(std::span<const Binding> chunks) {
+void KvEventLog::Bind(std::string_view model_name, std::span<const Binding> chunks) {
+  // The model as subscribers ask for it (a key namespace never reaches here, but the same
+  // cut as ModelOf keeps the two spellings equal).
+  const std::string model(model_name.substr(0, model_name.find('@')));
   std::lock_guard<std::mutex> lock(mu_);
   for (const auto& c : chunks) {
-    auto [it, fresh] = bindings_.try_emplace(c.hash);
+    ModelHash key{model, c.hash};
+    auto [it, fresh] = bindings_.try_emplace(key);
     if (!fresh) continue;  // another rank of the same store bound it
     PendingBinding& b = it->second;
     b.parent = c.parent;
     b.tokens.assign(c.tokens.begin(), c.tokens.end());
-    b.age = binding_order_.insert(binding_order_.end(), c.hash);
+    b.age = binding_order_.insert(binding_order_.end(), std::move(key));
   }
   if (bindings_.size() > kMaxBindings) {
     // Stores that never completed (aborted, failed) leave bindings behind: drop the older half.
@@ -49,26 +58,27 @@ void KvEventLog::Bind(std::span<const Binding> chunks) {
 void KvEventLog::OnEntryComplete(const l1::ChunkKey& key) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = bindings_.find(key.chunk_hash);
+    std::string model = ModelOf(key);
+    auto it = bindings_.find(ModelHash{model, key.chunk_hash});
     if (it == bindings_.end()) {
       ++unbound_stores_;
       return;
     }
     wire::KvEventRecord r;
     r.kind = "stored";
-    r.model_name = ModelOf(key);
+    r.model_name = std::move(model);
     r.block_hashes.push_back(key.chunk_hash);
     r.parent_block_hash = it->second.parent;
     r.token_ids = std::move(it->second.tokens);
     binding_order_.erase(it->second.age);
     bindings_.erase(it);
     ++stored_records_;
-    if (r.parent_block_hash && bindings_.contains(*r.parent_block_hash) &&
+    if (r.parent_block_hash && bindings_.contains(ModelHash{r.model_name, *r.parent_block_hash}) &&
         num_held_ < kMaxBindings) {
       // The parent is being stored too (its commit follows): its record goes first.
-      const Hash parent = *r.parent_block_hash;
-      held_hashes_.insert(key.chunk_hash);
-      held_[parent].push_back(Held{std::move(r), clock_->NowNanos()});
+      ModelHash parent{r.model_name, *r.parent_block_hash};
+      held_hashes_.insert(ModelHash{r.model_name, key.chunk_hash});
+      held_[std::move(parent)].push_back(Held{std::move(r), clock_->NowNanos()});
       ++num_held_;
       return;
     }
@@ -83,15 +93,15 @@ void KvEventLog::AppendStoredChainLocked(wire::KvEventRecord record) {
   while (!todo.empty()) {
     wire::KvEventRecord r = std::move(todo.back());
     todo.pop_back();
-    const Hash hash = r.block_hashes.front();
+    ModelHash written{r.model_name, r.block_hashes.front()};
     AppendLocked(std::move(r));
-    auto h = held_.find(hash);
+    auto h = held_.find(written);
     if (h == held_.end()) continue;
     std::vector<Held> children = std::move(h->second);
     held_.erase(h);
     num_held_ -= children.size();
     for (auto c = children.rbegin(); c != children.rend(); ++c) {
-      held_hashes_.erase(c->record.block_hashes.front());
+      held_hashes_.erase(ModelHash{c->record.model_name, c->record.block_hashes.front()});
       todo.push_back(std::move(c->record));
     }
   }
@@ -105,7 +115,7 @@ void KvEventLog::FlushHeld() {
     const int64_t now = clock_->NowNanos();
     // Roots: records waiting for a parent that is not itself held (its store did not
     // complete, or it was already cached).
-    std::vector<Hash> due;
+    std::vector<ModelHash> due;
     for (const auto& [parent, children] : held_) {
       if (held_hashes_.contains(parent)) continue;
       for (const auto& c : children) {
@@ -122,7 +132,7 @@ void KvEventLog::FlushHeld() {
       held_.erase(h);
       num_held_ -= children.size();
       for (auto& c : children) {
-        held_hashes_.erase(c.record.block_hashes.front());
+        held_hashes_.erase(ModelHash{c.record.model_name, c.record.block_hashes.front()});
         AppendStoredChainLocked(std::move(c.record));
       }
       appended = true;
@@ -161,17 +171,20 @@ void KvEventLog::AppendLocked(wire::KvEventRecord record) {
 }
 
 void KvEventLog::Wake() {
-  std::function<void()> wake;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    wake = wake_;
-  }
-  if (wake) wake();
+  // Called under wake_mu_ so that SetWakeup, which takes it, waits for a call in progress:
+  // whoever owns what the callback touches (the ZMQ loop's eventfd) may release it once
+  // SetWakeup(nullptr) returned.
+  std::lock_guard<std::mutex> lock(wake_mu_);
+  if (wake_) wake_();
 }
 
 void KvEventLog::SetWakeup(std::function<void()> wake) {
-  std::lock_guard<std::mutex> lock(mu_);
-  wake_ = std::move(wake);
+  std::function<void()> old;
+  {
+    std::lock_guard<std::mutex> lock(wake_mu_);
+    old = std::exchange(wake_, std::move(wake));
+  }
+  // `old` (and what it captured) is destroyed here, outside the lock.
 }
 
 wire::KvEventBatch KvEventLog::Read(const std::string& model_name, int64_t cursor,

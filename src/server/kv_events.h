@@ -36,6 +36,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
@@ -57,15 +58,16 @@ class KvEventLog final : public l1::L1Listener {
   // records are held back, see ORDER).
   KvEventLog(size_t capacity, const Clock* clock);
 
-  // One chunk a store is about to write: its hash, its parent's (none for the first chunk
-  // of a sequence) and its tokens. A hash already bound keeps its binding
-  // (the tokens of a chained hash do not change).
+  // One chunk a store of `model_name` is about to write: its hash, its parent's (none for
+  // the first chunk of a sequence) and its tokens. Bindings are per (model, hash): two
+  // models may store chunks with the same hash. A (model, hash) already bound keeps its
+  // binding (the tokens of a chained hash do not change).
   struct Binding {
     Hash hash;
     std::optional<Hash> parent;
     std::span<const uint32_t> tokens;
   };
-  void Bind(std::span<const Binding> chunks);
+  void Bind(std::string_view model_name, std::span<const Binding> chunks);
 
   // The cache's namespace table, which names the model of a key (l1_listener.h). Set once,
   // after the cache is created and before it stores anything; not owned, outlives this log.
@@ -84,7 +86,9 @@ class KvEventLog final : public l1::L1Listener {
   int64_t incarnation() const { return incarnation_; }
 
   // Called after each append (see THREADS). Set before records can be appended, or
-  // replace at any time.
+  // replace at any time. Once SetWakeup returns, the previous callback is not running and
+  // is never called again: its owner may then release what it uses (the ZMQ loop closes
+  // its eventfd after SetWakeup(nullptr)). Must not be called from the callback.
   void SetWakeup(std::function<void()> wake);
 
   struct Stats {
@@ -115,10 +119,20 @@ class KvEventLog final : public l1::L1Listener {
   struct HashKey {
     size_t operator()(const Hash& h) const noexcept;
   };
+  // A chunk of one model: bindings and held records are per model (the model as the store
+  // names it, which is the model ModelOf() reads back from the chunk's L1 key).
+  struct ModelHash {
+    std::string model;
+    Hash hash{};
+    bool operator==(const ModelHash&) const = default;
+  };
+  struct ModelHashKey {
+    size_t operator()(const ModelHash& k) const noexcept;
+  };
   struct PendingBinding {
     std::optional<Hash> parent;
     std::vector<uint32_t> tokens;
-    std::list<Hash>::iterator age;  // position in binding_order_
+    std::list<ModelHash>::iterator age;  // position in binding_order_
   };
 
   struct Held {
@@ -134,14 +148,17 @@ class KvEventLog final : public l1::L1Listener {
   mutable std::mutex mu_;
   std::deque<wire::KvEventRecord> log_;                           // guarded by mu_
   int64_t next_seq_ = 1;                                          // guarded by mu_
-  std::unordered_map<Hash, PendingBinding, HashKey> bindings_;    // guarded by mu_
-  std::list<Hash> binding_order_;                                 // guarded by mu_; oldest first
-  // Stored records held back, by the parent hash they wait for (see ORDER).
-  std::unordered_map<Hash, std::vector<Held>, HashKey> held_;     // guarded by mu_
-  std::unordered_set<Hash, HashKey> held_hashes_;                 // guarded by mu_; their hashes
+  std::unordered_map<ModelHash, PendingBinding, ModelHashKey> bindings_;  // guarded by mu_
+  std::list<ModelHash> binding_order_;                            // guarded by mu_; oldest first
+  // Stored records held back, by the (model, parent hash) they wait for (see ORDER).
+  std::unordered_map<ModelHash, std::vector<Held>, ModelHashKey> held_;  // guarded by mu_
+  std::unordered_set<ModelHash, ModelHashKey> held_hashes_;       // guarded by mu_; their keys
   size_t num_held_ = 0;                                           // guarded by mu_
   uint64_t unbound_stores_ = 0, stored_records_ = 0, removed_records_ = 0;  // guarded by mu_
-  std::function<void()> wake_;                                    // guarded by mu_
+  // Lock order: L1 -> wake_mu_ (Wake runs under L1's mutex from listener methods); never
+  // taken with mu_ held. The callback runs with wake_mu_ held (see SetWakeup).
+  mutable std::mutex wake_mu_;
+  std::function<void()> wake_;                                    // guarded by wake_mu_
   size_t subscribers_ = 0;                                        // guarded by mu_
 };
 

@@ -119,11 +119,15 @@ struct ZmqServer::Impl {
     frames.reserve(16);
     payload_views.reserve(16);
   }
+  // Ownership order of wake_fd: its writers are the KV-event log's wake-up callback and the
+  // pool's tasks (PostReply). Both are stopped before it is closed: SetWakeup(nullptr) returns
+  // only once no callback runs or will run (kv_events.h), pool.reset() joins the workers.
   ~Impl() {
     if (KvEventLog* log = service->kv_events()) log->SetWakeup(nullptr);
     service->SetPrefetchWakeup(nullptr);
     pool.reset();
     if (wake_fd >= 0) close(wake_fd);
+    wake_fd = -1;
   }
 
   // From a pool thread: hands a finished reply to the loop and wakes it.
@@ -261,8 +265,25 @@ struct ZmqServer::Impl {
     }
     streams->Touch(View(frames[0]));
     if (frames[2].size() == 0) {  // a stream control message: [uid, "", "ack" | "cancel"]
-      streams->Control(View(frames[0]), View(frames[1]),
-                       frames.size() > 3 ? View(frames[3]) : std::string_view());
+      const std::string_view action = frames.size() == 4 ? View(frames[3]) : std::string_view();
+      if (frames.size() == 4 && streams->Control(View(frames[0]), View(frames[1]), action)) {
+        return 0;  // a live stream took it; its batches are the replies
+      }
+      // lmcache's server drops these silently. kvd answers [uid, "", error]: the 0.5.6
+      // client ends a stream of that uid on it ("Event subscription ended": an op frame
+      // that is not the stream's) instead of waiting for batches that never come, and
+      // drops it when it has no such request.
+      const bool control = frames.size() == 4 && (action == "ack" || action == "cancel");
+      const std::string why =
+          control ? "no KV-event stream is open for this request uid (it ended or never began)"
+                  : "empty op frame: expected an op, or a stream control message [uid, \"\", "
+                    "\"ack\" | \"cancel\"]";
+      if (!control) {
+        metrics->CountUnknownOp();
+        spdlog::warn("request from {}: {}", ClientTag(View(frames[0])), why);
+      }
+      frames.resize(3);
+      ReplyInline(wire::EncodeStr(why));
       return 0;
     }
     auto op = wire::DecodeOp(View(frames[2]));

@@ -2,7 +2,10 @@
 // acks, cancel, one stream per instance, idle timeout, disabled log), with a fake send.
 #include "server/kv_events.h"
 
+#include <atomic>
+#include <chrono>
 #include <cstring>
+#include <thread>
 #include <limits>
 #include <map>
 #include <string>
@@ -42,9 +45,46 @@ l1::ChunkKey Key(uint8_t b, const std::string& model = "m", const std::string& s
 }
 
 
-void BindOne(KvEventLog& log, uint8_t b, std::optional<uint8_t> parent, std::vector<uint32_t> toks) {
+void BindOne(KvEventLog& log, uint8_t b, std::optional<uint8_t> parent, std::vector<uint32_t> toks,
+             const std::string& model = "m") {
   KvEventLog::Binding x{H(b), parent ? std::optional<Hash>(H(*parent)) : std::nullopt, toks};
-  log.Bind(std::span<const KvEventLog::Binding>(&x, 1));
+  log.Bind(model, std::span<const KvEventLog::Binding>(&x, 1));
+}
+
+// Regression: bindings were keyed by chunk hash alone, so two models storing a chunk with
+// the same hash shared one binding: the second model's chunk was announced with the first
+// one's tokens, or not at all.
+TEST(KvEventLog, BindingsOfTwoModelsWithTheSameChunkHashAreApart) {
+  FakeClock log_clock;
+  KvEventLog log(16, &log_clock);
+  log.AttachNamespaces(&TestNamespaces());
+  BindOne(log, 1, std::nullopt, {10}, "model-a");
+  BindOne(log, 1, std::nullopt, {20}, "model-b");
+  log.OnEntryComplete(Key(1, "model-b"));
+  log.OnEntryComplete(Key(1, "model-a"));
+  auto a = log.Read("model-a", 0, 10);
+  auto b = log.Read("model-b", 0, 10);
+  ASSERT_EQ(a.events.size(), 1u);
+  ASSERT_EQ(b.events.size(), 1u);
+  EXPECT_EQ(a.events[0].token_ids, std::vector<uint32_t>{10});
+  EXPECT_EQ(b.events[0].token_ids, std::vector<uint32_t>{20});
+  EXPECT_EQ(log.stats().unbound_stores, 0u);
+
+  // A model that bound nothing does not take another model's binding.
+  BindOne(log, 2, std::nullopt, {30}, "model-a");
+  log.OnEntryComplete(Key(2, "model-c"));
+  EXPECT_TRUE(log.Read("model-c", 0, 10).events.empty());
+  EXPECT_EQ(log.stats().unbound_stores, 1u);
+  log.OnEntryComplete(Key(2, "model-a"));
+  ASSERT_EQ(log.Read("model-a", 2, 10).events.size(), 1u);  // after model a's first record
+  EXPECT_EQ(log.Read("model-a", 2, 10).events[0].token_ids, std::vector<uint32_t>{30});
+
+  // A child waits only for its own model's parent.
+  BindOne(log, 3, std::nullopt, {40}, "model-a");  // parent 3 of model a, pending
+  BindOne(log, 4, 3, {41}, "model-b");             // child of a hash 3 under model b
+  log.OnEntryComplete(Key(4, "model-b"));
+  EXPECT_EQ(log.stats().held, 0u) << "model b's parent 3 is not being stored";
+  ASSERT_EQ(log.Read("model-b", 1, 10).events.size(), 1u);
 }
 
 TEST(KvEventLog, CompletedBoundChunkBecomesOneStoredRecord) {
@@ -183,7 +223,7 @@ TEST(KvEventLog, BindingsAreBounded) {
     std::memcpy(h.data(), &i, sizeof(i));
     std::vector<uint32_t> t = {1};
     KvEventLog::Binding b{h, std::nullopt, t};
-    log.Bind(std::span<const KvEventLog::Binding>(&b, 1));
+    log.Bind("m", std::span<const KvEventLog::Binding>(&b, 1));
   }
   EXPECT_LE(log.stats().bindings, KvEventLog::kMaxBindings);
 }
@@ -199,6 +239,32 @@ TEST(KvEventLog, WakeupRunsAfterEachAppend) {
   std::vector<l1::ChunkKey> gone = {Key(1)};
   log.OnEntriesRemoved(gone, l1::RemovalCause::kCleared);
   EXPECT_EQ(woken, 2);
+}
+
+// Regression: at shutdown the ZMQ loop cleared the wake-up and closed its eventfd while
+// another thread (an eviction, a tier, an HTTP clear) was still inside the callback it had
+// copied, which then wrote to the closed descriptor. SetWakeup now returns only once the old
+// callback has finished.
+TEST(KvEventLog, WakeupIsNeverRunningAfterSetWakeupReturns) {
+  FakeClock log_clock;
+  KvEventLog log(4, &log_clock);
+  log.AttachNamespaces(&TestNamespaces());
+  std::atomic<bool> entered{false}, released{false}, ran_after_release{false};
+  log.SetWakeup([&] {
+    entered = true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    if (released) ran_after_release = true;  // the fd would be closed by now
+  });
+  BindOne(log, 1, std::nullopt, {1});
+  std::thread appender([&] { log.OnEntryComplete(Key(1)); });
+  while (!entered) std::this_thread::yield();
+  log.SetWakeup(nullptr);
+  released = true;  // the owner closes what the callback used
+  appender.join();
+  EXPECT_FALSE(ran_after_release);
+  std::vector<l1::ChunkKey> gone = {Key(1)};
+  log.OnEntriesRemoved(gone, l1::RemovalCause::kCleared);  // no callback now: nothing runs
+  EXPECT_FALSE(ran_after_release);
 }
 
 // ---- streams ------------------------------------------------------------------------
@@ -267,7 +333,7 @@ TEST(KvEventStreams, FirstBatchAtOnceThenOnePerAck) {
   streams.Control("conn", "u1", "ack");
   streams.Pump();
   EXPECT_EQ(sent.frames.size(), 2u) << "credit but nothing new: nothing sent";
-  BindOne(log, 2, 1, {6});
+  BindOne(log, 2, 1, {6}, "other-model");
   log.OnEntryComplete(Key(2, "other-model"));
   streams.Pump();
   EXPECT_EQ(sent.frames.size(), 2u) << "another model's record is not this stream's";

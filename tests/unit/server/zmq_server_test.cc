@@ -123,6 +123,34 @@ TEST_F(ZmqServerTest, MalformedRequestsGetFailureRepliesAndOthersKeepWorking) {
   EXPECT_EQ(r[2], wire::EncodeBool(true));
 }
 
+// Regression: a message with an empty op frame that no open KV-event stream took got no
+// reply at all (lmcache's server drops it too), leaving a client waiting.
+TEST_F(ZmqServerTest, EmptyOpFrameIsAnsweredWithAClearError) {
+  auto c = Client();
+  auto error_of = [&](const std::vector<std::string>& frames) {
+    SendFrames(c, frames);
+    auto r = Recv(c);
+    EXPECT_EQ(r.size(), 3u);
+    if (r.size() != 3u) return std::string();
+    EXPECT_EQ(r[0], frames[0]) << "the uid is echoed";
+    EXPECT_EQ(r[1], "") << "the op frame is echoed (empty): not the op of any request";
+    auto oh = msgpack::unpack(r[2].data(), r[2].size());
+    return oh.get().as<std::string>();
+  };
+  EXPECT_NE(error_of({wire::EncodeInt(1), ""}).find("empty op frame"), std::string::npos);
+  EXPECT_NE(error_of({wire::EncodeInt(2), "", "bogus"}).find("empty op frame"), std::string::npos);
+  EXPECT_NE(error_of({wire::EncodeInt(3), "", "ack", "extra"}).find("empty op frame"), std::string::npos);
+  EXPECT_NE(error_of({wire::EncodeInt(4), "", "ack"}).find("no KV-event stream is open"),
+            std::string::npos);
+  EXPECT_NE(error_of({wire::EncodeInt(5), "", "cancel"}).find("no KV-event stream is open"),
+            std::string::npos);
+  // The connection keeps working.
+  SendFrames(c, {wire::EncodeInt(6), wire::EncodeInt(21)});
+  auto r = Recv(c);
+  ASSERT_EQ(r.size(), 3u);
+  EXPECT_EQ(r[2], wire::EncodeInt(256));
+}
+
 TEST_F(ZmqServerTest, ManyOutstandingRequestsAreAllAnsweredByUid) {
   auto c = Client();
   const int n = 500;
