@@ -136,6 +136,22 @@ def test_cache_objects_list_and_delete_what_the_fs_tier_holds(servers):
         st, ref = call(ref_http, "DELETE", "/cache/objects", {"tier": "l2", "keys": victims})
         assert st == 200 and shape(ref) == shape(got), (ref, got)
 
+        # POST /metrics/reset: counters count from zero again, gauges stay.
+        def scrape() -> dict[str, float]:
+            with urllib.request.urlopen(f"http://127.0.0.1:{kvd_http}/metrics", timeout=10) as r:
+                lines = r.read().decode().splitlines()
+            return {l.rsplit(" ", 1)[0]: float(l.rsplit(" ", 1)[1]) for l in lines if l and l[0] != "#"}
+        before = scrape()
+        assert before["lmcache_mp_num_submitted_stores_total"] == 2  # one STORE per rank
+        assert before["lmcache_mp_l1_write_chunks_total"] == 6
+        req = urllib.request.Request(f"http://127.0.0.1:{kvd_http}/metrics/reset", method="POST", data=b"")
+        with urllib.request.urlopen(req, timeout=10) as r:
+            assert r.status == 200 and r.read() == b"ok"
+        after = scrape()
+        assert after["lmcache_mp_num_submitted_stores_total"] == 0
+        assert after["lmcache_mp_l1_write_chunks_total"] == 0
+        assert after["lmcache_mp_l1_memory_usage_bytes"] == before["lmcache_mp_l1_memory_usage_bytes"] > 0
+
         # A registered model with a full chunk: kvd has tiers but no warm prefetch over HTTP.
         tokens = list(range(256))
         body = {"model_name": MODEL, "world_size": 2, "token_ids": tokens}
