@@ -14,13 +14,18 @@ always computed). Per prompt, TTFT is the wall time of a 1-token greedy generate
              loaded from the server, the tail computed)
 
 For kvd, the server's own time inside a warm request is read from its request metrics
-(kvd_request_duration_seconds, per op: time from receiving a request to its reply), as
-deltas over the warm request. Prints a Markdown table and writes results.json.
+(kvd_request_duration_seconds, per op: time from receiving a request to its reply ready),
+and split by kvd_request_phase_seconds (queue, decode, hash, index, copy, reply), as deltas
+over the warm request. kvd runs at --log-level debug, so its log has one line per request
+with its phase times; the bench places those lines on the warm request's timeline (ms after
+generate() was called: when each request arrived and when its reply left). Prints a
+Markdown table and writes results.json.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import random
@@ -46,11 +51,43 @@ def labelled(text: str, name: str) -> dict[str, float]:
     return out
 
 
-def server_time(server: CacheServer) -> tuple[dict[str, float], dict[str, float]]:
+def phase_sums(text: str) -> dict[str, float]:
+    """{"op/phase": seconds} of kvd_request_phase_seconds_sum."""
+    out = {}
+    pat = r'^kvd_request_phase_seconds_sum\{op="([^"]+)",phase="([^"]+)"\}\s+(\S+)'
+    for m in re.finditer(pat, text, re.M):
+        out[f"{m.group(1)}/{m.group(2)}"] = float(m.group(3))
+    return out
+
+
+def server_time(server: CacheServer) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
     with urllib.request.urlopen(f"http://127.0.0.1:{server.http_port}/metrics", timeout=10) as r:
         text = r.read().decode()
     return (labelled(text, "kvd_request_duration_seconds_sum"),
-            labelled(text, "kvd_request_duration_seconds_count"))
+            labelled(text, "kvd_request_duration_seconds_count"), phase_sums(text))
+
+
+# kvd's per-request debug line (src/server/zmq_server.cc, RecordReply).
+REQUEST_LINE = re.compile(
+    r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3})\] \[kvd\] \[debug\] (\w+) from \S+: "
+    r"([0-9.]+) ms to reply ready, ([0-9.]+) ms to sent \(ms per phase: ([^)]*)\)", re.M)
+
+
+def timeline(log_text: str, t0: float, t1: float) -> list[dict]:
+    """kvd's requests whose reply left within [t0, t1] (wall clock, s), as ms after t0:
+    arrival (the log time, stamped just after the send, less the time to sent), sent, and
+    the phase times. The log's stamps are local time with ms resolution."""
+    out = []
+    for m in REQUEST_LINE.finditer(log_text):
+        logged = datetime.datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S.%f").timestamp()
+        if not (t0 - 0.002 <= logged <= t1 + 0.002):
+            continue
+        sent_ms = float(m.group(4))
+        phases = {k: float(v) for k, v in (p.split(" ") for p in m.group(5).split(", ") if p)}
+        out.append({"op": m.group(2), "arrived_ms": round((logged - t0) * 1e3 - sent_ms, 1),
+                    "sent_ms": round((logged - t0) * 1e3, 1), "ready_ms": float(m.group(3)),
+                    "phases_ms": phases})
+    return out
 
 
 def ttft(p: VllmProcess, prompt: list[int]) -> tuple[float, int]:
@@ -109,21 +146,24 @@ def main() -> int:
     print(f"no cache {med(nocache):.3f}s  floor {med(floor):.3f}s", flush=True)
 
     for kind in [k for k in args.servers.split(",") if k]:
-        server = CacheServer(kind, out, l1_size_gb=2.0).start()
+        extra = ["--log-level", "debug"] if kind == "kvd" else []
+        server = CacheServer(kind, out, l1_size_gb=2.0, extra_args=extra).start()
         try:
             s = vllm_settings(model, args.block_size, server, "lmcache_driven", heartbeat=10.0,
                               **common)
             ps = prompts(args.repeats, args.prompt_tokens, spec.vocab, 200)
             with VllmProcess(s, out / f"vllm-{kind}.log") as p:
                 ttft(p, prompts(1, 512, spec.vocab, 98)[0])
-                cold, warm, hits, kvd_ops = [], [], [], []
+                cold, warm, hits, kvd_ops, kvd_phases, windows = [], [], [], [], [], []
                 for pr in ps:
                     t, _ = ttft(p, pr)
                     cold.append(t)
                     time.sleep(1.0)  # the store is asynchronous: let it land
                     p.reset_prefix_cache()
                     before = server_time(server) if kind == "kvd" else None
+                    w0 = time.time()
                     t, cached = ttft(p, pr)
+                    windows.append((w0, time.time()))
                     warm.append(t)
                     hits.append(cached)
                     if before is not None:
@@ -131,8 +171,22 @@ def main() -> int:
                         kvd_ops.append({op: after[0].get(op, 0) - before[0].get(op, 0)
                                         for op in after[0]
                                         if after[1].get(op, 0) > before[1].get(op, 0)})
+                        kvd_phases.append({k: round(v - before[2].get(k, 0), 6)
+                                           for k, v in after[2].items()
+                                           if v > before[2].get(k, 0)})
             results["runs"][kind] = {"cold": cold, "warm": warm, "hit_tokens": hits,
-                                     "server_seconds_per_op": kvd_ops}
+                                     "server_seconds_per_op": kvd_ops,
+                                     "server_seconds_per_phase": kvd_phases}
+            if kind == "kvd":
+                log_text = server.log_path.read_text(errors="replace")
+                results["runs"][kind]["warm_timelines"] = [timeline(log_text, a, b)
+                                                           for a, b in windows]
+                for i, tl in enumerate(results["runs"][kind]["warm_timelines"]):
+                    print(f"warm request {i} ({warm[i] * 1e3:.0f} ms): kvd's requests, ms after "
+                          f"generate() was called:", flush=True)
+                    for e in tl:
+                        print(f"  {e['op']:<24} arrived {e['arrived_ms']:>8.1f}  sent "
+                              f"{e['sent_ms']:>8.1f}  {e['phases_ms']}", flush=True)
             (out / "results.json").write_text(json.dumps(results, indent=2))  # so far
             print(f"{kind}: cold {med(cold):.3f}s warm {med(warm):.3f}s hits {hits}", flush=True)
         finally:
@@ -171,6 +225,12 @@ def main() -> int:
                   + f"; total {med(total) * 1e3:.2f} ms = "
                   f"{med(total) / med(r['kvd']['warm']) * 100:.1f} % of the warm TTFT. "
                   f"Warm TTFT is {med(r['kvd']['warm']) / med(none['floor']):.2f}x the floor."]
+        ph = r["kvd"].get("server_seconds_per_phase") or []
+        keys = sorted({k for d in ph for k in d if k.startswith("retrieve/")})
+        if keys:
+            lines += ["", "RETRIEVE per phase (kvd_request_phase_seconds deltas, median): "
+                      + ", ".join(f"{k.split('/')[1]} {med([d.get(k, 0) for d in ph]) * 1e3:.2f} ms"
+                                  for k in keys)]
     table = "\n".join(lines)
     (out / "summary.md").write_text(table + "\n")
     print(table)

@@ -302,7 +302,8 @@ std::string RenderPrometheus(const Snapshot& s, const std::string& version) {
     w.Value("kvd_request_duration_seconds_count{op=\"" + op + "\"}", cum);
   }
   w.Header("kvd_request_phase_seconds", "histogram",
-           "Server time per request in each phase (decode, hash, index, copy), per operation.");
+           "Server time per request in each phase (queue, decode, hash, index, copy, reply), per "
+           "operation.");
   for (const auto& o : s.ops) {
     const std::string op = Escape(o.name);
     for (const auto& ph : o.phases) {

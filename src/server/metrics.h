@@ -28,7 +28,7 @@ class RequestMetrics {
   static constexpr size_t kMaxOps = 64;
 
   struct PhaseSnapshot {
-    std::string name;                 // "decode", "hash", "index", "copy"
+    std::string name;                 // kPhaseNames: "queue", "decode", ..., "reply"
     std::vector<uint64_t> buckets;    // per bucket (NOT cumulative); size kLatencyBounds + 1
     double sum_seconds = 0;
   };

@@ -37,6 +37,18 @@ std::string_view View(const zmq::message_t& m) {
 struct Reply {
   zmq::message_t identity, uid, op, body;
   uint64_t queued_bytes = 0;  // bytes it held against its connection's bound (lane requests)
+  // Timing of a request that went through Run (ready_ns 0: not timed, e.g. a refusal).
+  const wire::OpInfo* info = nullptr;
+  PhaseTotals phases;         // queue..copy
+  int64_t handled_ns = 0;     // receipt -> reply ready (its kvd_request_duration_seconds)
+  int64_t ready_ns = 0;       // when the reply was ready (WallNs)
+};
+
+// What Run measured of one request, for its Reply.
+struct RunTiming {
+  PhaseTotals phases;
+  int64_t handled_ns = 0;
+  int64_t ready_ns = 0;
 };
 
 // A WAIT_PREFETCH_STATUS parked until its prefetch ends (prefetch_waits.h): its envelope
@@ -159,7 +171,9 @@ struct ZmqServer::Impl {
   }
 
   void SendAll() {
+    const bool debug = spdlog::should_log(spdlog::level::debug);
     for (auto& r : sending) {
+      const std::string tag = debug && r.ready_ns > 0 ? ClientTag(View(r.identity)) : std::string();
       try {
         socket.send(r.identity, zmq::send_flags::sndmore);
         socket.send(r.uid, zmq::send_flags::sndmore);
@@ -168,8 +182,33 @@ struct ZmqServer::Impl {
       } catch (const zmq::error_t& e) {
         spdlog::warn("could not send a reply: {}", e.what());
       }
+      if (r.ready_ns > 0 && r.info != nullptr) RecordReply(r, tag);
     }
     sending.clear();
+  }
+
+  // Socket thread, after sending a timed reply: its reply phase, and at debug level one
+  // line with the request's phase times (`tag`: its client, taken before the send).
+  void RecordReply(Reply& r, const std::string& tag) {
+    PhaseTotals reply;
+    const int64_t reply_ns = WallNs() - r.ready_ns;
+    reply.ns[static_cast<size_t>(Phase::kReply)] = reply_ns > 0 ? reply_ns : 1;
+    metrics->RecordPhases(r.info->op, reply);
+    if (!spdlog::should_log(spdlog::level::debug)) return;
+    r.phases.ns[static_cast<size_t>(Phase::kReply)] = reply.ns[static_cast<size_t>(Phase::kReply)];
+    std::string parts;
+    for (Phase p : {Phase::kQueue, Phase::kDecode, Phase::kHash, Phase::kIndex, Phase::kCopy,
+                    Phase::kReply}) {  // in the order they happen
+      const size_t i = static_cast<size_t>(p);
+      if (r.phases.ns[i] <= 0) continue;
+      parts += fmt::format("{}{} {:.3f}", parts.empty() ? "" : ", ", kPhaseNames[i],
+                           static_cast<double>(r.phases.ns[i]) * 1e-6);
+    }
+    spdlog::debug("{} from {}: {:.3f} ms to reply ready, {:.3f} ms to sent (ms per phase: {})",
+                  r.info->name, tag, static_cast<double>(r.handled_ns) * 1e-6,
+                  static_cast<double>(r.handled_ns + reply.ns[static_cast<size_t>(Phase::kReply)]) *
+                      1e-6,
+                  parts);
   }
 
   // Socket thread: sends a stream message now ([identity, uid, op(, batch)]).
@@ -184,17 +223,21 @@ struct ZmqServer::Impl {
     }
   }
 
-  // Socket thread: queues the reply to frames[0..2] (moved out of `frames`).
-  void ReplyInline(std::string_view body) {
+  // Socket thread: queues the reply to frames[0..2] (moved out of `frames`); `timing`
+  // (with its op) when the request went through Run.
+  void ReplyInline(std::string_view body, const wire::OpInfo* info = nullptr,
+                   const RunTiming& timing = {}) {
     sending.push_back(Reply{std::move(frames[0]), std::move(frames[1]), std::move(frames[2]),
-                            zmq::message_t(body.data(), body.size()), 0});
+                            zmq::message_t(body.data(), body.size()), 0, info, timing.phases,
+                            timing.handled_ns, timing.ready_ns});
   }
 
-  // Runs one request's handler on the calling thread; returns its reply frame.
-  // *elapsed_ns (if given) receives the request's time since `began`.
+  // Runs one request's handler on the calling thread; returns its reply frame and fills
+  // *timing. `queue_ns`: how long it waited for this thread (0: run inline).
   std::string Run(const wire::OpInfo& info, wire::Frames payloads, std::string_view identity,
-                  int64_t began, int64_t* elapsed_ns = nullptr) {
+                  int64_t began, int64_t queue_ns, RunTiming* timing) {
     ResetPhases();
+    if (queue_ns > 0) AddPhase(Phase::kQueue, queue_ns);
     std::string reply;
     try {
       reply = HandleRequest(*service, info, payloads, identity);
@@ -202,9 +245,10 @@ struct ZmqServer::Impl {
       spdlog::error("{} from {}: internal error: {}", info.name, ClientTag(identity), e.what());
       reply = wire::EncodeNil();
     }
-    metrics->RecordPhases(info.op, TakePhases());
-    const int64_t elapsed = metrics->End(info.op, began);
-    if (elapsed_ns) *elapsed_ns = elapsed;
+    timing->phases = TakePhases();
+    metrics->RecordPhases(info.op, timing->phases);
+    timing->handled_ns = metrics->End(info.op, began);
+    timing->ready_ns = began + timing->handled_ns;
     return reply;
   }
 
@@ -313,11 +357,11 @@ struct ZmqServer::Impl {
     if (dispatch == wire::Dispatch::kInline) {
       payload_views.clear();
       for (size_t i = 3; i < frames.size(); ++i) payload_views.push_back(View(frames[i]));
-      int64_t elapsed = 0;
-      const std::string reply = Run(info, payload_views, View(frames[0]), began, &elapsed);
-      metrics->RecordInline(info.op, elapsed);
-      ReplyInline(reply);
-      return elapsed;
+      RunTiming timing;
+      const std::string reply = Run(info, payload_views, View(frames[0]), began, 0, &timing);
+      metrics->RecordInline(info.op, timing.handled_ns);
+      ReplyInline(reply, &info, timing);
+      return timing.handled_ns;
     }
 
     // Lane or pool: counted against the connection until its reply is taken back.
@@ -344,12 +388,15 @@ struct ZmqServer::Impl {
     pool->PostToLane(
         lane,
         [this, &info, began, payload_bytes, request = std::move(frames)]() mutable {
+          const int64_t queue_ns = WallNs() - began;  // waited for its lane and a thread
           std::vector<std::string_view> views;
           views.reserve(request.size() - 3);
           for (size_t i = 3; i < request.size(); ++i) views.push_back(View(request[i]));
-          const std::string reply = Run(info, views, View(request[0]), began);
+          RunTiming timing;
+          const std::string reply = Run(info, views, View(request[0]), began, queue_ns, &timing);
           PostReply(Reply{std::move(request[0]), std::move(request[1]), std::move(request[2]),
-                          zmq::message_t(reply.data(), reply.size()), payload_bytes});
+                          zmq::message_t(reply.data(), reply.size()), payload_bytes, &info,
+                          timing.phases, timing.handled_ns, timing.ready_ns});
         },
         width);
     frames = std::vector<zmq::message_t>();  // moved from: make it a valid empty vector again

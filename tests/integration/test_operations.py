@@ -184,6 +184,18 @@ def test_status_and_metrics_follow_real_client_traffic(kvd):
         assert m("kvd_registered_instances") == 1
         assert m('kvd_requests_total{op="store"}') == 1
         assert m('kvd_requests_total{op="register_kv_cache"}') == 1
+        # Where a transfer's server time went: each phase once per request, and the phases
+        # up to the copy within the request's duration (reply comes after it).
+        for op in ("store", "retrieve"):
+            inside = 0.0
+            for phase in ("queue", "decode", "hash", "index", "copy"):
+                assert m(f'kvd_request_phase_seconds_count{{op="{op}",phase="{phase}"}}') == 1, \
+                    (op, phase)
+                inside += m(f'kvd_request_phase_seconds_sum{{op="{op}",phase="{phase}"}}')
+            assert 0 < inside <= m(f'kvd_request_duration_seconds_sum{{op="{op}"}}') + 1e-6, op
+            wait_for(lambda: F.metric(kvd.get("/metrics")[2],
+                                      f'kvd_request_phase_seconds_count{{op="{op}",phase="reply"}}')
+                     == 1, 5, f"the reply phase of {op}")
 
         # POST /clear-cache drops everything: the prompt misses afterwards.
         status, _, body = F.http("POST", kvd.base + "/clear-cache")
@@ -436,6 +448,32 @@ def test_errors_name_the_client_and_the_op(kvd):
     line = wait_for(lambda: [ln for ln in kvd.log().splitlines() if "[warning]" in ln and "lookup" in ln],
                     5, "a warning for the bad request")
     assert "client-" in line[0]
+
+
+@needs_lmcache
+def test_debug_log_has_one_line_per_request_with_its_phase_times(make_kvd):
+    k = make_kvd(extra=["--log-level", "debug"]).start()
+    w = F.OneWorker(k.url, model="ops-phases", mq_timeout=5.0)
+    try:
+        chunk = w.chunk_size
+        bpc = chunk // F.OneWorker.BLOCK_SIZE
+        tokens = F.fresh_tokens(2 * chunk)
+        assert w.store("p1", tokens, list(range(2 * bpc)))
+        assert w.lookup("p2", tokens) == 2 * chunk
+        assert w.retrieve("p2", tokens, list(range(2 * bpc, 4 * bpc)), end=2 * chunk)
+        ms = r"[0-9]+\.[0-9]{3}"
+        line = re.compile(rf"\[debug\] (store|retrieve) from client-\w+: ({ms}) ms to reply ready, "
+                          rf"({ms}) ms to sent \(ms per phase: queue ({ms}), decode {ms}, "
+                          rf"hash {ms}, index {ms}, copy ({ms}), reply ({ms})\)")
+        found = wait_for(lambda: {m.group(1): m for m in line.finditer(k.log())}
+                         if len(set(m.group(1) for m in line.finditer(k.log()))) == 2 else None,
+                         5, "a phase line for the store and the retrieve")
+        for m in found.values():
+            ready, sent, queue, copy, reply = (float(m.group(i)) for i in range(2, 7))
+            assert queue + copy <= ready + 0.002 and sent >= ready, m.group(0)
+            assert abs(sent - ready - reply) <= 0.002, m.group(0)
+    finally:
+        w.close()
 
 
 def test_log_level_warning_hides_info_lines(make_kvd):

@@ -7,6 +7,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <chrono>
+#include <map>
 #include <thread>
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
@@ -173,6 +175,60 @@ TEST_F(ZmqServerTest, ManyOutstandingRequestsAreAllAnsweredByUid) {
     EXPECT_FALSE(seen[uid]);
     seen[uid] = true;
   }
+}
+
+// Phases of one op in the metrics: {phase name: (count, sum seconds)}.
+std::map<std::string, std::pair<uint64_t, double>> PhasesOf(const RequestMetrics& m,
+                                                           const std::string& op) {
+  std::map<std::string, std::pair<uint64_t, double>> out;
+  for (const auto& o : m.Snapshot()) {
+    if (o.name != op) continue;
+    for (const auto& ph : o.phases) {
+      uint64_t n = 0;
+      for (uint64_t b : ph.buckets) n += b;
+      out[ph.name] = {n, ph.sum_seconds};
+    }
+  }
+  return out;
+}
+
+double DurationSumOf(const RequestMetrics& m, const std::string& op) {
+  for (const auto& o : m.Snapshot()) {
+    if (o.name == op) return o.latency_sum_seconds;
+  }
+  return -1;
+}
+
+TEST_F(ZmqServerTest, QueueDecodeAndReplyPhasesAreRecordedPerRequest) {
+  auto c = Client();
+  // A retrieve goes to its connection's lane: it waits for a lane thread (queue), is
+  // decoded (here: refused by the decoder) and its reply is handed to the socket (reply).
+  for (int i = 0; i < 3; ++i) {
+    SendFrames(c, {wire::EncodeInt(40 + i), wire::EncodeInt(7), "x", "y", "z", "w"});
+    ASSERT_EQ(Recv(c).size(), 3u);
+  }
+  // An inline op (get_chunk_size) runs on the loop's thread: no queue phase.
+  SendFrames(c, {wire::EncodeInt(50), wire::EncodeInt(21)});
+  ASSERT_EQ(Recv(c).size(), 3u);
+  // The reply phase is recorded just after the send: wait for it.
+  for (int i = 0; i < 200 && (PhasesOf(metrics_, "retrieve")["reply"].first < 3 ||
+                              PhasesOf(metrics_, "get_chunk_size")["reply"].first < 1);
+       ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  auto retrieve = PhasesOf(metrics_, "retrieve");
+  EXPECT_EQ(retrieve["queue"].first, 3u);
+  EXPECT_EQ(retrieve["decode"].first, 3u);
+  EXPECT_EQ(retrieve["reply"].first, 3u);
+  EXPECT_GT(retrieve["queue"].second, 0.0);
+  EXPECT_GT(retrieve["reply"].second, 0.0);
+  EXPECT_EQ(retrieve.count("copy"), 0u);  // refused before any copy
+  // queue and decode fall inside the request's duration.
+  EXPECT_LE(retrieve["queue"].second + retrieve["decode"].second,
+            DurationSumOf(metrics_, "retrieve") + 1e-9);
+  auto inline_op = PhasesOf(metrics_, "get_chunk_size");
+  EXPECT_EQ(inline_op.count("queue"), 0u);
+  EXPECT_EQ(inline_op["reply"].first, 1u);
 }
 
 }  // namespace
