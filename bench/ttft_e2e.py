@@ -74,7 +74,8 @@ REQUEST_LINE = re.compile(
 
 
 def timeline(log_text: str, t0: float, t1: float) -> list[dict]:
-    """kvd's requests whose reply left within [t0, t1] (wall clock, s), as ms after t0:
+    """kvd's requests whose reply left within [t0, t1] (wall clock, s), as ms after t0
+    (the caller passes t1 a little after generate() returned, for the END_SESSION):
     arrival (the log time, stamped just after the send, less the time to sent), sent, and
     the phase times. The log's stamps are local time with ms resolution."""
     out = []
@@ -87,6 +88,8 @@ def timeline(log_text: str, t0: float, t1: float) -> list[dict]:
         out.append({"op": m.group(2), "arrived_ms": round((logged - t0) * 1e3 - sent_ms, 1),
                     "sent_ms": round((logged - t0) * 1e3, 1), "ready_ms": float(m.group(3)),
                     "phases_ms": phases})
+        if m.group(2) == "end_session":
+            break  # the request's end: what follows belongs to the next one
     return out
 
 
@@ -147,7 +150,9 @@ def main() -> int:
 
     for kind in [k for k in args.servers.split(",") if k]:
         extra = ["--log-level", "debug"] if kind == "kvd" else []
-        server = CacheServer(kind, out, l1_size_gb=2.0, extra_args=extra).start()
+        server = CacheServer(kind, out, l1_size_gb=2.0, extra_args=extra)
+        server_log = server.log_path  # of this start (the path names the start count)
+        server.start()
         try:
             s = vllm_settings(model, args.block_size, server, "lmcache_driven", heartbeat=10.0,
                               **common)
@@ -177,20 +182,21 @@ def main() -> int:
             results["runs"][kind] = {"cold": cold, "warm": warm, "hit_tokens": hits,
                                      "server_seconds_per_op": kvd_ops,
                                      "server_seconds_per_phase": kvd_phases}
-            if kind == "kvd":
-                log_text = server.log_path.read_text(errors="replace")
-                results["runs"][kind]["warm_timelines"] = [timeline(log_text, a, b)
-                                                           for a, b in windows]
-                for i, tl in enumerate(results["runs"][kind]["warm_timelines"]):
-                    print(f"warm request {i} ({warm[i] * 1e3:.0f} ms): kvd's requests, ms after "
-                          f"generate() was called:", flush=True)
-                    for e in tl:
-                        print(f"  {e['op']:<24} arrived {e['arrived_ms']:>8.1f}  sent "
-                              f"{e['sent_ms']:>8.1f}  {e['phases_ms']}", flush=True)
             (out / "results.json").write_text(json.dumps(results, indent=2))  # so far
             print(f"{kind}: cold {med(cold):.3f}s warm {med(warm):.3f}s hits {hits}", flush=True)
         finally:
             server.stop()
+        if kind == "kvd" and kind in results["runs"]:  # the log is complete once kvd stopped
+            log_text = server_log.read_text(errors="replace")
+            tls = [timeline(log_text, a, b + 0.5) for a, b in windows]
+            results["runs"][kind]["warm_timelines"] = tls
+            (out / "results.json").write_text(json.dumps(results, indent=2))
+            for i, tl in enumerate(tls):
+                print(f"warm request {i} ({warm[i] * 1e3:.0f} ms): kvd's requests, ms after "
+                      f"generate() was called:", flush=True)
+                for e in tl:
+                    print(f"  {e['op']:<24} arrived {e['arrived_ms']:>8.1f}  sent "
+                          f"{e['sent_ms']:>8.1f}  {e['phases_ms']}", flush=True)
     results["load_after"] = os.getloadavg()
     (out / "results.json").write_text(json.dumps(results, indent=2))
 
