@@ -291,7 +291,9 @@ TEST_F(KvServiceTest, LookupBeforeAnyRegistrationHitsNothing) {
   EXPECT_EQ(LookupHits(Key(std::nullopt, 512, 0, 512, 1, "r")), 0);
 }
 
-TEST_F(KvServiceTest, EngineDrivenPrepareCommitRoundTrip) {
+// The engine-driven registration the tests below use: instance 7, "llama", world size 1,
+// 2 layers of 16-wide bf16 KV in 16-token blocks, 256 slots.
+wire::RegisterEngineDrivenRequest EngineDrivenLlama() {
   wire::RegisterEngineDrivenRequest reg;
   reg.instance_id = 7;
   reg.model_name = "llama";
@@ -301,6 +303,11 @@ TEST_F(KvServiceTest, EngineDrivenPrepareCommitRoundTrip) {
   reg.hidden_dim_size = 16;
   reg.dtype_str = "bfloat16";
   reg.num_physical_slots = 256;
+  return reg;
+}
+
+TEST_F(KvServiceTest, EngineDrivenPrepareCommitRoundTrip) {
+  const wire::RegisterEngineDrivenRequest reg = EngineDrivenLlama();
   auto r = svc_->RegisterEngineDriven(reg);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_EQ(r->first, "/" + cfg_.shm_name);
@@ -364,15 +371,7 @@ TEST_F(KvServiceTest, StoreWithoutSessionHashesEachChunkOnceWithKvEventsOn) {
 }
 
 TEST_F(KvServiceTest, EngineDrivenPrepareStoreWithoutSessionHashesEachChunkOnce) {
-  wire::RegisterEngineDrivenRequest reg;
-  reg.instance_id = 7;
-  reg.model_name = "llama";
-  reg.world_size = 1;
-  reg.block_size = 16;
-  reg.num_layers = 2;
-  reg.hidden_dim_size = 16;
-  reg.dtype_str = "bfloat16";
-  reg.num_physical_slots = 256;
+  const wire::RegisterEngineDrivenRequest reg = EngineDrivenLlama();
   ASSERT_TRUE(svc_->RegisterEngineDriven(reg).ok());
   const uint64_t before = svc_->hashed_chunks();
   wire::EngineDrivenRequest ps{Key(0, 512, 0, 512, 1, "e"), 7, ""};
