@@ -2,6 +2,8 @@
 // reserve L1 slots, load straight into them, commit the chunks that arrived whole.
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
+
 #include "l2/tier_set.h"
 #include "l2/tier_set_internal.h"
 
@@ -189,18 +191,10 @@ void TierSet::OnExists(const std::shared_ptr<PrefetchJob>& job) {
   }
   // Reserve L1 slots; a chunk that cannot get room ends the prefix.
   for (size_t c = 0; c < planned; ++c) {
-    bool ok = true;
-    for (uint32_t r = 0; r < W && ok; ++r) {
-      const size_t i = c * W + r;
-      if (job->source[i] < 0) continue;
-      auto res = l1_->ReserveWrite(job->req.chunks[c], W, r, size);
-      if (res.ok()) {
-        job->res[i] = std::move(res).value();
-      } else if (res.status().code() == StatusCode::kAlreadyExists) {
-        job->source[i] = PrefetchJob::kInL1;  // resident now, or another writer fills it
-      } else {
-        ok = false;
-      }
+    bool ok;
+    {
+      std::lock_guard<std::mutex> lock(loading_mu_);
+      ok = ReserveChunk(job, c);
     }
     if (!ok) {
       for (size_t i = c * W; i < n; ++i) job->res[i].Abort();
@@ -294,11 +288,45 @@ void TierSet::OnExists(const std::shared_ptr<PrefetchJob>& job) {
   }
 }
 
+bool TierSet::ReserveChunk(const std::shared_ptr<PrefetchJob>& job, size_t c) {
+  const uint32_t W = job->ranks;
+  const l1::ChunkKey& chunk = job->req.chunks[c];
+  bool reserved = false;
+  for (uint32_t r = 0; r < W; ++r) {
+    const size_t i = c * W + r;
+    if (job->source[i] < 0) continue;  // resident when planned
+    auto res = l1_->ReserveWrite(chunk, W, r, job->req.format.object_bytes);
+    if (res.ok()) {
+      job->res[i] = std::move(res).value();
+      reserved = true;
+      continue;
+    }
+    if (res.status().code() != StatusCode::kAlreadyExists) return false;  // no room
+    if (l1_->IsResident(chunk, r)) {
+      job->source[i] = PrefetchJob::kInL1;
+      continue;
+    }
+    // Another writer has the slot. A prefetch still loading it: wait for its loads. Anyone
+    // else (a STORE in progress): the prefix ends here, as it would for its LOOKUP.
+    auto it = loading_.find(chunk);
+    if (it == loading_.end() || it->second == job.get() || it->second->loads_done) return false;
+    PrefetchJob* owner = it->second;
+    job->source[i] = PrefetchJob::kFollow;
+    if (std::find(job->followed.begin(), job->followed.end(), owner) == job->followed.end()) {
+      job->followed.push_back(owner);
+      owner->followers.push_back(job);
+      job->following.fetch_add(1);
+    }
+  }
+  if (reserved && loading_.try_emplace(chunk, job.get()).second) job->loading.push_back(chunk);
+  return true;
+}
+
 void TierSet::OnLoaded(const std::shared_ptr<PrefetchJob>& job) {
   const uint32_t W = job->ranks;
-  size_t arrived = 0;
   bool broken = false;
   std::vector<l1::ChunkKey> committed;
+  job->chunk_loaded.assign(job->planned, 0);
   for (size_t c = 0; c < job->planned; ++c) {
     bool ok = !broken;
     for (uint32_t r = 0; r < W && ok; ++r) {
@@ -327,17 +355,46 @@ void TierSet::OnLoaded(const std::shared_ptr<PrefetchJob>& job) {
     }
     if (broken) continue;
     if (any) committed.push_back(job->req.chunks[c]);
-    arrived = c + 1;
+    job->chunk_loaded[c] = 1;
   }
   job->res.clear();
   job->staging.clear();
   prefetch_hit_chunks_ += committed.size();
-  if (arrived < job->planned) prefetch_failed_chunks_ += job->planned - arrived;
   if (options_.prefetch_policy == "default" && !committed.empty()) {
     const int64_t now = options_.clock->NowNanos();
     std::lock_guard<std::mutex> lock(temp_mu_);
     for (const auto& k : committed) temporary_.insert_or_assign(k, now);
   }
+  // Its chunks are in L1 (or not coming): release the jobs that waited for them.
+  std::vector<std::shared_ptr<PrefetchJob>> followers;
+  {
+    std::lock_guard<std::mutex> lock(loading_mu_);
+    for (const auto& k : job->loading) {
+      auto it = loading_.find(k);
+      if (it != loading_.end() && it->second == job.get()) loading_.erase(it);
+    }
+    job->loading.clear();
+    job->loads_done = true;
+    followers.swap(job->followers);
+  }
+  for (auto& f : followers) {
+    if (f->following.fetch_sub(1) == 1) Finish(f);
+  }
+  if (job->following.fetch_sub(1) == 1) Finish(job);
+}
+
+void TierSet::Finish(const std::shared_ptr<PrefetchJob>& job) {
+  const uint32_t W = job->ranks;
+  size_t arrived = 0;
+  for (size_t c = 0; c < job->planned; ++c) {
+    bool ok = job->chunk_loaded[c] != 0;
+    for (uint32_t r = 0; r < W && ok; ++r) {
+      if (job->source[c * W + r] == PrefetchJob::kFollow) ok = l1_->IsResident(job->req.chunks[c], r);
+    }
+    if (!ok) break;
+    arrived = c + 1;
+  }
+  if (arrived < job->planned) prefetch_failed_chunks_ += job->planned - arrived;
   Answer(job, arrived);
   JobFinished();
 }

@@ -200,6 +200,9 @@ class TierSet {
   void RunJob(const std::shared_ptr<PrefetchJob>& job);
   void OnExists(const std::shared_ptr<PrefetchJob>& job);
   void OnLoaded(const std::shared_ptr<PrefetchJob>& job);
+  // Reserves the L1 slots of chunk c of the plan (loading_mu_ held); false: the prefix ends.
+  bool ReserveChunk(const std::shared_ptr<PrefetchJob>& job, size_t c);
+  void Finish(const std::shared_ptr<PrefetchJob>& job);
   void Answer(const std::shared_ptr<PrefetchJob>& job, size_t chunks);
   void JobFinished();
   // accounting and eviction (tier_eviction.cc); *Locked: TierState::mu held
@@ -218,6 +221,15 @@ class TierSet {
   std::vector<std::weak_ptr<PrefetchJob>> running_;     // guarded by jobs_mu_ (for timeouts)
   int active_jobs_ = 0;                                 // guarded by jobs_mu_
   bool closed_ = false;                                 // guarded by jobs_mu_
+
+  // Chunks whose L1 slots a prefetch job has reserved and is loading -> that job. A job that
+  // finds a chunk's slots reserved by another job waits for that job's loads (follows it)
+  // instead of counting them as resident. A job's entries leave, and its followers are
+  // released, once its own loads are committed or aborted; a job never waits for its
+  // followers, so following cannot deadlock. Reservations of a chunk, its entry and a
+  // follower's lookup of it happen under loading_mu_ together. Guarded by loading_mu_.
+  std::mutex loading_mu_;
+  std::unordered_map<l1::ChunkKey, PrefetchJob*, l1::ChunkKeyHash> loading_;
 
   mutable std::mutex temp_mu_;
   // Prefetched chunks (default policy) -> when they were committed. Guarded by temp_mu_.

@@ -69,8 +69,21 @@ struct TierSet::PrefetchJob {
   std::vector<uint64_t> load_bytes;            // per object: stored size the tier read
   size_t planned = 0;                          // chunks planned for loading
   std::mutex mu;                               // guards found / load_status writes
+  // Its own loads done and committed (OnLoaded): per planned chunk, whether its own objects
+  // arrived (objects it waits for from other jobs are checked in Finish).
+  std::vector<uint8_t> chunk_loaded;
+  // Chunks another job was loading when this one planned (source kFollow): this job answers
+  // only once those jobs' loads are committed. following = jobs followed and not done + 1
+  // (this job's own loads); Finish runs when it drops to 0.
+  std::atomic<int> following{1};
+  std::vector<const PrefetchJob*> followed;    // planning thread only
+  // Guarded by TierSet::loading_mu_:
+  std::vector<l1::ChunkKey> loading;           // chunks registered in TierSet::loading_
+  std::vector<std::shared_ptr<PrefetchJob>> followers;  // jobs waiting for this one's loads
+  bool loads_done = false;                     // set with the followers taken
   static constexpr int kInL1 = -2;
   static constexpr int kNone = -1;
+  static constexpr int kFollow = -3;           // being loaded into L1 by another job
 };
 
 }  // namespace kvd::l2

@@ -128,6 +128,45 @@ def test_warm_restart_from_fs_hits_and_is_byte_exact(tmpdir_tier, tmp_path):
         srv.stop()
 
 
+def test_concurrent_lookups_of_one_prefix_all_hit_from_the_tier(tmpdir_tier, tmp_path):
+    """Regression: lookups of one prefix that arrive while a first lookup's prefetch is still
+    loading it counted its chunks before they were in L1, and answered 0 hits."""
+    adapter = json.dumps({"type": "fs", "base_path": tmpdir_tier})
+    srv = start_kvd(adapter, tmp_path, "kvd1")
+    try:
+        c = cluster_for(srv)
+        p = Prompt(c, chunks=6, seed=17)
+        p.store(c, "conc-0")
+        wait_until(lambda: len(data_files(tmpdir_tier)) == 12, what="12 objects on disk")
+        c.close()
+    finally:
+        srv.stop()
+    srv = start_kvd(adapter, tmp_path, "kvd2")
+    try:
+        c = cluster_for(srv)
+        s = c.scheduler
+        ids = [f"conc-{i}" for i in range(1, 5)]
+        for rid in ids:  # all submitted before any result is read
+            s.maybe_submit_lookup_request(rid, list(p.tokens))
+        hits = {}
+        deadline = time.monotonic() + 30
+        while len(hits) < len(ids) and time.monotonic() < deadline:
+            for rid in ids:
+                if rid not in hits:
+                    res = s.check_lookup_result(rid)
+                    if res is not None:
+                        hits[rid] = int(res)
+            time.sleep(0.005)
+        assert hits == {rid: 6 * 256 for rid in ids}, hits
+        for rid in ids:
+            s.free_lookup_locks(list(p.tokens), 0, 6 * 256, rid)
+            c.end_session(rid)
+        assert p.check_retrieve(c, "conc-after", chunks=6) == 6
+        c.close()
+    finally:
+        srv.stop()
+
+
 def test_truncated_file_is_a_miss_and_the_prefix_shrinks(tmpdir_tier, tmp_path):
     adapter = json.dumps({"type": "fs", "base_path": tmpdir_tier})
     srv = start_kvd(adapter, tmp_path, "kvd1")

@@ -542,6 +542,16 @@ class GateTier final : public Tier {
     return loads_.size();
   }
   void ReleaseDeletes() { Release(deletes_); }
+  void ReleaseNewestLoad() {
+    std::function<void()> run;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (loads_.empty()) return;
+      run = std::move(loads_.back());
+      loads_.pop_back();
+    }
+    run();
+  }
   void ReleaseLoads() { Release(loads_); }
 
  private:
@@ -557,6 +567,88 @@ class GateTier final : public Tier {
   std::mutex mu_;
   std::vector<std::function<void()>> loads_, deletes_;  // guarded by mu_
 };
+
+// Starts a prefetch whose answer records, at the moment it is given, how many of the
+// answered chunks L1 really holds (every rank resident).
+struct RecordedPrefetch {
+  std::shared_ptr<std::promise<std::pair<size_t, size_t>>> promise =
+      std::make_shared<std::promise<std::pair<size_t, size_t>>>();
+  std::future<std::pair<size_t, size_t>> future = promise->get_future();
+};
+
+// Regression (concurrent lookups of one prefix): a second lookup of chunks a first lookup's
+// prefetch was still loading counted them as already in L1 and answered at once, before they
+// were there; its LOOKUP then locked nothing and answered 0 hits. It must wait for them.
+TEST_F(TierSetTest, ConcurrentPrefetchesOfOnePrefixBothAnswerOnceTheChunksAreInL1) {
+  auto mem = std::make_shared<MemoryTier>();
+  for (int c = 0; c < 4; ++c) {
+    for (uint32_t r = 0; r < kRanks; ++r) mem->Put(Obj(c, r), Value(c, r));
+  }
+  auto gate = std::make_shared<GateTier>(mem);
+  Make({gate});
+  auto start = [this](int first, int count) {
+    RecordedPrefetch rp;
+    auto pr = rp.promise;
+    set_->Prefetch(Request(first, count), [this, pr, first](size_t n) {
+      size_t held = 0;
+      while (held < n && l1_->IsResident(Chunk(first + static_cast<int>(held)), 0) &&
+             l1_->IsResident(Chunk(first + static_cast<int>(held)), 1)) {
+        held++;
+      }
+      pr->set_value({n, held});
+    });
+    return rp;
+  };
+  auto first = start(0, 3);
+  for (int i = 0; i < 400 && gate->held_loads() == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  ASSERT_EQ(gate->held_loads(), 1u);
+  // A second lookup of the same three chunks, and a third that wants one more, whose own
+  // load of chunk 3 is let through first.
+  auto second = start(0, 3);
+  auto third = start(0, 4);
+  for (int i = 0; i < 400 && gate->held_loads() < 2; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  ASSERT_EQ(gate->held_loads(), 2u);
+  gate->ReleaseNewestLoad();
+  EXPECT_EQ(second.future.wait_for(std::chrono::milliseconds(100)), std::future_status::timeout)
+      << "answered while the chunks it counts were still being loaded by the first";
+  EXPECT_EQ(third.future.wait_for(std::chrono::milliseconds(1)), std::future_status::timeout);
+  gate->ReleaseLoads();
+  for (auto* rp : {&first, &second, &third}) {
+    ASSERT_EQ(rp->future.wait_for(std::chrono::seconds(5)), std::future_status::ready);
+  }
+  EXPECT_EQ(first.future.get(), (std::pair<size_t, size_t>{3, 3}));
+  EXPECT_EQ(second.future.get(), (std::pair<size_t, size_t>{3, 3}));
+  EXPECT_EQ(third.future.get(), (std::pair<size_t, size_t>{4, 4}));
+  for (int c = 0; c < 4; ++c) EXPECT_TRUE(L1Holds(c)) << c;
+  EXPECT_EQ(l1_->stats().staging_objects, 0u);
+}
+
+// The chunks a second lookup waits for end its prefix where the first lookup's load failed.
+TEST_F(TierSetTest, ConcurrentPrefetchEndsWhereTheLoadItWaitedForFailed) {
+  auto mem = std::make_shared<MemoryTier>();
+  for (int c = 0; c < 3; ++c) {
+    for (uint32_t r = 0; r < kRanks; ++r) mem->Put(Obj(c, r), Value(c, r));
+  }
+  mem->Put(Obj(1, 1), std::vector<uint8_t>(100, 1));  // truncated: chunk 1 cannot arrive
+  auto gate = std::make_shared<GateTier>(mem);
+  Make({gate});
+  auto p1 = std::make_shared<std::promise<size_t>>();
+  auto f1 = p1->get_future();
+  set_->Prefetch(Request(0, 3), [p1](size_t n) { p1->set_value(n); });
+  for (int i = 0; i < 400 && gate->held_loads() == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  auto p2 = std::make_shared<std::promise<size_t>>();
+  auto f2 = p2->get_future();
+  set_->Prefetch(Request(0, 3), [p2](size_t n) { p2->set_value(n); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  gate->ReleaseLoads();
+  ASSERT_EQ(f1.wait_for(std::chrono::seconds(5)), std::future_status::ready);
+  ASSERT_EQ(f2.wait_for(std::chrono::seconds(5)), std::future_status::ready);
+  EXPECT_EQ(f1.get(), 1u);
+  EXPECT_EQ(f2.get(), 1u);
+  EXPECT_TRUE(L1Holds(0));
+  EXPECT_FALSE(l1_->IsResident(Chunk(1), 1));
+  EXPECT_EQ(l1_->stats().staging_objects, 0u);
+}
 
 // Regression (busy deleted objects stayed indexed): an object the eviction round deleted
 // while a prefetch was loading it stayed in the index, so the tier's usage and object count
