@@ -264,9 +264,12 @@ struct ZmqServer::Impl {
     if (deadline <= now || !service->PrefetchRunning(req->first)) return false;
     std::string connection(View(frames[0]));
     std::string request_id(req->first);
-    ParkedWait w{Reply{std::move(frames[0]), std::move(frames[1]), std::move(frames[2]),
-                       zmq::message_t(), 0},
-                 began};
+    // Untimed (ready_ns 0): AnswerWaits records a parked wait's duration itself.
+    Reply parked;
+    parked.identity = std::move(frames[0]);
+    parked.uid = std::move(frames[1]);
+    parked.op = std::move(frames[2]);
+    ParkedWait w{std::move(parked), began};
     if (!waits.Park(std::move(connection), std::move(request_id), deadline, std::move(w))) {
       // Bound reached: answer "still running" now (Park left `w` as it was).
       metrics->CountRefused(wire::Op::kWaitPrefetchStatus);
