@@ -1,0 +1,119 @@
+// ZmtpRouter: a ZMQ ROUTER socket on TCP, spoken natively (ZMTP 3.x, NULL mechanism) by the
+// thread that serves the requests. libzmq clients (DEALER, REQ, ROUTER) connect to it as to
+// a libzmq ROUTER: each connection gets a routing id (the one the peer asked for in its
+// READY, when it is free and does not start with a zero byte, else five bytes: 0, then a
+// counter), every message received is delivered as [routing id, frames...], and a message
+// sent as [routing id, frames...] goes to that connection (dropped, and counted, when no
+// such connection exists or it has max_unsent_* waiting).
+//
+// WHY NOT LIBZMQ'S ROUTER. libzmq's I/O thread reads ahead of the application, up to
+// ZMQ_RCVHWM messages per connection, and bounds only the size of each frame
+// (ZMQ_MAXMSGSIZE): one message of many maximum-size frames, or a backlog of such messages
+// while the serving thread is busy, is buffered whole. Here nothing is read from a
+// connection the serving thread has not asked for, so memory per connection is bounded by
+// design (see BOUNDS), and a request costs no hop through another thread.
+//
+// BOUNDS, per connection: the decoder's buffer (64 KiB) and one message being received
+// (limits.max_message_bytes, zmtp_codec.h); messages received and not yet taken by
+// Receive: at most max_pending_messages / max_pending_bytes, after which the connection is
+// not read (TCP pushes back on the client) until Receive takes them, plus what the last read
+// completed (one read is at most read_budget bytes, or one message); replies not yet written
+// to the socket: at most max_unsent_messages / max_unsent_bytes. A protocol error (bad
+// greeting, unsupported mechanism, a frame, message or command over its limit, reserved
+// flags) closes that connection only, with one warning line.
+//
+// THREADS. Not thread-safe: one thread calls every method (the request loop's). The fds
+// passed to Watch are only polled, never read.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <zmq.hpp>
+
+#include "common/status.h"
+#include "net/zmtp_codec.h"
+
+namespace kvd::net {
+
+class ZmtpRouter {
+ public:
+  struct Options {
+    ZmtpLimits limits;
+    uint32_t max_pending_messages = 1000;   // per connection, received and not taken (RCVHWM)
+    uint64_t max_pending_bytes = 1u << 20;  // per connection, ditto
+    uint32_t max_unsent_messages = 100000;  // per connection, queued and not written (SNDHWM)
+    uint64_t max_unsent_bytes = 64u << 20;  // per connection, ditto
+    uint64_t read_budget = 1u << 20;        // bytes read from one connection per Wait
+  };
+  struct Stats {
+    uint64_t accepted = 0;          // connections accepted
+    uint64_t closed = 0;            // connections closed (by the peer or for an error)
+    uint64_t protocol_errors = 0;   // of those, closed for breaking the protocol or a limit
+    uint64_t dropped_messages = 0;  // messages not sent: no such peer, or its queue full
+    uint64_t connections = 0;       // open now
+  };
+
+  explicit ZmtpRouter(const Options& options);
+  ~ZmtpRouter();
+  ZmtpRouter(const ZmtpRouter&) = delete;
+  ZmtpRouter& operator=(const ZmtpRouter&) = delete;
+
+  // Listens on tcp://host:port. host: an IPv4 or IPv6 address ("::" takes IPv4 too),
+  // "localhost", "*", or a network interface's name. Port 0: any free port (see port()).
+  Status Bind(const std::string& host, int port);
+  int port() const { return port_; }
+
+  // Also reports readiness of `fd` (e.g. an eventfd) from Wait.
+  void Watch(int fd);
+
+  struct Events {
+    bool messages = false;  // Receive has a message
+    bool watched = false;   // the watched fd is readable
+    int64_t io_ns = 0;      // time spent accepting, reading and writing after the wait
+  };
+  // Accepts connections, reads and writes what the sockets allow, then reports. Returns at
+  // once when a message is already waiting; else waits up to timeout_ms.
+  Events Wait(int timeout_ms);
+
+  // Takes the next message, round robin over connections: frames = [routing id, frames...]
+  // (appended to *frames). False when none is waiting.
+  bool Receive(std::vector<zmq::message_t>* frames);
+
+  // Queues [frames[1], ..., frames[n-1]] (moved from) for the connection whose routing id is
+  // frames[0]. False when it was dropped (no such connection, or its unsent queue is full).
+  // Written at the next Flush or Wait.
+  bool Send(zmq::message_t* frames, size_t n);
+  // Writes what is queued, as far as the sockets take it now.
+  void Flush();
+  // Writes until nothing is queued or timeout_ms passed (shutdown). True when all left.
+  bool Drain(int timeout_ms);
+
+  Stats stats() const;
+
+ private:
+  struct Peer;
+  class PeerSink;
+  void Accept();
+  void Read(Peer& p);
+  void Write(Peer& p);
+  void Close(Peer& p, const Status& why);
+  void SetInterest(Peer& p);
+  void Forget(uint64_t key);
+  void Reap();  // forgets the peers closed in this Wait that have nothing left
+  std::string NextRoutingId();
+
+  const Options options_;
+  int epoll_fd_ = -1;
+  int listen_fd_ = -1;
+  int port_ = 0;
+  int64_t listen_paused_until_ns_ = 0;  // after EMFILE: stop accepting for a moment
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace kvd::net
