@@ -166,6 +166,10 @@ class ServiceStats final : public kvd::http::StatsSource {
     sub(s.l1.evictions, b.l1.evictions);
     sub(s.l1.evicted_bytes, b.l1.evicted_bytes);
     sub(s.unknown_ops, b.unknown_ops);
+    sub(s.transport.accepted, b.transport.accepted);
+    sub(s.transport.closed, b.transport.closed);
+    sub(s.transport.protocol_errors, b.transport.protocol_errors);
+    sub(s.transport.dropped_replies, b.transport.dropped_replies);
     sub(s.kv_events.stored_records, b.kv_events.stored_records);
     sub(s.kv_events.removed_records, b.kv_events.removed_records);
     for (auto& o : s.ops) {
@@ -275,6 +279,8 @@ class ServiceStats final : public kvd::http::StatsSource {
                        o.latency_sum_seconds, std::move(phases), o.refused});
     }
     s.unknown_ops = metrics.unknown_ops();
+    const auto t = metrics.Transport();
+    s.transport = {t.connections, t.accepted, t.closed, t.protocol_errors, t.dropped_replies};
     auto loop = metrics.Loop();
     s.loop = {loop.iterations,       std::move(loop.buckets),      loop.sum_seconds,
               loop.longest_seconds,  loop.longest_inline_seconds,  std::move(loop.longest_inline_op)};

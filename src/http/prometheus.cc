@@ -279,6 +279,18 @@ std::string RenderPrometheus(const Snapshot& s, const std::string& version) {
             s.sessions_evicted);
   w.Counter("kvd_unknown_op_requests_total", "Requests whose op kvd does not know.",
             s.unknown_ops);
+  w.Gauge("kvd_zmtp_connections", "Client connections open on the request port.",
+          s.transport.connections);
+  w.Counter("kvd_zmtp_connections_accepted_total", "Client connections accepted.",
+            s.transport.accepted);
+  w.Counter("kvd_zmtp_connections_closed_total", "Client connections closed (by the client or kvd).",
+            s.transport.closed);
+  w.Counter("kvd_zmtp_protocol_errors_total",
+            "Connections kvd closed for breaking ZMTP or a size limit (frame, message, frames, command).",
+            s.transport.protocol_errors);
+  w.Counter("kvd_zmtp_dropped_replies_total",
+            "Replies not sent: the client was gone, or did not read its replies (unsent queue full).",
+            s.transport.dropped_replies);
 
   w.Header("kvd_requests_total", "counter", "Requests completed, per operation.");
   for (const auto& o : s.ops) {

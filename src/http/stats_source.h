@@ -122,6 +122,15 @@ struct LoopView {
   std::string longest_inline_op;
 };
 
+// The request socket's connections.
+struct TransportView {
+  uint64_t connections = 0;
+  uint64_t accepted = 0;
+  uint64_t closed = 0;
+  uint64_t protocol_errors = 0;
+  uint64_t dropped_replies = 0;
+};
+
 // The KV-event log (lmcache's status key "kv_events").
 struct KvEventsView {
   bool enabled = false;
@@ -150,6 +159,7 @@ struct Snapshot {
   std::vector<OpView> ops;             // ops that have seen requests
   uint64_t unknown_ops = 0;
   LoopView loop;
+  TransportView transport;
   TiersView tiers;
   KvEventsView kv_events;
 

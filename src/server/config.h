@@ -37,7 +37,8 @@ struct ServerConfig {
   uint64_t max_session_bytes = uint64_t{1} << 30;
   // Per-connection memory bounds of the socket loop (see zmq_server.h): requests read but
   // not yet answered may hold this many bytes of frames (0: twice the largest legal
-  // frame), and ZMQ keeps at most this many unread requests / unsent replies per peer.
+  // frame); the socket keeps at most this many unread requests (and 1 MiB of them) / unsent
+  // replies per connection (net/zmtp_router.h; libzmq's names for the same bounds).
   uint64_t max_queued_bytes_per_connection = 0;
   int zmq_rcvhwm = 1000;
   int zmq_sndhwm = 100000;

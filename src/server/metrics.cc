@@ -101,6 +101,24 @@ RequestMetrics::LoopSnapshot RequestMetrics::Loop() const {
   return s;
 }
 
+void RequestMetrics::SetTransport(const TransportSnapshot& t) {
+  transport_connections_.store(t.connections, std::memory_order_relaxed);
+  transport_accepted_.store(t.accepted, std::memory_order_relaxed);
+  transport_closed_.store(t.closed, std::memory_order_relaxed);
+  transport_protocol_errors_.store(t.protocol_errors, std::memory_order_relaxed);
+  transport_dropped_.store(t.dropped_replies, std::memory_order_relaxed);
+}
+
+RequestMetrics::TransportSnapshot RequestMetrics::Transport() const {
+  TransportSnapshot t;
+  t.connections = transport_connections_.load(std::memory_order_relaxed);
+  t.accepted = transport_accepted_.load(std::memory_order_relaxed);
+  t.closed = transport_closed_.load(std::memory_order_relaxed);
+  t.protocol_errors = transport_protocol_errors_.load(std::memory_order_relaxed);
+  t.dropped_replies = transport_dropped_.load(std::memory_order_relaxed);
+  return t;
+}
+
 void RequestMetrics::Finish(PerOp& p, int64_t ns) {
   const double s = static_cast<double>(ns) * 1e-9;
   size_t b = 0;

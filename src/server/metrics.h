@@ -77,6 +77,18 @@ class RequestMetrics {
   void RecordInline(wire::Op op, int64_t wall_ns);
   LoopSnapshot Loop() const;
 
+  // The request socket's connections (net/zmtp_router.h): published by the loop's thread
+  // after each wake-up, read by any thread.
+  struct TransportSnapshot {
+    uint64_t connections = 0;      // open now
+    uint64_t accepted = 0;         // since start
+    uint64_t closed = 0;
+    uint64_t protocol_errors = 0;  // closed for breaking ZMTP or a size limit
+    uint64_t dropped_replies = 0;  // not sent: client gone, or not reading its replies
+  };
+  void SetTransport(const TransportSnapshot& t);
+  TransportSnapshot Transport() const;
+
  private:
   struct Histogram {
     std::atomic<uint64_t> count{0};
@@ -101,6 +113,8 @@ class RequestMetrics {
   std::atomic<int64_t> loop_longest_ns_{0};
   std::atomic<int64_t> inline_longest_ns_{0};
   std::atomic<int> inline_longest_op_{-1};  // op of inline_longest_ns_
+  std::atomic<uint64_t> transport_connections_{0}, transport_accepted_{0}, transport_closed_{0},
+      transport_protocol_errors_{0}, transport_dropped_{0};
 };
 
 }  // namespace kvd::server

@@ -11,9 +11,9 @@
 #include <vector>
 
 #include <zmq.hpp>
-#include <zmq_addon.hpp>
 
 #include "common/clock.h"
+#include "net/zmtp_router.h"
 #include "server/handlers.h"
 #include "server/kv_event_streams.h"
 #include "server/prefetch_waits.h"
@@ -72,13 +72,28 @@ uint64_t ZmqServer::MaxFrameBytes() {
   return 5 + 9 * uint64_t{limits.max_array} + (4u << 20);
 }
 
+uint64_t ZmqServer::MaxMessageBytes() { return MaxFrameBytes() + (16u << 20); }
+
+namespace {
+
+net::ZmtpRouter::Options RouterOptions(const ServerConfig& c) {
+  net::ZmtpRouter::Options o;
+  o.limits.max_frame_bytes = ZmqServer::MaxFrameBytes();
+  o.limits.max_message_bytes = ZmqServer::MaxMessageBytes();
+  o.limits.max_frames = ZmqServer::kMaxFramesPerMessage;
+  o.max_pending_messages = static_cast<uint32_t>(std::max(c.zmq_rcvhwm, 1));
+  o.max_unsent_messages = static_cast<uint32_t>(std::max(c.zmq_sndhwm, 1));
+  return o;
+}
+
+}  // namespace
+
 struct ZmqServer::Impl {
   const ServerConfig config;
   KvService* service;
   RequestMetrics* metrics;  // not owned
   const uint64_t max_queued_bytes;
-  zmq::context_t ctx{1};
-  zmq::socket_t socket{ctx, zmq::socket_type::router};
+  net::ZmtpRouter router;
   int wake_fd = -1;
   std::unique_ptr<TaskPool> pool;
 
@@ -101,7 +116,8 @@ struct ZmqServer::Impl {
         service(s),
         metrics(m),
         max_queued_bytes(c.max_queued_bytes_per_connection > 0 ? c.max_queued_bytes_per_connection
-                                                               : 2 * MaxFrameBytes()) {
+                                                               : 2 * MaxFrameBytes()),
+        router(RouterOptions(c)) {
     wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     streams = std::make_unique<KvEventStreams>(
         s->kv_events(), &clock, c.worker_reap_timeout_seconds,
@@ -120,13 +136,7 @@ struct ZmqServer::Impl {
                             ? c.max_workers
                             : std::clamp(static_cast<int>(std::thread::hardware_concurrency()), 2, 16);
     pool = std::make_unique<TaskPool>(threads);
-    socket.set(zmq::sockopt::linger, 0);
-    socket.set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(MaxFrameBytes()));
-    socket.set(zmq::sockopt::rcvhwm, c.zmq_rcvhwm);
-    socket.set(zmq::sockopt::sndhwm, c.zmq_sndhwm);
-    // An IPv6 host ("::", "::1", ...) needs ZMQ_IPV6 (and "::" then takes IPv4 too); an
-    // IPv4 host keeps a plain IPv4 socket.
-    if (c.host.find(':') != std::string::npos) socket.set(zmq::sockopt::ipv6, 1);
+    router.Watch(wake_fd);
     sending.reserve(kMaxReadsPerWake);
     frames.reserve(16);
     payload_views.reserve(16);
@@ -174,17 +184,13 @@ struct ZmqServer::Impl {
     const bool debug = spdlog::should_log(spdlog::level::debug);
     for (auto& r : sending) {
       const std::string tag = debug && r.ready_ns > 0 ? ClientTag(View(r.identity)) : std::string();
-      try {
-        socket.send(r.identity, zmq::send_flags::sndmore);
-        socket.send(r.uid, zmq::send_flags::sndmore);
-        socket.send(r.op, zmq::send_flags::sndmore);
-        socket.send(r.body, zmq::send_flags::none);
-      } catch (const zmq::error_t& e) {
-        spdlog::warn("could not send a reply: {}", e.what());
-      }
+      zmq::message_t out[4] = {std::move(r.identity), std::move(r.uid), std::move(r.op),
+                               std::move(r.body)};
+      router.Send(out, 4);  // a reply to a client that is gone is dropped (and counted)
       if (r.ready_ns > 0 && r.info != nullptr) RecordReply(r, tag);
     }
     sending.clear();
+    router.Flush();
   }
 
   // Socket thread, after sending a timed reply: its reply phase, and at debug level one
@@ -213,14 +219,11 @@ struct ZmqServer::Impl {
 
   // Socket thread: sends a stream message now ([identity, uid, op(, batch)]).
   void SendFrames(const std::vector<std::string>& f) {
-    try {
-      for (size_t i = 0; i < f.size(); ++i) {
-        socket.send(zmq::buffer(f[i]), i + 1 < f.size() ? zmq::send_flags::sndmore
-                                                         : zmq::send_flags::none);
-      }
-    } catch (const zmq::error_t& e) {
-      spdlog::warn("could not send a KV-event stream message: {}", e.what());
-    }
+    std::vector<zmq::message_t> out;
+    out.reserve(f.size());
+    for (const auto& x : f) out.emplace_back(x.data(), x.size());
+    router.Send(out.data(), out.size());
+    router.Flush();
   }
 
   // Socket thread: queues the reply to frames[0..2] (moved out of `frames`); `timing`
@@ -414,21 +417,11 @@ ZmqServer::ZmqServer(const ServerConfig& config, KvService* service, RequestMetr
 ZmqServer::~ZmqServer() = default;
 
 Status ZmqServer::Bind() {
-  std::string ep = impl_->config.ZmqEndpoint();
-  try {
-    impl_->socket.bind(ep);
-  } catch (const zmq::error_t& e) {
-    return Status::Unavailable("cannot listen on " + ep + ": " + e.what());
-  }
-  return Status::Ok();
+  return impl_->router.Bind(impl_->config.host, impl_->config.port);
 }
 
 void ZmqServer::Run(const std::atomic<bool>& stop) {
   Impl& s = *impl_;
-  zmq::pollitem_t items[] = {
-      {s.socket.handle(), 0, ZMQ_POLLIN, 0},
-      {nullptr, s.wake_fd, ZMQ_POLLIN, 0},
-  };
   while (!stop.load(std::memory_order_relaxed)) {
     // Wake at least every 100 ms, and in time for the next parked wait's deadline.
     int64_t timeout_ms = 100;
@@ -436,20 +429,14 @@ void ZmqServer::Run(const std::atomic<bool>& stop) {
       const int64_t left = s.waits.NextDeadlineNs() - WallNs();
       timeout_ms = std::clamp<int64_t>((left + 999'999) / 1'000'000, 0, 100);
     }
-    try {
-      zmq::poll(items, 2, std::chrono::milliseconds(timeout_ms));
-    } catch (const zmq::error_t& e) {
-      if (e.num() == EINTR) continue;
-      throw;
-    }
-    const int64_t wall0 = WallNs();
-    if (items[1].revents & ZMQ_POLLIN) s.TakeOutbox();
-    if (items[0].revents & ZMQ_POLLIN) {
+    const net::ZmtpRouter::Events ev = s.router.Wait(static_cast<int>(timeout_ms));
+    const int64_t wall0 = WallNs() - ev.io_ns;  // the wake-up began with Wait's reads
+    if (ev.watched) s.TakeOutbox();
+    if (ev.messages) {
       int64_t inline_since_send = 0;
       for (int i = 0; i < kMaxReadsPerWake; ++i) {
         s.frames.clear();
-        auto r = zmq::recv_multipart(s.socket, std::back_inserter(s.frames), zmq::recv_flags::dontwait);
-        if (!r) break;
+        if (!s.router.Receive(&s.frames)) break;
         inline_since_send += s.OnRequest();
         if (s.sending.size() >= kSendAfterReplies || inline_since_send >= kSendAfterInlineNs) {
           s.SendAll();
@@ -460,8 +447,10 @@ void ZmqServer::Run(const std::atomic<bool>& stop) {
     s.AnswerWaits();
     s.SendAll();
     s.streams->Pump();  // new KV events, fresh credits, idle streams
-    if (items[0].revents | items[1].revents) {
+    if (ev.messages || ev.watched || ev.io_ns > 0) {
       s.metrics->RecordLoopIteration(WallNs() - wall0);
+      const net::ZmtpRouter::Stats t = s.router.stats();
+      s.metrics->SetTransport({t.connections, t.accepted, t.closed, t.protocol_errors, t.dropped_messages});
     }
   }
   s.streams->CloseAll();
@@ -470,8 +459,8 @@ void ZmqServer::Run(const std::atomic<bool>& stop) {
   s.TakeOutbox();
   s.AnswerWaits(/*all=*/true);  // parked waits: their status now (nil while still running)
   s.SendAll();
-  // Let those replies leave before the socket closes (linger is 0 while serving).
-  s.socket.set(zmq::sockopt::linger, 2000);
+  // Let those replies leave before the connections close.
+  s.router.Drain(2000);
 }
 
 }  // namespace kvd::server

@@ -1,4 +1,5 @@
-// ZmqServer: the socket loop. One ROUTER socket and one thread that owns it.
+// ZmqServer: the socket loop. One ROUTER socket, spoken natively (net/zmtp_router.h: no
+// libzmq I/O thread between the clients and this loop), and one thread that owns it.
 //
 // Each wake-up (poll on the socket and an eventfd) the loop takes the replies the pool
 // finished, reads up to kMaxReadsPerWake requests and then sends every reply it has in one
@@ -12,13 +13,15 @@
 // Request frames are moved, never copied: a lane task owns the zmq messages it was
 // handed and its reply reuses them for the envelope.
 //
-// Memory bounds per connection: frames larger than MaxFrameBytes() are refused by ZMQ
-// (ZMQ_MAXMSGSIZE: the connection is dropped); at most ZMQ_RCVHWM requests wait unread in
-// ZMQ; and requests read but not yet answered may hold at most
-// max_queued_bytes_per_connection bytes of frames: beyond that a request is answered at
-// once with its op's failure reply (counted as refused) and its frames are freed. A single
-// request larger than the bound is still accepted when nothing else of its connection is
-// queued.
+// Memory bounds per connection: a frame larger than MaxFrameBytes(), a message larger than
+// MaxMessageBytes() or of more than kMaxFramesPerMessage frames closes the connection
+// before it is buffered (zmtp_codec.h); the router reads a connection only while fewer
+// than zmq_rcvhwm of its messages (and under 1 MiB of them) wait for this loop, so the
+// loop never falls behind what it has read; and requests read but not yet answered may
+// hold at most max_queued_bytes_per_connection bytes of frames: beyond that a request is
+// answered at once with its op's failure reply (counted as refused) and its frames are
+// freed. A single request larger than the bound is still accepted when nothing else of its
+// connection is queued. docs/reliability.md adds these up.
 //
 // Steady state of PING / QUERY_PREFETCH_STATUS / END_SESSION: no heap allocation on the
 // socket thread (frames are received into reused storage, replies are small messages,
@@ -57,18 +60,22 @@ class ZmqServer {
   static constexpr int64_t kSendAfterInlineNs = 100'000;
   static constexpr size_t kSendAfterReplies = 64;
 
-  // The largest frame kvd accepts (ZMQ_MAXMSGSIZE): a cache key holding the largest token
-  // array the decoders take (DecodeLimits::max_array elements of at most 9 bytes each)
-  // plus its strings. Every legal request's frames are smaller.
+  // The largest frame kvd accepts (a larger one closes its connection): a cache key
+  // holding the largest token array the decoders take (DecodeLimits::max_array elements of
+  // at most 9 bytes each) plus its strings. Every legal request's frames are smaller.
   static uint64_t MaxFrameBytes();
+  // The largest message: its largest frame and 16 MiB for the others.
+  static uint64_t MaxMessageBytes();
+  // Frames of the largest legal message: identity-less [uid, op] and at most 8 payloads.
+  static constexpr uint32_t kMaxFramesPerMessage = 16;
 
   // `metrics` (not owned) records per-op counts, latency, phases and the loop's wake-ups;
   // it must outlive the server.
   ZmqServer(const ServerConfig& config, KvService* service, RequestMetrics* metrics);
   ~ZmqServer();
 
-  // Binds the socket (IPv6 addresses such as "::" and "::1" too); a clear error if the
-  // address is taken or invalid.
+  // Listens on the configured host and port (IPv6 addresses such as "::" and "::1" too,
+  // "localhost", an interface name); a clear error if the address is taken or invalid.
   Status Bind();
   // Serves until `stop` becomes true; then stops accepting, lets queued work finish and
   // sends its replies.

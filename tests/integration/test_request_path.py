@@ -34,6 +34,11 @@ MAX_TOKENS = 16 << 20
 MAX_FRAME = 5 + 9 * MAX_TOKENS + (4 << 20)
 # The documented default bound of bytes of requests queued per connection.
 MAX_QUEUED = 2 * MAX_FRAME
+# The largest message (ZmqServer::MaxMessageBytes): its largest frame and 16 MiB more.
+MAX_MESSAGE = MAX_FRAME + (16 << 20)
+# Per connection, messages read and not yet taken by the loop: 1 MiB, plus what one read
+# (64 KiB) completes.
+MAX_PENDING = (1 << 20) + (64 << 10)
 
 
 def metrics(srv: F.KvdServer) -> dict[str, float]:
@@ -201,16 +206,60 @@ def test_finding11_flood_of_max_size_frames_keeps_rss_within_the_documented_boun
             ctx.term()
     growth = peak - rss0
     # docs/reliability.md: per connection, the requests queued (at most MAX_QUEUED bytes,
-    # or one request), one frame ZMQ is receiving and one read but not yet queued, and the
-    # decoded tokens of each request being decoded (4 bytes per token, one per pool thread).
+    # or one request), one message being received and one read but not yet queued, the
+    # messages read and not yet taken, and the decoded tokens of each request being decoded
+    # (4 bytes per token, one per pool thread).
     threads = min(max(os.cpu_count() or 2, 2), 16)
-    bound = MAX_QUEUED + 2 * MAX_FRAME + threads * 4 * MAX_TOKENS
+    bound = MAX_QUEUED + 2 * MAX_MESSAGE + MAX_PENDING + threads * 4 * MAX_TOKENS
+    assert n * len(frames[0]) > bound  # the flood is larger than what kvd may hold
     refused = m.get('kvd_requests_refused_total{op="store"}', 0)
     print(f"flood: {n} frames of {len(frames[0]) / 2**20:.0f} MiB; RSS grew {growth / 2**20:.0f} "
           f"MiB (bound {bound / 2**20:.0f} MiB); {refused:.0f} refused")
     assert all(r == [b"", False] for r in replies), replies
     assert growth <= bound, (growth, bound)
     assert refused >= 1  # the bound was reached and enforced
+
+
+def test_finding11_one_message_of_many_large_frames_is_refused_while_it_arrives(tmp_path):
+    """Regression: ZMQ_MAXMSGSIZE bounds each frame, not a message, and libzmq buffered a
+    whole multipart message before kvd saw it: one message of 8 x 100 MiB frames grew kvd's
+    RSS by about 800 MiB. kvd's ZMTP reader closes the connection once the message passes
+    the largest legal size, holding at most one message's worth."""
+    import msgspec
+    import zmq
+
+    enc = msgspec.msgpack.encode
+    frame = b"\x01" * (100 << 20)
+    with F.kvd_server(tmp_path) as srv:
+        ctx = zmq.Context()
+        bad = ctx.socket(zmq.DEALER)
+        bad.setsockopt(zmq.LINGER, 0)
+        bad.setsockopt(zmq.RECONNECT_IVL, 10_000)  # do not come back within the test
+        bad.connect(srv.url)
+        good = F.RawClient(srv.url, ctx)
+        try:
+            assert good.call("ping", None) is True
+            time.sleep(0.3)
+            rss0 = proc_status_kib(srv.pid, "VmRSS") * 1024
+            with open(f"/proc/{srv.pid}/clear_refs", "w") as f:
+                f.write("5")
+            bad.send_multipart([enc(1), enc(6)] + [frame] * 8, copy=False)
+            deadline = time.monotonic() + 60
+            closed = 0.0
+            while time.monotonic() < deadline and closed == 0:
+                time.sleep(0.2)
+                closed = metrics(srv).get("kvd_zmtp_protocol_errors_total", 0)
+            assert closed == 1, "the connection was not closed"
+            peak = proc_status_kib(srv.pid, "VmHWM") * 1024
+            assert good.call("get_chunk_size") == 256  # everyone else is still served
+        finally:
+            bad.close(0)
+            good.close()
+            ctx.term()
+    growth = peak - rss0
+    print(f"8 x 100 MiB frames in one message: RSS grew {growth / 2**20:.0f} MiB "
+          f"(bound {(MAX_MESSAGE + MAX_PENDING) / 2**20:.0f} MiB)")
+    assert growth <= MAX_MESSAGE + MAX_PENDING + (32 << 20), growth
 
 
 def test_finding11_frame_over_the_largest_legal_request_drops_only_its_connection(tmp_path):
@@ -225,7 +274,7 @@ def test_finding11_frame_over_the_largest_legal_request_drops_only_its_connectio
         bad.connect(srv.url)
         good = F.RawClient(srv.url, ctx)
         try:
-            oversize = b"\xc4" * (MAX_FRAME + 1)  # never decoded: ZMQ refuses its header
+            oversize = b"\xc4" * (MAX_FRAME + 1)  # never decoded: kvd refuses its header
             bad.send_multipart([enc(1), enc(21), oversize], copy=False)
             assert not bad.poll(3000), "an oversized frame was answered"
             assert good.call("get_chunk_size") == 256
