@@ -3,7 +3,7 @@
 
     make_seeds.py OUT_DIR [--golden tests/wire_golden]
 
-creates OUT_DIR/request/, OUT_DIR/payload/, OUT_DIR/stream/, OUT_DIR/descriptor/ and
+creates OUT_DIR/request/, OUT_DIR/payload/, OUT_DIR/stream/, OUT_DIR/descriptor/, OUT_DIR/zmtp/ and
 OUT_DIR/cachegen/ (small object descriptions for the CacheGen decoder target; see
 cachegen_seeds) from:
 
@@ -484,6 +484,38 @@ def stream_seeds() -> dict[str, bytes]:
     return out
 
 
+def zmtp_seeds() -> dict[str, bytes]:
+    """Streams for target "zmtp" (tests/fuzz/zmtp_fuzzer.cc): a control byte (bit 0: a valid
+    greeting goes first; bits 1-7: read size - 1), then what a DEALER sends after it."""
+    def frame(body: bytes, more: bool = False) -> bytes:
+        flags = 1 if more else 0
+        if len(body) > 255:
+            return bytes([flags | 2]) + len(body).to_bytes(8, "big") + body
+        return bytes([flags, len(body)]) + body
+
+    def command(name: bytes, data: bytes) -> bytes:
+        body = bytes([len(name)]) + name + data
+        if len(body) > 255:
+            return bytes([6]) + len(body).to_bytes(8, "big") + body
+        return bytes([4, len(body)]) + body
+
+    def prop(name: bytes, value: bytes) -> bytes:
+        return bytes([len(name)]) + name + len(value).to_bytes(4, "big") + value
+
+    ready = command(b"READY", prop(b"Socket-Type", b"DEALER") + prop(b"Identity", b""))
+    request = frame(pack(1), True) + frame(pack("ping"), True) + frame(pack(None))
+    greeting = b"\xff" + b"\0" * 8 + b"\x7f\x03\x01NULL" + b"\0" * 16 + b"\0" * 32
+    return {
+        "zmtp_request": bytes([1 | (2 << 1)]) + ready + request * 3,
+        "zmtp_own_greeting": bytes([0 | (7 << 1)]) + greeting + ready + request,
+        "zmtp_ping": bytes([1]) + ready + command(b"PING", b"\x00\x0ahello") + request,
+        "zmtp_long_frame": bytes([1 | (63 << 1)]) + ready + frame(b"x" * 3000, True) + frame(b"y"),
+        "zmtp_over_frame": bytes([1 | (127 << 1)]) + ready + frame(b"z" * 5000),
+        "zmtp_too_many_frames": bytes([1]) + ready + b"".join(frame(b"f", i < 7) for i in range(8)),
+        "zmtp_reserved_flags": bytes([1]) + ready + b"\x10\x01x",
+    }
+
+
 def write(dirpath: Path, seeds: dict[str, bytes]) -> None:
     dirpath.mkdir(parents=True, exist_ok=True)
     for name, data in seeds.items():
@@ -504,6 +536,7 @@ def main() -> int:
     write(args.out / "stream", {**flows, **gframes, **stream_seeds()})
     write(args.out / "descriptor", {**descriptor_seeds(), **gdescs})
     write(args.out / "cachegen", cachegen_seeds())
+    write(args.out / "zmtp", zmtp_seeds())
     print(f"seeds: {len(flows)} packed flows, {len(gframes)} golden requests, "
           f"{len(descriptor_seeds()) + len(gdescs)} descriptors -> {args.out}")
     return 0
