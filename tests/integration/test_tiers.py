@@ -339,6 +339,21 @@ def test_valkey_standalone_objects_are_shared_with_lmcache(direction, tmp_path):
         r.close()
 
 
+def test_valkey_password_in_username_is_shared_with_lmcache(tmp_path):
+    """lmcache 0.5.6 hands `username` to glide as the password (and `password` as the user
+    name): on a server with requirepass it logs in only with the password in `username`.
+    kvd takes a `username` without a `password` as that password, so the same JSON works."""
+    _require_lmcache_valkey()
+    r = Redis(password="tier-secret").start()
+    try:
+        adapter = json.dumps({"type": "valkey", "startup_nodes": f"127.0.0.1:{r.port}",
+                              "username": "tier-secret", "num_workers": 2})
+        _both_ways(adapter, lambda: len(r.keys()), tmp_path, "lmcache", "kvd")
+        assert len(r.keys()) == 6
+    finally:
+        r.close()
+
+
 # ---------------------------------------------------------------------------------------------
 # Faults
 
