@@ -1,18 +1,20 @@
 #!/usr/bin/env bash
 # Creates the Python virtualenv used by kvd's integration tests, golden-frame
 # capture and benchmarks: the real lmcache 0.5.6 client (vLLM MP adapters) and
-# the reference `lmcache server`, plus pytest.
+# the reference `lmcache server` with its valkey adapter, plus pytest.
 #
 # Usage: scripts/setup-venv.sh [VENV_DIR]        (default: <repo>/.venv)
 #
 # Profiles (env KVD_VENV_PROFILE, or --full / --minimal as first argument):
 #   minimal (default)  lmcache==0.5.6 without the dependencies the CPU client
 #                      and the reference server never import (triton, cupy,
-#                      cuda-python, cufile-python, nvtx, transformers,
-#                      nvidia-cusolver/-nvtx/-cccl). ~4.6 GB. Runs the test
+#                      cuda-python, cufile-python, nvtx,
+#                      nvidia-cusolver/-nvtx/-cccl). ~4.8 GB. Runs the test
 #                      suite, tools/capture_golden.py and `lmcache server`.
 #   full               plain `pip install lmcache==0.5.6` (what a real vLLM
 #                      host has). ~6.2 GB.
+# Both add valkey-glide-sync, which lmcache's `valkey` adapter imports but does
+# not declare (without it `lmcache server` knows no adapter type 'valkey').
 #
 # Note on size: PyPI's torch wheel for Linux x86_64 is the CUDA build, and
 # `import torch` needs its CUDA libraries (cudnn, cublas, nccl, ...: ~2.8 GB)
@@ -36,6 +38,9 @@ PYTHON="${PYTHON:-python3}"
 
 LMCACHE_VERSION="0.5.6"
 TORCH_VERSION="2.15.0"
+# lmcache's valkey adapter (v1/storage_backend/valkey/worker_pool.py) imports
+# glide_sync (needs >= 2.3.0 for buffer GET; 2.5+ also takes client_info_tag).
+GLIDE_VERSION="2.5.3"
 
 # torch 2.15.0's own requirements, minus triton (only torch.compile needs it),
 # cuda-bindings and the CUDA libraries its shared objects do not link
@@ -59,8 +64,11 @@ CLIENT_DEPS=(
   "sortedcontainers" "pytest==9.2.0"
 )
 # The rest of lmcache 0.5.6's requirements that `lmcache server` imports
-# (HTTP frontend, observability, gRPC transport, L2 adapters).
+# (HTTP frontend, observability, gRPC transport, L2 adapters). transformers:
+# the valkey adapter's import of lmcache.v1.storage_backend reaches the
+# cachegen serde, which imports it.
 SERVER_DEPS=(
+  "valkey-glide-sync==$GLIDE_VERSION" "transformers==5.23.0"
   "aiofile" "aiofiles" "awscrt" "cryptography" "fastapi" "httpx"
   "huggingface_hub>=1.5.0" "opentelemetry-api==1.40.0"
   "opentelemetry-sdk==1.40.0" "opentelemetry-exporter-otlp==1.40.0"
@@ -71,7 +79,7 @@ SERVER_DEPS=(
 )
 
 STAMP="$VENV/.kvd-venv-stamp"
-STAMP_TEXT="lmcache==$LMCACHE_VERSION torch==$TORCH_VERSION pytest profile=$PROFILE"
+STAMP_TEXT="lmcache==$LMCACHE_VERSION torch==$TORCH_VERSION valkey-glide-sync==$GLIDE_VERSION pytest profile=$PROFILE"
 
 log() { printf '[setup-venv %s] %s\n' "$(date +%H:%M:%S)" "$*"; }
 
@@ -94,6 +102,7 @@ from lmcache.integration.vllm.vllm_multi_process_adapter import (
     LMCacheMPSchedulerAdapter, LMCacheMPWorkerAdapter)
 from lmcache.v1.platform.devices.cpu.shm import CpuShmTensorWrapper
 import lmcache.v1.multiprocess.server  # reference `lmcache server`
+import glide_sync, lmcache.v1.distributed.l2_adapters.valkey_l2_adapter  # its valkey tier
 EOF
 }
 
@@ -132,7 +141,8 @@ pipi --upgrade pip
 
 if [ "$PROFILE" = full ]; then
   log "profile full: pip install lmcache==$LMCACHE_VERSION (torch + all CUDA wheels, ~6 GB; slow)"
-  pipi "lmcache==$LMCACHE_VERSION" "torch==$TORCH_VERSION" "pytest"
+  pipi "lmcache==$LMCACHE_VERSION" "torch==$TORCH_VERSION" "pytest" \
+    "valkey-glide-sync==$GLIDE_VERSION"
 elif [ "$PROFILE" = minimal ]; then
   log "profile minimal 1/4: lmcache==$LMCACHE_VERSION and torch==$TORCH_VERSION without their dependencies"
   pipi --no-deps "lmcache==$LMCACHE_VERSION" "torch==$TORCH_VERSION"
@@ -151,7 +161,7 @@ fi
 log "checking imports (torch CPU tensors, lmcache adapters, lmcache server module)"
 if ! check_venv; then
   echo "setup-venv: the venv at $VENV does not import; rerun with KVD_VENV_PROFILE=full" >&2
-  LMCACHE_DISABLE_BANNER=1 "$VENV/bin/python" -c 'import lmcache.integration.vllm.vllm_multi_process_adapter, lmcache.v1.multiprocess.server' 2>&1 | tail -5 >&2
+  LMCACHE_DISABLE_BANNER=1 "$VENV/bin/python" -c 'import lmcache.integration.vllm.vllm_multi_process_adapter, lmcache.v1.multiprocess.server, lmcache.v1.distributed.l2_adapters.valkey_l2_adapter' 2>&1 | tail -5 >&2
   exit 1
 fi
 echo "$STAMP_TEXT" > "$STAMP"

@@ -207,6 +207,14 @@ Status ParseValkey(const Parser& p, AdapterConfig* c) {
   if (Status st = p.Bool("cluster_mode", &c->cluster_mode); !st.ok()) return st;
   if (Status st = p.String("username", &c->username); !st.ok()) return st;
   if (Status st = p.String("password", &c->password); !st.ok()) return st;
+  if (c->password.empty() && !c->username.empty()) {
+    // lmcache 0.5.6 passes (username, password) to glide's ServerCredentials(password,
+    // username): a requirepass server admits it only with the password in "username". A
+    // username without a password means nothing else (AUTH needs a password), so read it as
+    // lmcache does; it is then reported as a password, redacted.
+    c->password = std::move(c->username);
+    c->username.clear();
+  }
   if (Status st = p.String("key_prefix", &c->key_prefix); !st.ok()) return st;
   if (c->key_prefix.find('@') != std::string::npos) return p.Bad("'key_prefix' must not contain '@'");
   bool tls = false;

@@ -7,6 +7,8 @@
   shared Redis (standalone, resp adapter); kvd's objects have lmcache's names;
 * Redis Cluster: objects stored through the valkey adapter with cluster_mode by one kvd are
   spread over the three masters and read by another;
+* valkey adapter both ways with lmcache's own (glide): on a 3-master cluster with key_prefix
+  and ttl_seconds, and on one server (cluster_mode false) with database_id;
 * faults: a Redis killed in the middle of a run (kvd keeps serving from L1, counts the
   errors, reconnects when it returns), a truncated file (a miss, the prefix shrinks), a full
   disk (a counted error);
@@ -320,6 +322,75 @@ def test_valkey_cluster_spreads_objects_and_a_second_kvd_reads_them(tmp_path):
             srv.stop()
     finally:
         rc.close()
+
+
+def _require_lmcache_valkey() -> None:
+    try:
+        import glide_sync  # noqa: F401,PLC0415  (lmcache's valkey adapter needs it)
+    except ImportError:
+        pytest.fail("valkey-glide-sync is not in the venv: run scripts/setup-venv.sh")
+
+
+@pytest.mark.parametrize("direction", ["kvd_to_lmcache", "lmcache_to_kvd"])
+def test_valkey_cluster_objects_are_shared_with_lmcache(direction, tmp_path):
+    """lmcache's own valkey adapter (glide, cluster_mode) and kvd's on one 3-master cluster,
+    with the same key_prefix and ttl_seconds: the same names, slots, bytes and expiry."""
+    _require_lmcache_valkey()
+    rc = RedisCluster().start()
+    try:
+        adapter = json.dumps({"type": "valkey", "startup_nodes": rc.startup_nodes,
+                              "cluster_mode": True, "key_prefix": "shared",
+                              "ttl_seconds": 3600, "num_workers": 2})
+        src, dst = ("kvd", "lmcache") if direction == "kvd_to_lmcache" else ("lmcache", "kvd")
+        _both_ways(adapter, lambda: len(rc.keys()), tmp_path, src, dst)
+        per_node = {n.port: n.keys() for n in rc.nodes}
+        keys = [k for ks in per_node.values() for k in ks]
+        assert len(keys) == 6 and sum(1 for ks in per_node.values() if ks) >= 2, per_node
+        assert all(re.fullmatch(r"shared@org/Tiered-Model-1@020([01])020\1@0@[0-9a-f]{64}", k)
+                   for k in keys), keys
+        for n in rc.nodes:
+            for k in per_node[n.port]:
+                assert 3500 < int(n.cli("TTL", k).strip()) <= 3600, (src, k)
+    finally:
+        rc.close()
+
+
+@pytest.mark.parametrize("direction", ["kvd_to_lmcache", "lmcache_to_kvd"])
+def test_valkey_standalone_objects_are_shared_with_lmcache(direction, tmp_path):
+    """cluster_mode false: one server (only the first of startup_nodes is used, by both),
+    database_id selects the logical database, key_prefix as in a cluster."""
+    _require_lmcache_valkey()
+    r = Redis().start()
+    try:
+        unused = free_port()  # a second seed nobody listens on: both use the first only
+        adapter = json.dumps({"type": "valkey",
+                              "startup_nodes": f"127.0.0.1:{r.port},127.0.0.1:{unused}",
+                              "key_prefix": "solo", "database_id": 3, "num_workers": 2})
+        in_db3 = lambda: [k for k in r.cli("-n", "3", "--scan").splitlines() if k]  # noqa: E731
+        src, dst = ("kvd", "lmcache") if direction == "kvd_to_lmcache" else ("lmcache", "kvd")
+        _both_ways(adapter, lambda: len(in_db3()), tmp_path, src, dst)
+        keys = in_db3()
+        assert len(keys) == 6 and not r.keys(), (keys, r.keys())
+        assert all(re.fullmatch(r"solo@org/Tiered-Model-1@020([01])020\1@0@[0-9a-f]{64}", k)
+                   for k in keys), keys
+        assert all(r.cli("-n", "3", "TTL", k).strip() == "-1" for k in keys)
+    finally:
+        r.close()
+
+
+def test_valkey_password_in_username_is_shared_with_lmcache(tmp_path):
+    """lmcache 0.5.6 hands `username` to glide as the password (and `password` as the user
+    name): on a server with requirepass it logs in only with the password in `username`.
+    kvd takes a `username` without a `password` as that password, so the same JSON works."""
+    _require_lmcache_valkey()
+    r = Redis(password="tier-secret").start()
+    try:
+        adapter = json.dumps({"type": "valkey", "startup_nodes": f"127.0.0.1:{r.port}",
+                              "username": "tier-secret", "num_workers": 2})
+        _both_ways(adapter, lambda: len(r.keys()), tmp_path, "lmcache", "kvd")
+        assert len(r.keys()) == 6
+    finally:
+        r.close()
 
 
 # ---------------------------------------------------------------------------------------------

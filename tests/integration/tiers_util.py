@@ -38,9 +38,11 @@ def _bus_free(port: int) -> bool:
 class Redis:
     """One redis-server on 127.0.0.1:<port>, data in a temporary directory."""
 
-    def __init__(self, cluster: bool = False, port: int | None = None) -> None:
+    def __init__(self, cluster: bool = False, port: int | None = None,
+                 password: str | None = None) -> None:
         require_redis()
         self.cluster = cluster
+        self.password = password  # requirepass (the default user's password)
         while port is None:
             p = free_port()
             if not cluster or (p < 55000 and _bus_free(p)):
@@ -53,6 +55,8 @@ class Redis:
         args = [REDIS_SERVER, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
                 "--appendonly", "no", "--dir", self.dir, "--protected-mode", "no",
                 "--loglevel", "warning", "--logfile", os.path.join(self.dir, "redis.log")]
+        if self.password:
+            args += ["--requirepass", self.password]
         if self.cluster:
             args += ["--cluster-enabled", "yes", "--cluster-config-file",
                      os.path.join(self.dir, "nodes.conf"), "--cluster-node-timeout", "2000",
@@ -67,7 +71,8 @@ class Redis:
         raise RuntimeError(f"redis-server on {self.port} did not start")
 
     def cli(self, *args: str) -> str:
-        r = subprocess.run([REDIS_CLI, "-p", str(self.port), *args], capture_output=True,
+        auth = ["--no-auth-warning", "-a", self.password] if self.password else []
+        r = subprocess.run([REDIS_CLI, "-p", str(self.port), *auth, *args], capture_output=True,
                            text=True, timeout=20)
         return r.stdout
 

@@ -71,6 +71,23 @@ TEST(AdapterConfigTest, ValkeyCluster) {
   EXPECT_EQ(c->Describe(), "valkey cluster 10.0.0.1:7000,10.0.0.2:7001 prefix prod");
 }
 
+// lmcache 0.5.6's valkey adapter passes (username, password) to glide's ServerCredentials,
+// whose order is (password, username): it logs in to a requirepass server only with the
+// password in "username". kvd reads a username without a password the same way; with both
+// given it keeps their documented meaning (docs/tiers.md).
+TEST(AdapterConfigTest, ValkeyUsernameWithoutPasswordIsThePassword) {
+  auto c = ParseAdapterConfig(R"({"type":"valkey","startup_nodes":"h:1","username":"s3cret"})", 0);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->password, "s3cret");
+  EXPECT_EQ(c->username, "");
+  EXPECT_EQ(c->RedactedJson().find("s3cret"), std::string::npos);
+  auto both = ParseAdapterConfig(
+      R"({"type":"valkey","startup_nodes":"h:1","username":"kv","password":"pw"})", 0);
+  ASSERT_TRUE(both.ok());
+  EXPECT_EQ(both->username, "kv");
+  EXPECT_EQ(both->password, "pw");
+}
+
 TEST(AdapterConfigTest, RefusalsNameTheProblem) {
   EXPECT_EQ(Error("{not json"), "--l2-adapter #1: invalid JSON: {not json");
   EXPECT_EQ(Error(R"({"type":"s3","bucket":"b"})", 1),
