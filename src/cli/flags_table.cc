@@ -513,6 +513,18 @@ const FlagSpec kFlags[] = {
      .show = [](const CliConfig& c) {
        return Num(static_cast<double>(c.server.max_session_bytes >> 20));
      }},
+    {.name = "--metrics-max-label-sets", .group = kKvdGroup, .kind = K::kInt, .origin = O::kKvd,
+     .lmcache_default = "256",
+     .note = "label sets kept per labelled metric family in /metrics (lookup series: "
+             "(model_name, cache_salt) pairs); beyond, counts go to the \"__other__\" label set "
+             "(docs/metrics.md)",
+     .min = 1, .max = 65536,
+     .apply = [](const FlagValue& v, CliConfig& c) {
+       c.server.metrics_max_label_sets = static_cast<uint64_t>(v.AsInt());
+     },
+     .show = [](const CliConfig& c) {
+       return Num(static_cast<double>(c.server.metrics_max_label_sets));
+     }},
     {.name = "--list-flags", .group = kKvdGroup, .kind = K::kChoice, .origin = O::kKvd,
      .choices = "json|markdown",
      .note = "print this table of flags (as docs/cli.md shows it) and exit",

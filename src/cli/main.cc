@@ -17,6 +17,7 @@
 #include <netinet/in.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <csignal>
@@ -111,6 +112,108 @@ std::string ConfigJson(const kvd::server::ServerConfig& c, const HttpConfig& h) 
   return j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
+// The labelled series (lookups per model and salt, transfers per device, copy throughput)
+// into the snapshot; the lookup totals are their sums. The overflow label set is shown once
+// something was counted under it.
+void CopyLabelledCounters(const kvd::server::ServiceCounters& c, uint64_t chunk,
+                          kvd::http::Snapshot* s) {
+  using kvd::server::LookupValues;
+  auto load = [](const std::atomic<uint64_t>& a) { return a.load(std::memory_order_relaxed); };
+  auto lookup = [&](const std::array<std::string, 2>& labels, const LookupValues& v) {
+    kvd::http::LookupLabelsView x;
+    x.model_name = labels[0];
+    x.cache_salt = labels[1];
+    x.lookups = load(v.lookups);
+    x.requested_tokens = load(v.requested_chunks) * chunk;
+    x.hit_l1_tokens = load(v.hit_l1_chunks) * chunk;
+    x.hit_l2_tokens = load(v.hit_l2_chunks) * chunk;
+    x.hit_tokens = x.hit_l1_tokens + x.hit_l2_tokens;
+    x.hit_l1_keys = load(v.hit_l1_keys);
+    x.hit_l2_keys = load(v.hit_l2_keys);
+    for (size_t i = 0; i < v.early_exits.size(); ++i) {
+      x.early_exits.emplace_back(kvd::server::kEarlyExitNames[i], load(v.early_exits[i]));
+    }
+    auto& t = s->counters;
+    t.lookups += x.lookups;
+    t.lookup_tokens += x.requested_tokens;
+    t.hit_tokens += x.hit_tokens;
+    t.hit_l1_tokens += x.hit_l1_tokens;
+    t.hit_l2_tokens += x.hit_l2_tokens;
+    s->lookup_labels.push_back(std::move(x));
+  };
+  c.lookups.ForEach(lookup);
+  if (load(c.lookups.overflow().lookups) > 0) {
+    lookup(c.lookups.overflow_labels(), c.lookups.overflow());
+  }
+
+  using kvd::server::TransferValues;
+  auto device = [&](const std::array<std::string, 1>& labels, const TransferValues& v) {
+    s->device_transfers.push_back({labels[0], load(v.submitted_stores), load(v.finished_stores),
+                                   load(v.submitted_retrieves), load(v.finished_retrieves)});
+  };
+  c.transfers.ForEach(device);
+  const TransferValues& other = c.transfers.overflow();
+  if (load(other.submitted_stores) + load(other.submitted_retrieves) > 0) {
+    device(c.transfers.overflow_labels(), other);
+  }
+
+  auto histogram = [&](const kvd::server::ThroughputHistogram& h) {
+    kvd::http::HistogramView v;
+    for (const auto& b : h.buckets) v.buckets.push_back(load(b));
+    v.sum = h.sum.load(std::memory_order_relaxed);
+    return v;
+  };
+  auto throughput = [&](const std::array<std::string, 3>& labels,
+                        const kvd::server::ThroughputValues& v) {
+    kvd::http::ThroughputView x{labels[0], labels[1], labels[2], histogram(v.store),
+                                histogram(v.load)};
+    if (x.store.count() + x.load.count() > 0) s->throughput.push_back(std::move(x));
+  };
+  c.throughput.ForEach(throughput);
+  throughput(c.throughput.overflow_labels(), c.throughput.overflow());
+  s->throughput_bounds.assign(kvd::server::kThroughputBoundsGBps.begin(),
+                              kvd::server::kThroughputBoundsGBps.end());
+
+  s->label_families = {{"lookup", c.lookups.size(), c.lookups.refused()},
+                       {"transfer", c.transfers.size(), c.transfers.refused()},
+                       {"l0_l1_throughput", c.throughput.size(), c.throughput.refused()}};
+}
+
+// POST /metrics/reset for the labelled series: each label set's counters minus what the
+// baseline had for the same label set (histograms are not reset, as elsewhere).
+void SubtractLabelledCounters(kvd::http::Snapshot& s, const kvd::http::Snapshot& b) {
+  auto sub = [](uint64_t& v, uint64_t base) { v = v > base ? v - base : 0; };
+  for (auto& x : s.lookup_labels) {
+    for (const auto& y : b.lookup_labels) {
+      if (x.model_name != y.model_name || x.cache_salt != y.cache_salt) continue;
+      sub(x.lookups, y.lookups);
+      sub(x.requested_tokens, y.requested_tokens);
+      sub(x.hit_tokens, y.hit_tokens);
+      sub(x.hit_l1_tokens, y.hit_l1_tokens);
+      sub(x.hit_l2_tokens, y.hit_l2_tokens);
+      sub(x.hit_l1_keys, y.hit_l1_keys);
+      sub(x.hit_l2_keys, y.hit_l2_keys);
+      for (size_t i = 0; i < x.early_exits.size() && i < y.early_exits.size(); ++i) {
+        sub(x.early_exits[i].second, y.early_exits[i].second);
+      }
+    }
+  }
+  for (auto& x : s.device_transfers) {
+    for (const auto& y : b.device_transfers) {
+      if (x.device != y.device) continue;
+      sub(x.submitted_stores, y.submitted_stores);
+      sub(x.finished_stores, y.finished_stores);
+      sub(x.submitted_retrieves, y.submitted_retrieves);
+      sub(x.finished_retrieves, y.finished_retrieves);
+    }
+  }
+  for (auto& f : s.label_families) {
+    for (const auto& g : b.label_families) {
+      if (f.family == g.family) sub(f.refused, g.refused);
+    }
+  }
+}
+
 // The HTTP module's view of this process: KvService state, L1 stats and request metrics
 // copied into plain snapshots, and a health check that proves the ZMQ loop answers.
 class ServiceStats final : public kvd::http::StatsSource {
@@ -155,6 +258,9 @@ class ServiceStats final : public kvd::http::StatsSource {
     sub(c.lookups, bc.lookups);
     sub(c.lookup_tokens, bc.lookup_tokens);
     sub(c.hit_tokens, bc.hit_tokens);
+    sub(c.hit_l1_tokens, bc.hit_l1_tokens);
+    sub(c.hit_l2_tokens, bc.hit_l2_tokens);
+    SubtractLabelledCounters(s, b);
     sub(c.stores, bc.stores);
     sub(c.store_failures, bc.store_failures);
     sub(c.stored_chunks, bc.stored_chunks);
@@ -191,12 +297,7 @@ class ServiceStats final : public kvd::http::StatsSource {
             l1.resident_objects, l1.staging_objects, l1.pinned_objects, l1.evictions,
             l1.evicted_bytes};
     const auto& c = svc_->counters();
-    const uint64_t chunk = static_cast<uint64_t>(cfg_.chunk_size);
-    s.counters.lookups = c.lookups.load();
-    s.counters.lookup_tokens = c.lookup_chunks.load() * chunk;
-    s.counters.hit_tokens = c.hit_chunks.load() * chunk;
-    s.counters.hit_l1_tokens = c.hit_l1_chunks.load() * chunk;
-    s.counters.hit_l2_tokens = c.hit_l2_chunks.load() * chunk;
+    CopyLabelledCounters(c, static_cast<uint64_t>(cfg_.chunk_size), &s);
     if (const kvd::l2::TierSet* tiers = svc_->tiers()) {
       const kvd::l2::TierSetStats ts = tiers->stats();
       auto& v = s.tiers;

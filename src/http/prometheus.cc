@@ -64,39 +64,13 @@ class Writer {
     }
   }
   std::string Take() { return std::move(out_); }
-  static std::string EscapeLabel(const std::string& v) {
-    std::string o;
-    for (char c : v) {
-      if (c == '\\' || c == '"') o += '\\';
-      if (c == '\n') {
-        o += "\\n";
-        continue;
-      }
-      o += c;
-    }
-    return o;
-  }
+  static std::string EscapeLabel(const std::string& v) { return EscapeLabelValue(v); }
 
  private:
   std::string out_;
 };
 
-// Label values: escape backslash, double quote and newline.
-std::string Escape(const std::string& v) {
-  std::string o;
-  o.reserve(v.size());
-  for (char c : v) {
-    if (c == '\\' || c == '"') {
-      o += '\\';
-      o += c;
-    } else if (c == '\n') {
-      o += "\\n";
-    } else {
-      o += c;
-    }
-  }
-  return o;
-}
+std::string Escape(const std::string& v) { return EscapeLabelValue(v); }
 
 std::string Bound(double b) {
   char buf[32];
@@ -193,7 +167,154 @@ void RenderTiers(Writer& w, const TiersView& v) {
   w.Gauge("kvd_l2_queued_prefetch_jobs", "Lookups waiting for a prefetch slot.", v.queued_prefetch_jobs);
 }
 
+// lmcache's lookup series, one label set per (model_name, cache_salt) in lmcache's label
+// order (the Prometheus exporter sorts label names).
+void RenderLookups(Writer& w, const Snapshot& s) {
+  std::vector<std::string> labels;
+  labels.reserve(s.lookup_labels.size());
+  for (const auto& l : s.lookup_labels) {
+    labels.push_back("cache_salt=\"" + Escape(l.cache_salt) + "\",model_name=\"" +
+                     Escape(l.model_name) + "\"");
+  }
+  auto family = [&](const char* name, const char* help, auto value) {
+    w.Header(name, "counter", help);
+    for (size_t i = 0; i < s.lookup_labels.size(); ++i) {
+      w.Value(std::string(name) + "{" + labels[i] + "}",
+              static_cast<uint64_t>(value(s.lookup_labels[i])));
+    }
+  };
+  using L = LookupLabelsView;
+  family("lmcache_mp_lookups_requests_total", "LOOKUP requests.",
+         [](const L& l) { return l.lookups; });
+  family("lmcache_mp_lookup_requested_tokens_total",
+         "Tokens (full chunks) asked for by LOOKUP requests.",
+         [](const L& l) { return l.requested_tokens; });
+  family("lmcache_mp_lookup_hit_tokens_total",
+         "Tokens LOOKUP found cached (the contiguous prefix).",
+         [](const L& l) { return l.hit_tokens; });
+  family("lmcache_mp_lookup_hit_l1_tokens_total", "Of the hit tokens: found in L1.",
+         [](const L& l) { return l.hit_l1_tokens; });
+  family("lmcache_mp_lookup_hit_l2_tokens_total",
+         "Of the hit tokens: brought into L1 from the tiers (prefetch).",
+         [](const L& l) { return l.hit_l2_tokens; });
+  family("lmcache_mp_lookup_hit_l1_keys_total",
+         "Hit objects (one per rank of a hit chunk) L1 already held.",
+         [](const L& l) { return l.hit_l1_keys; });
+  family("lmcache_mp_lookup_hit_l2_keys_total", "Hit objects loaded from the tiers into L1.",
+         [](const L& l) { return l.hit_l2_keys; });
+  w.Header("lmcache_mp_lookup_early_exit_requests_total", "counter",
+           "LOOKUP requests answered without probing the cache, by reason.");
+  for (size_t i = 0; i < s.lookup_labels.size(); ++i) {
+    for (const auto& [reason, n] : s.lookup_labels[i].early_exits) {
+      if (n == 0) continue;  // as lmcache: a reason appears once it happened
+      w.Value("lmcache_mp_lookup_early_exit_requests_total{" + labels[i] + ",reason=\"" +
+                  Escape(reason) + "\"}",
+              n);
+    }
+  }
+}
+
+// Transfers per device, and lmcache's copy-throughput histograms (GB/s; lmcache's bucket
+// bounds, written as its exporter writes them: "5.0").
+void RenderTransfers(Writer& w, const Snapshot& s) {
+  auto family = [&](const char* name, const char* help, auto value) {
+    w.Header(name, "counter", help);
+    for (const auto& d : s.device_transfers) {
+      w.Value(std::string(name) + "{device=\"" + Escape(d.device) + "\"}",
+              static_cast<uint64_t>(value(d)));
+    }
+  };
+  using D = DeviceTransfersView;
+  family("lmcache_mp_num_submitted_stores_total",
+         "STOREs of registered workers submitted for copying.",
+         [](const D& d) { return d.submitted_stores; });
+  family("lmcache_mp_num_finished_stores_total",
+         "STOREs whose copy is over (whatever its outcome).",
+         [](const D& d) { return d.finished_stores; });
+  family("lmcache_mp_num_submitted_retrieves_total",
+         "RETRIEVEs of registered workers submitted for copying.",
+         [](const D& d) { return d.submitted_retrieves; });
+  family("lmcache_mp_num_finished_retrieves_total",
+         "RETRIEVEs whose copy is over (whatever its outcome).",
+         [](const D& d) { return d.finished_retrieves; });
+
+  auto histogram = [&](const char* name, const char* help, bool store) {
+    w.Header(name, "histogram", help);
+    for (const auto& t : s.throughput) {
+      const HistogramView& h = store ? t.store : t.load;
+      if (h.count() == 0) continue;
+      const std::string labels = "device=\"" + Escape(t.device) + "\",engine_id=\"" +
+                                 Escape(t.engine_id) + "\",model_name=\"" +
+                                 Escape(t.model_name) + "\"";
+      uint64_t cum = 0;
+      for (size_t i = 0; i < h.buckets.size(); ++i) {
+        cum += h.buckets[i];
+        char le[32];
+        if (i < s.throughput_bounds.size()) {
+          std::snprintf(le, sizeof(le), "%.1f", s.throughput_bounds[i]);
+        } else {
+          std::snprintf(le, sizeof(le), "+Inf");
+        }
+        w.Value(std::string(name) + "_bucket{" + labels + ",le=\"" + le + "\"}", cum);
+      }
+      w.Value(std::string(name) + "_sum{" + labels + "}", h.sum);
+      w.Value(std::string(name) + "_count{" + labels + "}", cum);
+    }
+  };
+  histogram("lmcache_mp_l0_l1_store_throughput_GB_per_second",
+            "Copy throughput (GB/s) of STOREs, worker KV to L1, per request.", true);
+  histogram("lmcache_mp_l0_l1_load_throughput_GB_per_second",
+            "Copy throughput (GB/s) of RETRIEVEs, L1 to worker KV, per request.", false);
+}
+
 }  // namespace
+
+std::string EscapeLabelValue(std::string_view v) {
+  std::string o;
+  o.reserve(v.size());
+  const auto* p = reinterpret_cast<const unsigned char*>(v.data());
+  const size_t n = v.size();
+  for (size_t i = 0; i < n;) {
+    const unsigned char c = p[i];
+    if (c < 0x80) {
+      if (c == '\\' || c == '"') {
+        o += '\\';
+        o += static_cast<char>(c);
+      } else if (c == '\n') {
+        o += "\\n";
+      } else {
+        o += static_cast<char>(c);
+      }
+      ++i;
+      continue;
+    }
+    // A well-formed UTF-8 sequence is copied; anything else becomes U+FFFD, one byte at a
+    // time (the exposition format requires UTF-8 label values).
+    size_t len = 0;
+    unsigned char lo = 0x80, hi = 0xbf;  // allowed range of the second byte
+    if (c >= 0xc2 && c <= 0xdf) {
+      len = 2;
+    } else if (c >= 0xe0 && c <= 0xef) {
+      len = 3;
+      if (c == 0xe0) lo = 0xa0;  // no overlong forms
+      if (c == 0xed) hi = 0x9f;  // no surrogates
+    } else if (c >= 0xf0 && c <= 0xf4) {
+      len = 4;
+      if (c == 0xf0) lo = 0x90;
+      if (c == 0xf4) hi = 0x8f;  // nothing past U+10FFFF
+    }
+    bool ok = len > 0 && i + len <= n && p[i + 1] >= lo && p[i + 1] <= hi;
+    for (size_t k = 2; ok && k < len; ++k) ok = p[i + k] >= 0x80 && p[i + k] <= 0xbf;
+    if (ok) {
+      o.append(v.substr(i, len));
+      i += len;
+    } else {
+      o += "\xEF\xBF\xBD";
+      ++i;
+    }
+  }
+  return o;
+}
 
 double HistogramQuantile(const std::vector<double>& bounds, const std::vector<uint64_t>& buckets,
                          double q) {
@@ -220,21 +341,9 @@ std::string RenderPrometheus(const Snapshot& s, const std::string& version) {
   Writer w;
   const CacheCounters& c = s.counters;
 
-  // --- LMCache counterparts (lmcache 0.5.6 `lmcache server` names) ---
-  w.Counter("lmcache_mp_lookups_requests_total", "LOOKUP requests.", c.lookups);
-  w.Counter("lmcache_mp_lookup_requested_tokens_total",
-            "Tokens (full chunks) asked for by LOOKUP requests.", c.lookup_tokens);
-  w.Counter("lmcache_mp_lookup_hit_tokens_total", "Tokens LOOKUP found cached.", c.hit_tokens);
-  w.Counter("lmcache_mp_lookup_hit_l1_tokens_total", "Tokens LOOKUP found in L1.", c.hit_l1_tokens);
-  w.Counter("lmcache_mp_lookup_hit_l2_tokens_total",
-            "Tokens LOOKUP brought into L1 from the tiers (prefetch).", c.hit_l2_tokens);
-  w.Counter("lmcache_mp_num_submitted_stores_total", "Store requests received.", c.stores);
-  w.Counter("lmcache_mp_num_finished_stores_total", "Store requests that succeeded.",
-            c.stores >= c.store_failures ? c.stores - c.store_failures : 0);
-  w.Counter("lmcache_mp_num_submitted_retrieves_total", "Retrieve requests received.",
-            c.retrieves);
-  w.Counter("lmcache_mp_num_finished_retrieves_total", "Retrieve requests that succeeded.",
-            c.retrieves >= c.retrieve_failures ? c.retrieves - c.retrieve_failures : 0);
+  // --- LMCache counterparts (lmcache 0.5.6 `lmcache server` names and labels) ---
+  RenderLookups(w, s);
+  RenderTransfers(w, s);
   w.Counter("lmcache_mp_l1_write_chunks_total", "Chunk objects written into L1.",
             c.stored_chunks);
   w.Counter("lmcache_mp_l1_read_chunks_total", "Chunk objects read from L1.", c.retrieved_chunks);
@@ -291,6 +400,17 @@ std::string RenderPrometheus(const Snapshot& s, const std::string& version) {
   w.Counter("kvd_zmtp_dropped_replies_total",
             "Replies not sent: the client was gone, or did not read its replies (unsent queue full).",
             s.transport.dropped_replies);
+  w.Header("kvd_metric_label_sets", "gauge",
+           "Label sets a labelled metric family keeps (at most --metrics-max-label-sets; the "
+           "__other__ set not included).");
+  for (const auto& f : s.label_families) {
+    w.Value("kvd_metric_label_sets{family=\"" + Escape(f.family) + "\"}", f.label_sets);
+  }
+  w.Header("kvd_metric_label_sets_refused_total", "counter",
+           "Distinct label sets a full family counted under its __other__ label set.");
+  for (const auto& f : s.label_families) {
+    w.Value("kvd_metric_label_sets_refused_total{family=\"" + Escape(f.family) + "\"}", f.refused);
+  }
 
   w.Header("kvd_requests_total", "counter", "Requests completed, per operation.");
   for (const auto& o : s.ops) {

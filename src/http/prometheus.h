@@ -5,6 +5,7 @@
 #pragma once
 
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "http/stats_source.h"
@@ -12,6 +13,10 @@
 namespace kvd::http {
 
 std::string RenderPrometheus(const Snapshot& s, const std::string& version);
+
+// A label value as the text format (0.0.4) needs it: backslash, double quote and line feed
+// escaped (\\, \", \n); bytes that are not well-formed UTF-8 replaced by U+FFFD.
+std::string EscapeLabelValue(std::string_view v);
 
 // Approximate quantile q (0..1) of a histogram with the given upper bounds and
 // per-bucket (not cumulative) counts, interpolating linearly inside the bucket. 0 when

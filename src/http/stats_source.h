@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/status.h"
@@ -34,7 +35,7 @@ struct L1View {
   uint64_t evicted_bytes = 0;
 };
 
-// Monotonic counters since the process started.
+// Monotonic counters since the process started (the lookup ones: every label set summed).
 struct CacheCounters {
   uint64_t lookups = 0;           // LOOKUP requests
   uint64_t lookup_tokens = 0;     // tokens of full chunks looked up
@@ -49,6 +50,46 @@ struct CacheCounters {
   uint64_t retrieve_failures = 0;
   uint64_t retrieved_chunks = 0;
   uint64_t retrieved_bytes = 0;
+};
+
+// Lookup counters of one (model_name, cache_salt): lmcache's lookup series' label set.
+struct LookupLabelsView {
+  std::string model_name, cache_salt;
+  uint64_t lookups = 0, requested_tokens = 0, hit_tokens = 0, hit_l1_tokens = 0,
+           hit_l2_tokens = 0, hit_l1_keys = 0, hit_l2_keys = 0;
+  std::vector<std::pair<std::string, uint64_t>> early_exits;  // reason -> lookups (all reasons)
+};
+
+// lmcache-driven transfers of one device ("cpu", "cuda:N").
+struct DeviceTransfersView {
+  std::string device;
+  uint64_t submitted_stores = 0, finished_stores = 0;
+  uint64_t submitted_retrieves = 0, finished_retrieves = 0;
+};
+
+// A histogram: per-bucket counts (not cumulative; bounds elsewhere, +Inf last) and sum.
+struct HistogramView {
+  std::vector<uint64_t> buckets;
+  double sum = 0;
+  uint64_t count() const {
+    uint64_t n = 0;
+    for (uint64_t b : buckets) n += b;
+    return n;
+  }
+};
+
+// Copy throughput (GB/s) of one (device, engine_id, model_name): store = worker to L1,
+// load = L1 to worker (lmcache's l0_l1 store / load throughput).
+struct ThroughputView {
+  std::string device, engine_id, model_name;
+  HistogramView store, load;
+};
+
+// One labelled metric family's bounded table of label sets (server/service_counters.h).
+struct LabelFamilyView {
+  std::string family;        // "lookup", "transfer", "l0_l1_throughput"
+  uint64_t label_sets = 0;   // kept (the overflow set not included)
+  uint64_t refused = 0;      // distinct label sets counted under the overflow set
 };
 
 struct InstanceView {
@@ -149,6 +190,11 @@ struct Snapshot {
   int64_t chunk_size = 0;
   L1View l1;
   CacheCounters counters;
+  std::vector<LookupLabelsView> lookup_labels;       // in first-seen order, overflow set last
+  std::vector<DeviceTransfersView> device_transfers;
+  std::vector<ThroughputView> throughput;
+  std::vector<double> throughput_bounds;             // GB/s upper bounds; +Inf implied
+  std::vector<LabelFamilyView> label_families;
   std::vector<InstanceView> instances;
   uint64_t sessions = 0;
   uint64_t session_bytes = 0;

@@ -35,6 +35,10 @@ struct ServerConfig {
   // least recently used are evicted beyond them.
   uint64_t max_sessions = 65536;
   uint64_t max_session_bytes = uint64_t{1} << 30;
+  // Label sets kept per labelled metric family (--metrics-max-label-sets): (model, salt)
+  // pairs of the lookup series, devices, (device, instance, model) of the throughput
+  // histograms. Beyond, counts go to the "__other__" label set (server/service_counters.h).
+  uint64_t metrics_max_label_sets = 256;
   // Per-connection memory bounds of the socket loop (see zmq_server.h): requests read but
   // not yet answered may hold this many bytes of frames (0: twice the largest legal
   // frame); the socket keeps at most this many unread requests (and 1 MiB of them) / unsent

@@ -20,6 +20,7 @@
 #include "common/status.h"
 #include "l2/tier_set.h"
 #include "layout/layout.h"
+#include "server/service_counters.h"
 #include "transfer/copy_engine.h"
 #include "transfer/shm_mapping.h"
 
@@ -55,6 +56,12 @@ struct Instance {
   std::string dtype;
   // How its objects are named and laid out in the tiers (server/tiers.h).
   l2::ObjectFormat tier_format;
+  // lmcache-driven: where its KV lives, as lmcache's `device` label says it ("cpu" for
+  // shared memory, "cuda:N" for a GPU, N its ordinal in kvd's process), and its counters in
+  // ServiceCounters' tables (which outlive every instance). Null for engine-driven instances.
+  std::string device;
+  TransferValues* transfer_counts = nullptr;
+  ThroughputValues* throughput = nullptr;
 };
 
 class InstanceRegistry {

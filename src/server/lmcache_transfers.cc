@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <chrono>
 #include <functional>
 #include <map>
 #include <memory>
@@ -119,18 +120,41 @@ LmcacheTransfers::LmcacheTransfers(const ServerConfig& config, const Clock* cloc
 Status LmcacheTransfers::Submit(const std::shared_ptr<const Instance>& inst,
                                 transfer::CopyDirection direction,
                                 const wire::TransferRequest& req,
-                                std::vector<transfer::ChunkTask> tasks,
+                                std::vector<transfer::ChunkTask> tasks, uint64_t bytes,
                                 std::function<void(const Status&)> on_complete,
                                 std::string* event_handle) {
   if (event_handle) event_handle->clear();
+  const bool store = direction == transfer::CopyDirection::kGather;
+  // The transfer is over when its completion has run, or when the engine refused it.
+  auto finished = [counts = inst->transfer_counts, store] {
+    if (!counts) return;
+    auto& n = store ? counts->finished_stores : counts->finished_retrieves;
+    n.fetch_add(1, std::memory_order_relaxed);
+  };
   if (tasks.empty()) {  // nothing to copy: an empty handle says so
     on_complete(Status::Ok());
+    finished();
     return Status::Ok();
   }
   transfer::CopyEngine& engine = *inst->engine;
+  // lmcache's L0<->L1 throughput: the bytes over the copy's time. A synchronous engine copies
+  // inside Submit, so Submit to completion is the copy; an asynchronous (GPU) engine's copy
+  // first waits for the client's event, which is not the copy's time: not recorded.
+  ThroughputHistogram* histogram = nullptr;
+  if (inst->throughput && !engine.caps().asynchronous) {
+    histogram = store ? &inst->throughput->store : &inst->throughput->load;
+  }
+  on_complete = [done = std::move(on_complete), finished, histogram, bytes,
+                 start = std::chrono::steady_clock::now()](const Status& st) {
+    if (histogram && st.ok()) {
+      const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
+      histogram->Record(bytes, took.count());
+    }
+    done(st);
+    finished();
+  };
   InFlightCopies::Id watch = 0;
   if (engine.caps().asynchronous) {
-    const bool store = direction == transfer::CopyDirection::kGather;
     const double ttl = store ? config_.l1_write_ttl_seconds : config_.l1_read_ttl_seconds;
     watch = inflight_->Add(inst, store, clock_->NowNanos() + static_cast<int64_t>(ttl * 1e9));
     on_complete = [inflight = inflight_, watch, done = std::move(on_complete)](const Status& st) {
@@ -147,6 +171,7 @@ Status LmcacheTransfers::Submit(const std::shared_ptr<const Instance>& inst,
   auto sub = engine.Submit(std::move(plan));
   if (!sub.ok()) {
     if (watch) inflight_->Remove(watch);  // refused: its completion never runs
+    finished();
     return sub.status();
   }
   if (event_handle) *event_handle = sub->event_handle;
@@ -280,6 +305,13 @@ Status LmcacheTransfers::Register(const wire::RegisterKvCacheRequest& req) {
   }
   inst->layout = std::move(layout).value();
   inst->tier_format = TierFormatOf(inst->layout, inst->key_namespace);
+  const transfer::EngineCaps& caps = inst->engine->caps();
+  inst->device = !caps.device_memory ? "cpu"
+                 : caps.device_index >= 0 ? "cuda:" + std::to_string(caps.device_index)
+                                          : "cuda";
+  inst->transfer_counts = &counters_->transfers.Get({inst->device});
+  inst->throughput = &counters_->throughput.Get(
+      {inst->device, std::to_string(req.instance_id), req.model_name});
   if (tiers_ && !inst->tier_format.layout_tag.empty()) {
     spdlog::info("instance {}: tier objects of this layout are kvd-private (layout tag {}): "
                  "lmcache servers sharing the tiers will not read them (docs/tiers.md)",
@@ -303,8 +335,12 @@ Status LmcacheTransfers::Register(const wire::RegisterKvCacheRequest& req) {
 Status LmcacheTransfers::Store(const wire::TransferRequest& req, std::string* event_handle) {
   if (event_handle) event_handle->clear();
   counters_->stores++;
+  // Set once the STORE counts as submitted on its instance's device: from then on it also
+  // counts as finished, here when it fails before its copy, else when the copy is over.
+  TransferValues* submitted = nullptr;
   auto fail = [&](Status st) {
     counters_->store_failures++;
+    if (submitted) submitted->finished_stores.fetch_add(1, std::memory_order_relaxed);
     return st;
   };
   auto inst = registry_->Find(req.instance_id);
@@ -318,6 +354,8 @@ Status LmcacheTransfers::Store(const wire::TransferRequest& req, std::string* ev
                                         ", the instance registered '" + inst->model_name + "' " +
                                         std::to_string(inst->world_size)));
   }
+  submitted = inst->transfer_counts;
+  if (submitted) submitted->submitted_stores.fetch_add(1, std::memory_order_relaxed);
   auto chunks = RequestChunkKeys(*sessions_, l1_->namespaces(), config_.chunk_size, req.key,
                                  /*create_namespace=*/true, inst->key_namespace,
                                  SessionUse::kIfExists);
@@ -360,7 +398,7 @@ Status LmcacheTransfers::Store(const wire::TransferRequest& req, std::string* ev
   index_phase.reset();
   ScopedPhase copy_phase(Phase::kCopy);  // the copy, and the commit when it runs inline
   Status st = Submit(
-      inst, transfer::CopyDirection::kGather, req, std::move(tasks),
+      inst, transfer::CopyDirection::kGather, req, std::move(tasks), bytes,
       [held, held_keys, tiers = tiers_, inst, salt = req.key.cache_salt, slot](const Status& done) {
         std::vector<l1::ChunkKey> committed;
         if (done.ok()) {
@@ -381,6 +419,7 @@ Status LmcacheTransfers::Store(const wire::TransferRequest& req, std::string* ev
         }
       },
       event_handle);
+  submitted = nullptr;  // Submit counted it finished (or will, when the copy is over)
   if (!st.ok()) return fail(st);
   counters_->stored_chunks += stored;
   counters_->stored_bytes += bytes;
@@ -390,8 +429,10 @@ Status LmcacheTransfers::Store(const wire::TransferRequest& req, std::string* ev
 Status LmcacheTransfers::Retrieve(const wire::TransferRequest& req, std::string* event_handle) {
   if (event_handle) event_handle->clear();
   counters_->retrieves++;
+  TransferValues* submitted = nullptr;  // as in Store
   auto fail = [&](Status st) {
     counters_->retrieve_failures++;
+    if (submitted) submitted->finished_retrieves.fetch_add(1, std::memory_order_relaxed);
     return st;
   };
   auto inst = registry_->Find(req.instance_id);
@@ -402,6 +443,8 @@ Status LmcacheTransfers::Retrieve(const wire::TransferRequest& req, std::string*
   if (req.key.model_name != inst->model_name || req.key.world_size != inst->world_size) {
     return fail(Status::InvalidArgument("retrieve: key does not match the instance's model"));
   }
+  submitted = inst->transfer_counts;
+  if (submitted) submitted->submitted_retrieves.fetch_add(1, std::memory_order_relaxed);
   auto chunks = RequestChunkKeys(*sessions_, l1_->namespaces(), config_.chunk_size, req.key,
                                  /*create_namespace=*/false, inst->key_namespace,
                                  SessionUse::kIfExists);
@@ -451,13 +494,15 @@ Status LmcacheTransfers::Retrieve(const wire::TransferRequest& req, std::string*
   }
   index_phase.reset();
   ScopedPhase copy_phase(Phase::kCopy);
+  const uint64_t copied_bytes = tasks.size() * inst->object_bytes;
   Status st = Submit(
-      inst, transfer::CopyDirection::kScatter, req, std::move(tasks),
+      inst, transfer::CopyDirection::kScatter, req, std::move(tasks), copied_bytes,
       [held, tiers = tiers_, keys_copy = tiers_ ? *keys : std::vector<l1::ChunkKey>()](const Status&) {
         l1::ReleaseInReverse(*held);
         if (tiers) tiers->AfterRetrieve(keys_copy);
       },
       event_handle);
+  submitted = nullptr;  // Submit counted it finished (or will, when the copy is over)
   if (!st.ok()) return fail(st);
   counters_->retrieved_chunks += n;
   counters_->retrieved_bytes += n * inst->object_bytes;

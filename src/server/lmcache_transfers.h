@@ -77,10 +77,13 @@ class LmcacheTransfers {
   // Submits the tasks to the instance's engine. `on_complete` runs once the copy finished
   // (inside Submit for a synchronous engine); a copy of an asynchronous engine is watched
   // until then, with deadline now + `ttl_seconds`. If the engine refuses the plan, nothing
-  // was copied and dropping the plan releases what `on_complete` captured.
+  // was copied and dropping the plan releases what `on_complete` captured. Counts the
+  // transfer finished on the instance's device when it is over (completion or refusal), and
+  // records the throughput of a synchronous copy of `bytes`.
   Status Submit(const std::shared_ptr<const Instance>& inst, transfer::CopyDirection direction,
                 const wire::TransferRequest& req, std::vector<transfer::ChunkTask> tasks,
-                std::function<void(const Status&)> on_complete, std::string* event_handle);
+                uint64_t bytes, std::function<void(const Status&)> on_complete,
+                std::string* event_handle);
   // True when every block id of chunk `chunk` (all groups) is the null block.
   bool ChunkIsAllNull(const layout::KvLayout& layout,
                       const std::vector<std::vector<int64_t>>& block_ids, int64_t chunk) const;

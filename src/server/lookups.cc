@@ -28,9 +28,21 @@ std::mutex& Lookups::RequestMutex(std::string_view request_id) {
   return request_mu_[std::hash<std::string_view>{}(request_id) % request_mu_.size()];
 }
 
+namespace {
+
+void Add(std::atomic<uint64_t>& counter, uint64_t n) {
+  counter.fetch_add(n, std::memory_order_relaxed);
+}
+
+}  // namespace
+
 Status Lookups::Lookup(const wire::LookupRequest& req) {
-  counters_->lookups++;
   const auto& key = req.key;
+  // The request's (model_name, cache_salt) counters, lmcache's lookup labels (a lock-free
+  // probe once the pair is known; entries live as long as the counters).
+  LookupValues& counts = counters_->lookups.Get({key.model_name, key.cache_salt});
+  Add(counts.lookups, 1);
+  auto early_exit = [&](EarlyExit why) { Add(counts.early_exits[static_cast<size_t>(why)], 1); };
   // A lookup's locking and registration, and a prefetch completion of the same request, run
   // one at a time: a completion never sees itself current while a newer lookup of the
   // request is between taking its locks and registering (it would replace those locks).
@@ -40,6 +52,7 @@ Status Lookups::Lookup(const wire::LookupRequest& req) {
     // No worker of this model has registered: nothing can be retrieved, so 0 hits. Or its
     // workers keep objects in different namespaces (engine-driven, two block sizes): the
     // scheduler's key does not say which one its workers read, so 0 hits, never wrong KV.
+    early_exit(ns.registered ? EarlyExit::kMixedLayouts : EarlyExit::kNoGpuContext);
     l1_->ReleaseAllLocks(key.request_id);  // a new lookup replaces the request's old locks
     sessions_->SetLookupResult(key.request_id, 0);
     prefetch_changes_.fetch_add(1, std::memory_order_acq_rel);
@@ -54,6 +67,8 @@ Status Lookups::Lookup(const wire::LookupRequest& req) {
     prefetch_changes_.fetch_add(1, std::memory_order_acq_rel);
     return chunks.status();
   }
+  const uint64_t requested = static_cast<uint64_t>((key.end - key.start) / config_.chunk_size);
+  if (requested == 0) early_exit(EarlyExit::kEmptyChunkHashes);  // under one chunk: no probe
   // With tiers the lookup is registered (superseding any earlier one of the request) before
   // it takes locks; SetLookupResult below supersedes it again when nothing is prefetched.
   const uint64_t generation = tiers_ ? sessions_->BeginLookup(key.request_id) : 0;
@@ -66,9 +81,9 @@ Status Lookups::Lookup(const wire::LookupRequest& req) {
     ScopedPhase index(Phase::kIndex);
     hits = l1_->LookupAndLock(key.request_id, chunks->first_chunk, chunks->keys, world, readers);
   }
-  counters_->lookup_chunks += (key.end - key.start) / config_.chunk_size;
-  counters_->hit_chunks += hits;
-  counters_->hit_l1_chunks += hits;
+  Add(counts.requested_chunks, requested);
+  Add(counts.hit_l1_chunks, hits);
+  Add(counts.hit_l1_keys, hits * world);  // one object per rank of each hit chunk
   std::optional<l2::ObjectFormat> format;
   if (tiers_ && hits < chunks->keys.size()) format = TierFormatFor(key.model_name, key.world_size);
   if (!format) {
@@ -88,7 +103,9 @@ Status Lookups::Lookup(const wire::LookupRequest& req) {
   p.format = *format;
   const std::string request_id = key.request_id;
   serial.unlock();  // the completion may run inside Prefetch
-  tiers_->Prefetch(std::move(p), [this, all, hits, world, readers, request_id, generation](size_t n) {
+  LookupValues* lookup_counts = &counts;
+  tiers_->Prefetch(std::move(p), [this, all, hits, world, readers, request_id, generation,
+                                  lookup_counts](size_t n) {
     // However it ends (superseded, session gone, finished): a parked WAIT re-checks then.
     struct Ended {
       Lookups* self;
@@ -109,8 +126,8 @@ Status Lookups::Lookup(const wire::LookupRequest& req) {
       return;
     }
     const size_t more = total > hits ? total - hits : 0;
-    counters_->hit_chunks += more;
-    counters_->hit_l2_chunks += more;
+    Add(lookup_counts->hit_l2_chunks, more);
+    Add(lookup_counts->hit_l2_keys, more * world);
   });
   return Status::Ok();
 }

@@ -59,6 +59,7 @@ struct EngineCaps {
   const char* name = "";
   bool asynchronous = false;    // Submit returns before the copy completes
   bool device_memory = false;   // the registered tensors live in GPU memory
+  int device_index = -1;        // device_memory: the GPU's ordinal in this process (-1: none)
   bool exports_events = false;  // Submitted::event_handle carries an interprocess event
   uint32_t max_block_ids_per_chunk = 0;  // 0: no limit
 };

@@ -1,8 +1,9 @@
 """docs/grafana/kvd-lmcache-dashboard.json queries only series that exist: every metric name
 in its expressions is in kvd's /metrics (kvd started with an fs tier, so the tier series are
-there), and every lmcache_mp_* name is one lmcache 0.5.6 defines (its OpenTelemetry name,
-found in the lmcache package's source, with the unit and _total the Prometheus exporter
-appends)."""
+there; a labelled family without traffic yet, such as the lookup series, has no sample but is
+declared by its # TYPE line), and every lmcache_mp_* name is one lmcache 0.5.6 defines (its
+OpenTelemetry name, found in the lmcache package's source, with the unit and _total the
+Prometheus exporter appends)."""
 
 from __future__ import annotations
 
@@ -19,8 +20,9 @@ from kvd_harness import ServerProc, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "docs" / "grafana" / "kvd-lmcache-dashboard.json"
-PROMQL_WORDS = {"sum", "by", "rate", "histogram_quantile", "le", "op", "model_name", "l2_name"}
-UNITS = ("_tokens", "_requests", "_chunks", "_keys", "_bytes", "_seconds")
+PROMQL_WORDS = {"sum", "by", "rate", "histogram_quantile", "le", "op", "model_name", "l2_name",
+                "cache_salt", "device", "reason"}
+UNITS = ("_tokens", "_requests", "_chunks", "_keys", "_bytes", "_seconds", "_GB_per_second")
 
 
 def dashboard_metrics() -> set[str]:
@@ -79,5 +81,9 @@ def test_every_dashboard_metric_exists_in_kvd_and_in_lmcache(tmp_path: Path):
         shutil.rmtree(tier, ignore_errors=True)
     exported = {re.split(r"[{ ]", line, maxsplit=1)[0] for line in text.splitlines()
                 if line and not line.startswith("#")}
+    for family, kind in re.findall(r"^# TYPE (\S+) (\S+)$", text, re.M):
+        exported.add(family)
+        if kind == "histogram":
+            exported.update(family + s for s in ("_bucket", "_sum", "_count"))
     missing = sorted(n for n in names if n not in exported)
     assert not missing, f"the dashboard queries series kvd does not export: {missing}"

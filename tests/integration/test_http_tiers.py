@@ -142,13 +142,14 @@ def test_cache_objects_list_and_delete_what_the_fs_tier_holds(servers):
                 lines = r.read().decode().splitlines()
             return {l.rsplit(" ", 1)[0]: float(l.rsplit(" ", 1)[1]) for l in lines if l and l[0] != "#"}
         before = scrape()
-        assert before["lmcache_mp_num_submitted_stores_total"] == 2  # one STORE per rank
+        stores = 'lmcache_mp_num_submitted_stores_total{device="cpu"}'
+        assert before[stores] == 2  # one STORE per rank
         assert before["lmcache_mp_l1_write_chunks_total"] == 6
         req = urllib.request.Request(f"http://127.0.0.1:{kvd_http}/metrics/reset", method="POST", data=b"")
         with urllib.request.urlopen(req, timeout=10) as r:
             assert r.status == 200 and r.read() == b"ok"
         after = scrape()
-        assert after["lmcache_mp_num_submitted_stores_total"] == 0
+        assert after[stores] == 0
         assert after["lmcache_mp_l1_write_chunks_total"] == 0
         assert after["lmcache_mp_l1_memory_usage_bytes"] == before["lmcache_mp_l1_memory_usage_bytes"] > 0
 

@@ -170,11 +170,13 @@ def test_status_and_metrics_follow_real_client_traffic(kvd):
 
         _, _, text = kvd.get("/metrics")
         m = lambda name: F.metric(text, name)  # noqa: E731
-        assert m("lmcache_mp_lookups_requests_total") == 2
-        assert m("lmcache_mp_lookup_requested_tokens_total") == 5 * chunk
-        assert m("lmcache_mp_lookup_hit_tokens_total") == 3 * chunk
-        assert m("lmcache_mp_num_finished_stores_total") == 1
-        assert m("lmcache_mp_num_finished_retrieves_total") == 1
+        # lmcache's labels: (model_name, cache_salt) on lookups, device on transfers.
+        labels = '{cache_salt="",model_name="ops-status"}'
+        assert m("lmcache_mp_lookups_requests_total" + labels) == 2
+        assert m("lmcache_mp_lookup_requested_tokens_total" + labels) == 5 * chunk
+        assert m("lmcache_mp_lookup_hit_tokens_total" + labels) == 3 * chunk
+        assert m('lmcache_mp_num_finished_stores_total{device="cpu"}') == 1
+        assert m('lmcache_mp_num_finished_retrieves_total{device="cpu"}') == 1
         assert m("lmcache_mp_l1_write_chunks_total") == 3
         assert m("lmcache_mp_l1_read_chunks_total") == 3
         assert m("kvd_stored_bytes_total") == 3 * inst["object_bytes_per_chunk"]

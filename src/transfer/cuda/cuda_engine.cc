@@ -185,6 +185,7 @@ Status CudaCopyEngine::Open(const std::vector<wire::TensorDescriptor>& tensors,
                                       "(CUDA_VISIBLE_DEVICES)");
   }
   device_ = *ordinal;
+  caps_.device_index = device_;
   default_event_ = any_raw ? EventKind::kTimeline : EventKind::kCudaIpc;
   KVD_CUDA_TRY(cudaSetDevice(device_));
 

@@ -26,12 +26,31 @@ std::map<std::string, std::string> Parse(const std::string& text) {
 
 TEST(Prometheus, LmcacheCounterpartsCarryTheSnapshotValues) {
   auto m = Parse(RenderPrometheus(SampleSnapshot(), "1.2.3"));
-  EXPECT_EQ(m["lmcache_mp_lookups_requests_total"], "4");
-  EXPECT_EQ(m["lmcache_mp_lookup_requested_tokens_total"], "2048");
-  EXPECT_EQ(m["lmcache_mp_lookup_hit_tokens_total"], "512");
-  EXPECT_EQ(m["lmcache_mp_num_submitted_stores_total"], "10");
-  EXPECT_EQ(m["lmcache_mp_num_finished_stores_total"], "9");
-  EXPECT_EQ(m["lmcache_mp_num_finished_retrieves_total"], "5");
+  const std::string a = "{cache_salt=\"\",model_name=\"llama\"}";
+  const std::string b = "{cache_salt=\"tenant-1\",model_name=\"llama\"}";
+  EXPECT_EQ(m["lmcache_mp_lookups_requests_total" + a], "3");
+  EXPECT_EQ(m["lmcache_mp_lookups_requests_total" + b], "1");
+  EXPECT_EQ(m["lmcache_mp_lookup_requested_tokens_total" + a], "1536");
+  EXPECT_EQ(m["lmcache_mp_lookup_requested_tokens_total" + b], "512");
+  EXPECT_EQ(m["lmcache_mp_lookup_hit_tokens_total" + a], "512");
+  EXPECT_EQ(m["lmcache_mp_lookup_hit_tokens_total" + b], "0");
+  EXPECT_EQ(m["lmcache_mp_lookup_hit_l1_tokens_total" + a], "256");
+  EXPECT_EQ(m["lmcache_mp_lookup_hit_l2_tokens_total" + a], "256");
+  EXPECT_EQ(m["lmcache_mp_lookup_hit_l1_keys_total" + a], "2");
+  EXPECT_EQ(m["lmcache_mp_lookup_hit_l2_keys_total" + b], "0");
+  // Early exits: a reason appears once it happened, with the lookup's labels.
+  EXPECT_EQ(m["lmcache_mp_lookup_early_exit_requests_total{cache_salt=\"\",model_name=\"llama\","
+              "reason=\"empty_chunk_hashes\"}"],
+            "1");
+  EXPECT_EQ(m.count("lmcache_mp_lookup_early_exit_requests_total{cache_salt=\"\","
+                    "model_name=\"llama\",reason=\"no_gpu_context\"}"),
+            0u);
+  // No unlabelled lookup series beside the labelled ones.
+  EXPECT_EQ(m.count("lmcache_mp_lookups_requests_total"), 0u);
+  EXPECT_EQ(m["lmcache_mp_num_submitted_stores_total{device=\"cpu\"}"], "10");
+  EXPECT_EQ(m["lmcache_mp_num_finished_stores_total{device=\"cpu\"}"], "9");
+  EXPECT_EQ(m["lmcache_mp_num_submitted_retrieves_total{device=\"cpu\"}"], "5");
+  EXPECT_EQ(m["lmcache_mp_num_finished_retrieves_total{device=\"cpu\"}"], "5");
   EXPECT_EQ(m["lmcache_mp_l1_write_chunks_total"], "12");
   EXPECT_EQ(m["lmcache_mp_l1_read_chunks_total"], "2");
   EXPECT_EQ(m["lmcache_mp_l1_evicted_chunks_total"], "3");
@@ -101,6 +120,54 @@ TEST(Prometheus, EveryFamilyHasHelpAndTypeOnce) {
 TEST(Prometheus, LabelValuesAreEscaped) {
   std::string text = RenderPrometheus(SampleSnapshot(), "a\"b\\c\nd");
   EXPECT_NE(text.find("version=\"a\\\"b\\\\c\\nd\""), std::string::npos);
+}
+
+// Client-chosen label values (model names, salts) may hold anything: quotes, backslashes and
+// line feeds are escaped, bytes that are not UTF-8 become U+FFFD, and the line stays one line.
+TEST(Prometheus, ClientLabelValuesAreEscapedAndKeptOnOneLine) {
+  Snapshot s;
+  LookupLabelsView l;
+  l.model_name = "org/\"quoted\"\\model\nline2";
+  l.cache_salt = std::string("caf\xc3\xa9 \xff\xc3", 8);
+  l.lookups = 7;
+  s.lookup_labels = {l};
+  const std::string text = RenderPrometheus(s, "v");
+  const std::string want =
+      "lmcache_mp_lookups_requests_total{cache_salt=\"caf\xc3\xa9 \xef\xbf\xbd\xef\xbf\xbd\","
+      "model_name=\"org/\\\"quoted\\\"\\\\model\\nline2\"} 7\n";
+  EXPECT_NE(text.find(want), std::string::npos) << text.substr(0, 2000);
+}
+
+TEST(EscapeLabelValue, FollowsTheTextFormat) {
+  EXPECT_EQ(EscapeLabelValue("plain"), "plain");
+  EXPECT_EQ(EscapeLabelValue("a\"b"), "a\\\"b");
+  EXPECT_EQ(EscapeLabelValue("a\\b"), "a\\\\b");
+  EXPECT_EQ(EscapeLabelValue("a\nb"), "a\\nb");
+  EXPECT_EQ(EscapeLabelValue("tab\there"), "tab\there");  // only \\, \" and \n are escaped
+  EXPECT_EQ(EscapeLabelValue("\xe2\x82\xac \xf0\x9f\x99\x82"), "\xe2\x82\xac \xf0\x9f\x99\x82");
+  // Overlong, surrogate, truncated and stray bytes: one U+FFFD per byte.
+  EXPECT_EQ(EscapeLabelValue("\xc0\xaf"), "\xef\xbf\xbd\xef\xbf\xbd");
+  EXPECT_EQ(EscapeLabelValue("\xed\xa0\x80"), "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd");
+  EXPECT_EQ(EscapeLabelValue("x\xe2\x82"), "x\xef\xbf\xbd\xef\xbf\xbd");
+  EXPECT_EQ(EscapeLabelValue("\x80"), "\xef\xbf\xbd");
+}
+
+TEST(Prometheus, TransferThroughputHistogramsUseLmcachesNameLabelsAndBuckets) {
+  auto m = Parse(RenderPrometheus(SampleSnapshot(), "v"));
+  const std::string n = "lmcache_mp_l0_l1_store_throughput_GB_per_second";
+  const std::string l = "device=\"cpu\",engine_id=\"17\",model_name=\"llama\"";
+  EXPECT_EQ(m[n + "_bucket{" + l + ",le=\"0.0\"}"], "0");
+  EXPECT_EQ(m[n + "_bucket{" + l + ",le=\"5.0\"}"], "2");
+  EXPECT_EQ(m[n + "_bucket{" + l + ",le=\"10.0\"}"], "3");
+  EXPECT_EQ(m[n + "_bucket{" + l + ",le=\"+Inf\"}"], "3");
+  EXPECT_EQ(m[n + "_count{" + l + "}"], "3");
+  EXPECT_EQ(std::stod(m[n + "_sum{" + l + "}"]), 12.5);
+  // No load samples: no load series for this label set.
+  for (const auto& [k, v] : m) {
+    EXPECT_EQ(k.find("l0_l1_load_throughput_GB_per_second_bucket{"), std::string::npos) << k;
+  }
+  EXPECT_EQ(m["kvd_metric_label_sets{family=\"lookup\"}"], "2");
+  EXPECT_EQ(m["kvd_metric_label_sets_refused_total{family=\"lookup\"}"], "0");
 }
 
 TEST(Prometheus, EmptySnapshotRendersZerosWithoutDividingByZero) {

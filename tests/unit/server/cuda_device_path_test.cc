@@ -11,6 +11,7 @@
 #include <cstring>
 #include <deque>
 #include <random>
+#include <tuple>
 
 #include "server/kv_service.h"
 #include "transfer/copy_engine.h"
@@ -81,6 +82,7 @@ class GatedEngine final : public transfer::CopyEngine {
     caps_.name = "gated";
     caps_.asynchronous = true;
     caps_.device_memory = true;
+    caps_.device_index = 3;  // as the CUDA engine says its GPU's ordinal
     caps_.exports_events = true;
   }
   const transfer::EngineCaps& caps() const override { return caps_; }
@@ -230,6 +232,35 @@ TEST_F(DevicePathTest, RefusedPlanReleasesTheReservations) {
   EXPECT_EQ(event, "");  // nothing was enqueued: nothing to wait for
   EXPECT_EQ(svc_->l1_stats().staging_objects, 0u);
   EXPECT_EQ(svc_->counters().store_failures.load(), 1u);
+}
+
+// lmcache's transfer counters on a GPU worker: labelled with its device, finished when the
+// copy is over (later than the reply) or at once when the engine refuses it; no throughput
+// sample, as the copy's host-side time includes the wait for the client's event.
+TEST_F(DevicePathTest, DeviceTransfersAreFinishedWhenTheCopyIsOverAndNotTimed) {
+  Worker w("/kvd_test_dev_w4");
+  ASSERT_TRUE(svc_->RegisterKvCache(w.Registration(11)).ok());
+  auto stores = [&] {
+    std::vector<std::tuple<std::string, uint64_t, uint64_t>> out;
+    const auto& transfers = svc_->counters().transfers;
+    transfers.ForEach([&](const std::array<std::string, 1>& l, const TransferValues& v) {
+      out.emplace_back(l[0], v.submitted_stores.load(), v.finished_stores.load());
+    });
+    return out;
+  };
+  using Row = std::tuple<std::string, uint64_t, uint64_t>;
+  ASSERT_TRUE(svc_->Store(wire::TransferRequest{Key(0, "s"), 11, Blocks(0), "", 0}).ok());
+  EXPECT_EQ(stores(), (std::vector<Row>{{"cuda:3", 1, 0}}));  // answered, still copying
+  engine_->Run();
+  EXPECT_EQ(stores(), (std::vector<Row>{{"cuda:3", 1, 1}}));
+  engine_->refuse_next = true;
+  EXPECT_FALSE(svc_->Store(wire::TransferRequest{Key(0, "t", 2), 11, Blocks(0), "", 0}).ok());
+  EXPECT_EQ(stores(), (std::vector<Row>{{"cuda:3", 2, 2}}));
+  const auto& throughput = svc_->counters().throughput;
+  throughput.ForEach([&](const std::array<std::string, 3>& l, const ThroughputValues& v) {
+    EXPECT_EQ(l[0], "cuda:3");
+    for (const auto& b : v.store.buckets) EXPECT_EQ(b.load(), 0u);
+  });
 }
 
 TEST_F(DevicePathTest, RetrieveKeepsObjectsPinnedUntilTheCopyIsDone) {

@@ -680,3 +680,151 @@ TEST_F(KvServiceTest, Finding6PrepareOpsCheckModelAndWorldSize) {
 
 }  // namespace
 }  // namespace kvd::server
+
+// The labelled series (docs/metrics.md): lookups per (model_name, cache_salt) with lmcache's
+// early-exit reasons, lmcache-driven transfers per device, copy throughput per instance.
+namespace kvd::server {
+namespace {
+
+struct LookupCounts {
+  uint64_t lookups = 0, requested = 0, l1 = 0, l2 = 0, l1_keys = 0, l2_keys = 0;
+  std::array<uint64_t, static_cast<size_t>(EarlyExit::kCount)> early{};
+  bool operator==(const LookupCounts&) const = default;
+};
+
+// The counters of one (model, salt); nullopt when the pair has no label set.
+std::optional<LookupCounts> LookupsOf(const KvService& svc, const std::string& model,
+                                      const std::string& salt) {
+  std::optional<LookupCounts> out;
+  svc.counters().lookups.ForEach([&](const std::array<std::string, 2>& l, const LookupValues& v) {
+    if (l[0] != model || l[1] != salt) return;
+    LookupCounts c{v.lookups.load(), v.requested_chunks.load(), v.hit_l1_chunks.load(),
+                   v.hit_l2_chunks.load(), v.hit_l1_keys.load(), v.hit_l2_keys.load(), {}};
+    for (size_t i = 0; i < c.early.size(); ++i) c.early[i] = v.early_exits[i].load();
+    out = c;
+  });
+  return out;
+}
+
+constexpr size_t kNoGpu = static_cast<size_t>(EarlyExit::kNoGpuContext);
+constexpr size_t kEmpty = static_cast<size_t>(EarlyExit::kEmptyChunkHashes);
+constexpr size_t kMixed = static_cast<size_t>(EarlyExit::kMixedLayouts);
+
+TEST_F(KvServiceTest, LookupsAreCountedPerModelAndSaltWithTheirEarlyExits) {
+  FakeWorker w0("/kvd_test_w0"), w1("/kvd_test_w1");
+  ASSERT_TRUE(svc_->RegisterKvCache(w0.Registration(100, 2)).ok());
+  ASSERT_TRUE(svc_->RegisterKvCache(w1.Registration(101, 2)).ok());
+  for (int rank = 0; rank < 2; ++rank) {
+    wire::TransferRequest st{Key(rank, 800, 0, 512, 2, "s"), 100 + rank, Blocks(0, 32), "", 0};
+    ASSERT_TRUE(svc_->Store(st).ok());
+  }
+  EXPECT_EQ(LookupHits(Key(std::nullopt, 800, 0, 768, 2, "a")), 2);  // 3 chunks asked, 2 hit
+  auto salted = Key(std::nullopt, 800, 0, 768, 2, "b");
+  salted.cache_salt = "tenant \"x\"";
+  EXPECT_EQ(LookupHits(salted), 0);
+  EXPECT_EQ(LookupHits(Key(std::nullopt, 100, 0, 0, 2, "short")), 0);  // no full chunk
+  auto other = Key(std::nullopt, 512, 0, 512, 1, "c");
+  other.model_name = "mistral";  // no worker registered it
+  EXPECT_EQ(LookupHits(other), 0);
+
+  LookupCounts plain{2, 3, 2, 0, 4, 0, {}};  // keys: 2 hit chunks x 2 ranks
+  plain.early[kEmpty] = 1;
+  EXPECT_EQ(LookupsOf(*svc_, "llama", ""), plain);
+  EXPECT_EQ(LookupsOf(*svc_, "llama", "tenant \"x\""), (LookupCounts{1, 3, 0, 0, 0, 0, {}}));
+  LookupCounts unknown{1, 0, 0, 0, 0, 0, {}};  // lmcache counts no tokens for an early exit
+  unknown.early[kNoGpu] = 1;
+  EXPECT_EQ(LookupsOf(*svc_, "mistral", ""), unknown);
+  EXPECT_EQ(svc_->counters().lookups.size(), 3u);
+}
+
+TEST_F(KvServiceTest, LookupsOfAModelWhoseWorkersDisagreeOnLayoutExitEarly) {
+  ASSERT_TRUE(svc_->RegisterEngineDriven(EngineDrivenRegistration(7, 128, true)).ok());
+  ASSERT_TRUE(svc_->RegisterEngineDriven(EngineDrivenRegistration(8, 32, true)).ok());
+  EXPECT_EQ(LookupHits(Key(std::nullopt, 256, 0, 256, 1, "b")), 0);
+  LookupCounts want{1, 0, 0, 0, 0, 0, {}};
+  want.early[kMixed] = 1;
+  EXPECT_EQ(LookupsOf(*svc_, "llama", ""), want);
+}
+
+TEST_F(KvServiceTest, LabelSetsBeyondTheCapAreCountedUnderOther) {
+  svc_.reset();
+  cfg_.metrics_max_label_sets = 2;
+  auto s = KvService::Create(cfg_, &clock_);
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  svc_ = std::move(s).value();
+  for (const char* salt : {"a", "b", "c", "d", "c"}) {
+    auto k = Key(std::nullopt, 512, 0, 512, 1, std::string("r") + salt);
+    k.cache_salt = salt;
+    LookupHits(k);
+  }
+  EXPECT_TRUE(LookupsOf(*svc_, "llama", "a"));
+  EXPECT_TRUE(LookupsOf(*svc_, "llama", "b"));
+  EXPECT_FALSE(LookupsOf(*svc_, "llama", "c"));
+  const auto& t = svc_->counters().lookups;
+  EXPECT_EQ(t.overflow().lookups.load(), 3u);  // c, d, c
+  EXPECT_EQ(t.refused(), 2u);                  // distinct pairs: c, d
+  EXPECT_EQ(t.overflow_labels(), (std::array<std::string, 2>{"__other__", "__other__"}));
+}
+
+TEST_F(KvServiceTest, TransfersAreCountedPerDeviceAndTimedPerInstance) {
+  FakeWorker w0("/kvd_test_w0");
+  w0.Fill(9);
+  ASSERT_TRUE(svc_->RegisterKvCache(w0.Registration(100, 1)).ok());
+  ASSERT_TRUE(svc_->Store({Key(0, 512, 0, 512, 1, "s"), 100, Blocks(0, 32), "", 0}).ok());
+  // The same chunks again: nothing to copy, still a submitted and finished STORE.
+  ASSERT_TRUE(svc_->Store({Key(0, 512, 0, 512, 1, "s2"), 100, Blocks(0, 32), "", 0}).ok());
+  ASSERT_TRUE(svc_->Retrieve({Key(0, 512, 0, 512, 1, "s"), 100, Blocks(32, 32), "", 0}).ok());
+  // A RETRIEVE of chunks L1 does not have is submitted and over (failed) before any copy.
+  EXPECT_FALSE(svc_->Retrieve({Key(0, 512, 0, 512, 1, "m", 7), 100, Blocks(32, 32), "", 0}).ok());
+  // Requests of an unknown instance name no device: not counted there.
+  EXPECT_FALSE(svc_->Store({Key(0, 512, 0, 512, 1, "u"), 999, Blocks(0, 32), "", 0}).ok());
+  // Engine-driven transfers are not lmcache-driven transfers (lmcache does not count them).
+  ASSERT_TRUE(svc_->RegisterEngineDriven(EngineDrivenLlama()).ok());
+  wire::EngineDrivenRequest ps{Key(0, 256, 0, 256, 1, "e", 3), 7, ""};
+  ASSERT_TRUE(svc_->PrepareStore(ps).ok());
+  ASSERT_TRUE(svc_->CommitStore(ps).ok());
+
+  std::vector<std::string> devices;
+  const auto& counters = svc_->counters();
+  counters.transfers.ForEach([&](const std::array<std::string, 1>& l, const TransferValues& v) {
+    devices.push_back(l[0]);
+    EXPECT_EQ(v.submitted_stores.load(), 2u);
+    EXPECT_EQ(v.finished_stores.load(), 2u);
+    EXPECT_EQ(v.submitted_retrieves.load(), 2u);
+    EXPECT_EQ(v.finished_retrieves.load(), 2u);
+  });
+  EXPECT_EQ(devices, std::vector<std::string>{"cpu"});
+  // Throughput: one sample per copy that moved bytes (the first STORE, the first RETRIEVE).
+  int instances = 0;
+  counters.throughput.ForEach([&](const std::array<std::string, 3>& l, const ThroughputValues& v) {
+    ++instances;
+    EXPECT_EQ(l, (std::array<std::string, 3>{"cpu", "100", "llama"}));
+    uint64_t stores = 0, loads = 0;
+    for (const auto& b : v.store.buckets) stores += b.load();
+    for (const auto& b : v.load.buckets) loads += b.load();
+    EXPECT_EQ(stores, 1u);
+    EXPECT_EQ(loads, 1u);
+    EXPECT_GT(v.store.sum.load(), 0);
+    EXPECT_GT(v.load.sum.load(), 0);
+  });
+  EXPECT_EQ(instances, 1);
+}
+
+TEST(ThroughputHistogram, BucketsFollowPrometheusLeAndSkipEmptyCopies) {
+  ThroughputHistogram h;
+  h.Record(5'000'000'000, 1.0);   // exactly 5 GB/s: the le="5" bucket
+  h.Record(6'000'000'000, 1.0);   // 6 GB/s: le="10"
+  h.Record(1'000'000'000, 1e-5);  // 100000 GB/s: +Inf
+  h.Record(0, 1.0);               // no bytes: not a sample
+  h.Record(100, 0.0);             // no time: not a sample
+  EXPECT_EQ(h.buckets[1].load(), 1u);
+  EXPECT_EQ(h.buckets[2].load(), 1u);
+  EXPECT_EQ(h.buckets[kThroughputBoundsGBps.size()].load(), 1u);
+  uint64_t n = 0;
+  for (const auto& b : h.buckets) n += b.load();
+  EXPECT_EQ(n, 3u);
+  EXPECT_DOUBLE_EQ(h.sum.load(), 5 + 6 + 100000);
+}
+
+}  // namespace
+}  // namespace kvd::server

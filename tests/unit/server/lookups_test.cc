@@ -199,6 +199,24 @@ TEST_F(LookupsTest, PrefetchCompletingInsideTheLookupIsRecorded) {
   EXPECT_EQ(ReadLocks(a[1]), 1u);
 }
 
+// The tier's part of the hit is counted once the prefetch finished, under the lookup's
+// (model_name, cache_salt): L1 chunk 0, tier chunk 1; keys are objects (one per rank).
+TEST_F(LookupsTest, HitsAreSplitBetweenL1AndTheTiersPerModelAndSalt) {
+  Make(/*inline_answers=*/true);
+  auto a = Chunks(1, 2 * kChunk);
+  WriteL1(a[0]);  // chunk 1 is in the tier only
+  ASSERT_TRUE(lookups_->Lookup({Key("r", 1, 2 * kChunk), 1}).ok());
+  EXPECT_EQ(lookups_->QueryPrefetchStatus("r"), std::optional<int64_t>(2));
+  const LookupValues& v = counters_.lookups.Get({"m", ""});
+  EXPECT_EQ(v.lookups.load(), 1u);
+  EXPECT_EQ(v.requested_chunks.load(), 2u);
+  EXPECT_EQ(v.hit_l1_chunks.load(), 1u);
+  EXPECT_EQ(v.hit_l2_chunks.load(), 1u);
+  EXPECT_EQ(v.hit_l1_keys.load(), 1u);
+  EXPECT_EQ(v.hit_l2_keys.load(), 1u);
+  EXPECT_EQ(counters_.lookups.size(), 1u);
+}
+
 // Regression (prefetch callback race): a prefetch's completion could run after a later
 // LOOKUP of the same request read-locked its prefix but before that lookup was registered
 // (BeginLookup), see itself as the current lookup, and replace the new lookup's locks with
