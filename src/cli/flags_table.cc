@@ -513,6 +513,18 @@ const FlagSpec kFlags[] = {
      .show = [](const CliConfig& c) {
        return Num(static_cast<double>(c.server.max_session_bytes >> 20));
      }},
+    {.name = "--chunk-key-memo-mb", .group = kKvdGroup, .kind = K::kInt, .origin = O::kKvd,
+     .lmcache_default = "32",
+     .note = "MiB for the keys of recently hashed chunks, shared by all requests: a prefix "
+             "many requests send is hashed once (entries compared byte for byte, kept per "
+             "cache salt); 0 turns it off",
+     .min = 0, .max = 1e6,
+     .apply = [](const FlagValue& v, CliConfig& c) {
+       c.server.chunk_key_memo_bytes = static_cast<uint64_t>(v.AsInt()) << 20;
+     },
+     .show = [](const CliConfig& c) {
+       return Num(static_cast<double>(c.server.chunk_key_memo_bytes >> 20));
+     }},
     {.name = "--metrics-max-label-sets", .group = kKvdGroup, .kind = K::kInt, .origin = O::kKvd,
      .lmcache_default = "256",
      .note = "label sets kept per labelled metric family in /metrics (lookup series: "

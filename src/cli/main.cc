@@ -272,6 +272,8 @@ class ServiceStats final : public kvd::http::StatsSource {
     sub(s.l1.evictions, b.l1.evictions);
     sub(s.l1.evicted_bytes, b.l1.evicted_bytes);
     sub(s.unknown_ops, b.unknown_ops);
+    sub(s.chunk_key_memo_hits, b.chunk_key_memo_hits);
+    sub(s.chunk_key_memo_misses, b.chunk_key_memo_misses);
     sub(s.transport.accepted, b.transport.accepted);
     sub(s.transport.closed, b.transport.closed);
     sub(s.transport.protocol_errors, b.transport.protocol_errors);
@@ -368,6 +370,9 @@ class ServiceStats final : public kvd::http::StatsSource {
     s.sessions = st.sessions;
     s.session_bytes = st.session_bytes;
     s.sessions_evicted = st.sessions_evicted;
+    s.chunk_key_memo_hits = st.chunk_key_memo_hits;
+    s.chunk_key_memo_misses = st.chunk_key_memo_misses;
+    s.chunk_key_memo_bytes = st.chunk_key_memo_bytes;
     s.pending_engine_stores = st.pending_engine_stores;
     s.pending_engine_retrieves = st.pending_engine_retrieves;
     const auto& metrics = *metrics_;

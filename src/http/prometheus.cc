@@ -388,6 +388,13 @@ std::string RenderPrometheus(const Snapshot& s, const std::string& version) {
             s.sessions_evicted);
   w.Counter("kvd_unknown_op_requests_total", "Requests whose op kvd does not know.",
             s.unknown_ops);
+  w.Counter("kvd_chunk_key_memo_hits_total",
+            "Chunk keys found in the memo of recently hashed chunks (not hashed again).",
+            s.chunk_key_memo_hits);
+  w.Counter("kvd_chunk_key_memo_misses_total", "Chunk keys hashed (and remembered).",
+            s.chunk_key_memo_misses);
+  w.Gauge("kvd_chunk_key_memo_bytes", "Memory of the chunk-key memo (--chunk-key-memo-mb).",
+          s.chunk_key_memo_bytes);
   w.Gauge("kvd_zmtp_connections", "Client connections open on the request port.",
           s.transport.connections);
   w.Counter("kvd_zmtp_connections_accepted_total", "Client connections accepted.",

@@ -199,6 +199,7 @@ struct Snapshot {
   uint64_t sessions = 0;
   uint64_t session_bytes = 0;
   uint64_t sessions_evicted = 0;
+  uint64_t chunk_key_memo_hits = 0, chunk_key_memo_misses = 0, chunk_key_memo_bytes = 0;
   uint64_t pending_engine_stores = 0;
   uint64_t pending_engine_retrieves = 0;
   std::vector<double> latency_bounds;  // upper bounds (s) of OpView::buckets; +Inf implied

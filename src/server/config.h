@@ -35,6 +35,9 @@ struct ServerConfig {
   // least recently used are evicted beyond them.
   uint64_t max_sessions = 65536;
   uint64_t max_session_bytes = uint64_t{1} << 30;
+  // Memory for the keys of recently hashed chunks, shared by all requests, so a prefix
+  // many requests send is hashed once (keys/chunk_key_memo.h; --chunk-key-memo-mb). 0: off.
+  uint64_t chunk_key_memo_bytes = uint64_t{32} << 20;
   // Label sets kept per labelled metric family (--metrics-max-label-sets): (model, salt)
   // pairs of the lookup series, devices, (device, instance, model) of the throughput
   // histograms. Beyond, counts go to the "__other__" label set (server/service_counters.h).

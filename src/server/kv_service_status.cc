@@ -44,6 +44,10 @@ ServiceStatus KvService::StatusSnapshot() {
   st.sessions = sessions_.size();
   st.session_bytes = sessions_.bytes();
   st.sessions_evicted = sessions_.evicted();
+  const keys::ChunkKeyMemo::Stats memo = sessions_.chunk_key_memo_stats();
+  st.chunk_key_memo_hits = memo.hits;
+  st.chunk_key_memo_misses = memo.misses;
+  st.chunk_key_memo_bytes = memo.bytes;
   std::tie(st.pending_engine_stores, st.pending_engine_retrieves) = engine_driven_.PendingCounts();
   st.device_copies_in_flight = lmcache_.copies_in_flight();
   return st;

@@ -8,11 +8,12 @@
 namespace kvd::server {
 
 SessionTable::SessionTable(const Clock* clock, uint32_t chunk_size, double ttl_seconds,
-                           SessionLimits limits)
+                           SessionLimits limits, uint64_t chunk_key_memo_bytes)
     : clock_(clock),
       chunk_size_(chunk_size),
       ttl_ns_(static_cast<int64_t>(ttl_seconds * 1e9)),
-      limits_{std::max<uint64_t>(1, limits.max_sessions), limits.max_bytes} {}
+      limits_{std::max<uint64_t>(1, limits.max_sessions), limits.max_bytes},
+      memo_(chunk_key_memo_bytes, chunk_size) {}
 
 uint64_t SessionTable::SessionBytes(const Session& s, size_t id_size) {
   // The map node, the LRU node and the session object, roughly; then what they own.
@@ -75,15 +76,16 @@ SessionTable::SessionPtr SessionTable::Get(std::string_view id, bool create) {
 
 namespace {
 
-// Hashes of chunks [first, num_chunks) of `tokens`, chained from `prev`, into out[first..).
-void HashFrom(const keys::Hash32& prev, const wire::TokenIds& tokens, size_t first,
-              size_t num_chunks, uint32_t chunk_size, std::vector<keys::Hash32>& out,
-              std::atomic<uint64_t>& hashed_chunks) {
+// Hashes of chunks [first, num_chunks) of `tokens`, chained from `prev`, into out[first..),
+// through the memo of keys hashed recently in `domain`.
+void HashFrom(keys::ChunkKeyMemo& memo, uint64_t domain, const keys::Hash32& prev,
+              const wire::TokenIds& tokens, size_t first, size_t num_chunks, uint32_t chunk_size,
+              std::vector<keys::Hash32>& out, std::atomic<uint64_t>& hashed_chunks) {
   out.resize(num_chunks);
   hashed_chunks.fetch_add(num_chunks - first, std::memory_order_relaxed);
-  keys::HashTokenChain(prev,
-                       tokens.span().subspan(first * chunk_size, (num_chunks - first) * chunk_size),
-                       chunk_size, std::span(out).subspan(first));
+  memo.HashChain(domain, prev,
+                 tokens.span().subspan(first * chunk_size, (num_chunks - first) * chunk_size),
+                 chunk_size, std::span(out).subspan(first));
 }
 
 }  // namespace
@@ -105,7 +107,8 @@ Result<std::vector<keys::Hash32>> SessionTable::ChunkHashes(std::string_view req
   auto s = Get(request_id, use == SessionUse::kCreate);
   if (!s) {  // no session and none to create: compute, keep nothing
     std::vector<keys::Hash32> hashes;
-    HashFrom(keys::NoneHash(), tokens, 0, num_chunks, chunk_size_, hashes, hashed_chunks_);
+    HashFrom(memo_, memo_.Domain(identity.cache_salt), keys::NoneHash(), tokens, 0, num_chunks,
+             chunk_size_, hashes, hashed_chunks_);
     return hashes;
   }
   std::vector<SessionPtr> dropped;  // destroyed after both locks are released
@@ -122,7 +125,8 @@ Result<std::vector<keys::Hash32>> SessionTable::ChunkHashes(std::string_view req
     const size_t first = s->hashes.size();
     // Copy the chain's start before growing the vector it lives in.
     const keys::Hash32 prev = first == 0 ? keys::NoneHash() : s->hashes.back();
-    HashFrom(prev, tokens, first, num_chunks, chunk_size_, s->hashes, hashed_chunks_);
+    HashFrom(memo_, memo_.Domain(identity.cache_salt), prev, tokens, first, num_chunks,
+             chunk_size_, s->hashes, hashed_chunks_);
     s->tokens.resize(first * chunk_size_);
     s->tokens.insert(s->tokens.end(), tokens.data() + first * chunk_size_, tokens.data() + n);
   }

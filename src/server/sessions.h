@@ -31,6 +31,7 @@
 #include "common/clock.h"
 #include "common/status.h"
 #include "keys/chunk_hasher.h"
+#include "keys/chunk_key_memo.h"
 #include "wire/messages.h"
 
 namespace kvd::server {
@@ -54,8 +55,10 @@ enum class SessionUse { kCreate, kIfExists };
 
 class SessionTable {
  public:
+  // `chunk_key_memo_bytes`: memory for the chunk keys of recently hashed prefixes, shared
+  // by all requests (keys/chunk_key_memo.h); 0: none.
   SessionTable(const Clock* clock, uint32_t chunk_size, double ttl_seconds,
-               SessionLimits limits = {});
+               SessionLimits limits = {}, uint64_t chunk_key_memo_bytes = 0);
 
   // Hashes of full chunks [0, num_chunks) of `tokens` for this request. The token
   // prefix already hashed is compared with `tokens`; if a client reuses a request id
@@ -100,7 +103,9 @@ class SessionTable {
   uint64_t evicted() const;
   // Chunks hashed by ChunkHashes since construction (each chunk of a chain counts once per
   // computation; a reused hash does not count). Lets tests and metrics see repeated hashing.
+  // Chunk keys computed (hashed, or found in the chunk-key memo).
   uint64_t hashed_chunks() const { return hashed_chunks_.load(std::memory_order_relaxed); }
+  keys::ChunkKeyMemo::Stats chunk_key_memo_stats() const { return memo_.stats(); }
   const SessionLimits& limits() const { return limits_; }
 
  private:
@@ -147,6 +152,7 @@ class SessionTable {
   uint64_t bytes_ = 0;               // guarded by mu_
   uint64_t evicted_ = 0;             // guarded by mu_
   std::atomic<uint64_t> hashed_chunks_{0};  // relaxed: a statistic
+  keys::ChunkKeyMemo memo_;
 };
 
 }  // namespace kvd::server

@@ -27,6 +27,9 @@ struct ServiceStatus {
   size_t sessions = 0;                    // live request sessions
   uint64_t session_bytes = 0;             // bytes they hold (sessions.h)
   uint64_t sessions_evicted = 0;          // dropped to stay within --max-sessions/-memory-mb
+  uint64_t chunk_key_memo_hits = 0;       // chunk keys found in the memo (keys/chunk_key_memo.h)
+  uint64_t chunk_key_memo_misses = 0;     // chunk keys hashed
+  uint64_t chunk_key_memo_bytes = 0;      // memory the memo holds
   size_t pending_engine_stores = 0;       // engine-driven PREPARE_STORE awaiting COMMIT
   size_t pending_engine_retrieves = 0;    // engine-driven PREPARE_RETRIEVE awaiting COMMIT
   size_t device_copies_in_flight = 0;     // asynchronous (GPU) copies not completed yet

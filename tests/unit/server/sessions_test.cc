@@ -42,6 +42,29 @@ TEST(SessionTable, ReusedRequestIdWithOtherTokensIsRehashed) {
   EXPECT_EQ(*hb, *keys::ComputeChunkHashes(Ints(b), 256));
 }
 
+TEST(SessionTable, APrefixAnotherRequestHashedIsTakenFromTheMemoPerSalt) {
+  FakeClock clock;
+  SessionTable s(&clock, 256, 600, {}, 1 << 20);
+  auto t = Tokens(1024, 7);
+  const auto want = *keys::ComputeChunkHashes(Ints(t), 256);
+  const SessionIdentity plain{"m", 1, "", ""}, salted{"m", 1, "tenant", ""};
+  ASSERT_EQ(*s.ChunkHashes("a", t, 4, plain), want);
+  EXPECT_EQ(s.chunk_key_memo_stats().hits, 0u);
+  // Another request of the same prompt: its keys come from the memo, the same keys.
+  ASSERT_EQ(*s.ChunkHashes("b", t, 4, plain), want);
+  EXPECT_EQ(s.chunk_key_memo_stats().hits, 4u);
+  // A request under another salt hashes for itself.
+  ASSERT_EQ(*s.ChunkHashes("c", t, 4, salted), want);
+  EXPECT_EQ(s.chunk_key_memo_stats().hits, 4u);
+  EXPECT_EQ(s.chunk_key_memo_stats().misses, 8u);
+  EXPECT_EQ(s.hashed_chunks(), 12u);  // keys computed, from the memo or not
+  // Off: every request hashes.
+  SessionTable off(&clock, 256, 600);
+  ASSERT_EQ(*off.ChunkHashes("a", t, 4, plain), want);
+  ASSERT_EQ(*off.ChunkHashes("b", t, 4, plain), want);
+  EXPECT_EQ(off.chunk_key_memo_stats().hits, 0u);
+}
+
 TEST(SessionTable, TooFewTokensAndOutOfRangeTokensAreErrors) {
   FakeClock clock;
   SessionTable s(&clock, 256, 600);
