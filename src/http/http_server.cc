@@ -5,6 +5,7 @@
 #include <sys/socket.h>
 
 #include <cerrno>
+#include <charconv>
 #include <chrono>
 #include <cstring>
 #include <nlohmann/json.hpp>
@@ -198,9 +199,10 @@ HttpServer::HttpServer(HttpOptions options, StatsSource* source)
   svr.Get("/api/timeseries", [this](const httplib::Request& req, httplib::Response& res) {
     size_t points = 0;
     if (req.has_param("points")) {
-      try {
-        points = static_cast<size_t>(std::max(0L, std::stol(req.get_param_value("points"))));
-      } catch (...) {
+      // Digits only: no sign, blanks or trailing text; a count past size_t is refused too.
+      const std::string v = req.get_param_value("points");
+      auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), points);
+      if (v.empty() || v.front() == '-' || ec != std::errc() || end != v.data() + v.size()) {
         SendJson(res, 400, ErrorJson("points must be a non-negative integer"));
         return;
       }
