@@ -106,7 +106,8 @@ TEST_F(HttpServerTest, ClearCacheIsAPost) {
   EXPECT_EQ(source_.clears.load(), 2);
   r = client_->Get("/clear-cache");
   ASSERT_TRUE(r);
-  EXPECT_EQ(r->status, 404);
+  EXPECT_EQ(r->status, 405);
+  EXPECT_EQ(r->get_header_value("Allow"), "POST");
   EXPECT_EQ(source_.clears.load(), 2);
 }
 
