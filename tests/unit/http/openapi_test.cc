@@ -23,6 +23,7 @@
 #include "http/httplib_wrap.h"
 #include "http/openapi.h"
 #include "http/routes.h"
+#include "kvd_version.h"
 
 namespace kvd::http {
 namespace {
@@ -84,6 +85,7 @@ TEST_F(OpenApiTest, TheServedDocumentIsDocsOpenapiJsonByteForByte) {
   EXPECT_EQ(r->body, file);
   const auto doc = nlohmann::json::parse(r->body);
   EXPECT_EQ(doc["openapi"], "3.1.0");
+  EXPECT_EQ(doc["info"]["version"], KVD_VERSION) << "docs/openapi.json's info.version is kvd's";
 }
 
 TEST_F(OpenApiTest, EveryRegisteredRouteIsDocumentedAndEveryDocumentedOneIsRegistered) {
