@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Creates the Python virtualenv used by kvd's integration tests, golden-frame
 # capture and benchmarks: the real lmcache 0.5.6 client (vLLM MP adapters) and
-# the reference `lmcache server` with its valkey adapter, plus pytest.
+# the reference `lmcache server` with its valkey adapter, plus pytest and schemathesis
+# (which tests kvd's HTTP API against docs/openapi.json: tests/integration/test_openapi.py).
 #
 # Usage: scripts/setup-venv.sh [VENV_DIR]        (default: <repo>/.venv)
 #
@@ -56,12 +57,13 @@ TORCH_RUNTIME=(
   "nvidia-nccl-cu13==2.30.7" "nvidia-nvshmem-cu13==3.7.2"
 )
 # What the vLLM MP adapters, the CPU SHM path and the engine-driven path
-# import (found by importing them in a bare venv), plus pytest.
+# import (found by importing them in a bare venv), plus the test tools.
+SCHEMATHESIS_VERSION="4.32.5"
 CLIENT_DEPS=(
   "numpy==2.2.6" "pyzmq==27.3.0" "msgspec==0.23.0" "blake3==1.0.11"
   "numba==0.68.1" "llvmlite==0.50.0" "prometheus_client==0.24.1"
   "psutil" "py-cpuinfo" "pyyaml" "requests" "cachetools" "aiohttp"
-  "sortedcontainers" "pytest==9.2.0"
+  "sortedcontainers" "pytest==9.2.0" "schemathesis==$SCHEMATHESIS_VERSION"
 )
 # The rest of lmcache 0.5.6's requirements that `lmcache server` imports
 # (HTTP frontend, observability, gRPC transport, L2 adapters). transformers:
@@ -79,7 +81,7 @@ SERVER_DEPS=(
 )
 
 STAMP="$VENV/.kvd-venv-stamp"
-STAMP_TEXT="lmcache==$LMCACHE_VERSION torch==$TORCH_VERSION valkey-glide-sync==$GLIDE_VERSION pytest profile=$PROFILE"
+STAMP_TEXT="lmcache==$LMCACHE_VERSION torch==$TORCH_VERSION valkey-glide-sync==$GLIDE_VERSION pytest schemathesis==$SCHEMATHESIS_VERSION profile=$PROFILE"
 
 log() { printf '[setup-venv %s] %s\n' "$(date +%H:%M:%S)" "$*"; }
 
@@ -96,7 +98,7 @@ check_venv() {
   # Imports the client adapters and the server CLI module; quiet on success.
   LMCACHE_DISABLE_BANNER=1 LMCACHE_TRACK_USAGE=false PYTHONWARNINGS=ignore \
   "$VENV/bin/python" - >/dev/null 2>&1 <<'EOF'
-import torch, zmq, msgspec, pytest
+import torch, zmq, msgspec, pytest, schemathesis
 assert torch.zeros(2, dtype=torch.bfloat16).sum().item() == 0
 from lmcache.integration.vllm.vllm_multi_process_adapter import (
     LMCacheMPSchedulerAdapter, LMCacheMPWorkerAdapter)
@@ -142,7 +144,7 @@ pipi --upgrade pip
 if [ "$PROFILE" = full ]; then
   log "profile full: pip install lmcache==$LMCACHE_VERSION (torch + all CUDA wheels, ~6 GB; slow)"
   pipi "lmcache==$LMCACHE_VERSION" "torch==$TORCH_VERSION" "pytest" \
-    "valkey-glide-sync==$GLIDE_VERSION"
+    "valkey-glide-sync==$GLIDE_VERSION" "schemathesis==$SCHEMATHESIS_VERSION"
 elif [ "$PROFILE" = minimal ]; then
   log "profile minimal 1/4: lmcache==$LMCACHE_VERSION and torch==$TORCH_VERSION without their dependencies"
   pipi --no-deps "lmcache==$LMCACHE_VERSION" "torch==$TORCH_VERSION"

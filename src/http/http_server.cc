@@ -4,16 +4,21 @@
 #include <spdlog/spdlog.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <charconv>
 #include <chrono>
 #include <cstring>
+#include <string>
 #include <nlohmann/json.hpp>
 
 #include "http/dashboard.h"
 #include "http/json_views.h"
 #include "http/lmcache_api.h"
+#include "http/openapi.h"
 #include "http/prometheus.h"
 #include "http/quota_routes.h"
+#include "http/routes.h"
 
 namespace kvd::http {
 namespace {
@@ -32,21 +37,6 @@ void Send(httplib::Response& res, const Reply& r) {
   res.status = r.status;
   NoStore(res);
   res.set_content(r.body, r.content_type);
-}
-
-// The whole body of a content-reader request (bounded: these are small JSON documents).
-constexpr size_t kMaxBodyBytes = 64 << 20;
-bool ReadBody(const httplib::ContentReader& reader, std::string* body) {
-  bool too_big = false;
-  reader([&](const char* data, size_t n) {
-    if (body->size() + n > kMaxBodyBytes) {
-      too_big = true;
-      return false;
-    }
-    body->append(data, n);
-    return true;
-  });
-  return !too_big;
 }
 
 std::string ErrorJson(const std::string& error) {
@@ -69,6 +59,7 @@ double MonoSeconds() {
 
 struct HttpServer::Impl {
   httplib::Server server;
+  Router router{server};
 };
 
 HttpServer::HttpServer(HttpOptions options, StatsSource* source)
@@ -77,6 +68,7 @@ HttpServer::HttpServer(HttpOptions options, StatsSource* source)
       series_(options_.history_samples),
       impl_(std::make_unique<Impl>()) {
   httplib::Server& svr = impl_->server;
+  Router& routes = impl_->router;
   const int threads = std::max(1, options_.threads);
   svr.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
   // httplib's default also sets SO_REUSEPORT, which would let a second kvd bind the
@@ -88,9 +80,10 @@ HttpServer::HttpServer(HttpOptions options, StatsSource* source)
   svr.set_keep_alive_timeout(5);
   svr.set_read_timeout(10);
   svr.set_write_timeout(10);
+  svr.set_payload_max_length(kMaxBodyBytes);
 
   // Browsers get the dashboard; other clients lmcache's JSON (content negotiation).
-  svr.Get("/", [](const httplib::Request& req, httplib::Response& res) {
+  routes.Get("/", [](const httplib::Request& req, httplib::Response& res) {
     res.set_header("Vary", "Accept");
     if (!WantsHtml(req.get_header_value("Accept"))) {
       Send(res, RootReply());
@@ -99,11 +92,11 @@ HttpServer::HttpServer(HttpOptions options, StatsSource* source)
     NoStore(res);
     res.set_content(std::string(DashboardHtml()), "text/html; charset=utf-8");
   });
-  svr.Get("/dashboard", [](const httplib::Request&, httplib::Response& res) {
+  routes.Get("/dashboard", [](const httplib::Request&, httplib::Response& res) {
     NoStore(res);
     res.set_content(std::string(DashboardHtml()), "text/html; charset=utf-8");
   });
-  svr.Get("/healthcheck", [this](const httplib::Request&, httplib::Response& res) {
+  routes.Get("/healthcheck", [this](const httplib::Request&, httplib::Response& res) {
     Health h = source_->CheckHealth();
     if (h.healthy) {
       SendJson(res, 200, R"({"status":"healthy"})");
@@ -113,61 +106,53 @@ HttpServer::HttpServer(HttpOptions options, StatsSource* source)
                    -1, ' ', false, nlohmann::json::error_handler_t::replace));
     }
   });
-  svr.Get("/status", [this](const httplib::Request&, httplib::Response& res) {
+  routes.Get("/status", [this](const httplib::Request&, httplib::Response& res) {
     Snapshot s = source_->Collect();
     Health h = source_->CheckHealth();
     SendJson(res, 200, StatusJson(s, h, options_.version));
   });
-  // A content-reader handler: httplib would answer a body-less POST without
-  // Content-Length (`curl -X POST …`) with 400 before reaching a plain handler.
-  svr.Post("/clear-cache", [this](const httplib::Request& req, httplib::Response& res,
-                                  const httplib::ContentReader&) {
+  routes.Post("/clear-cache", [this](const httplib::Request& req, httplib::Response& res,
+                                     const std::string&) {
     uint64_t n = source_->ClearCache();
     spdlog::info("http: L1 cleared on request from {} ({} entries)", req.remote_addr, n);
     SendJson(res, 200, nlohmann::json{{"status", "ok"}, {"cleared_entries", n}}.dump());
   });
   // lmcache's routes and shapes (lmcache_api.h).
   auto with_body = [](auto handler) {
-    return [handler](const httplib::Request& req, httplib::Response& res,
-                     const httplib::ContentReader& reader) {
-      std::string body;
-      if (!ReadBody(reader, &body)) {
-        SendJson(res, 413, nlohmann::json{{"detail", "request body too large"}}.dump());
-        return;
-      }
+    return [handler](const httplib::Request& req, httplib::Response& res, const std::string& body) {
       Send(res, handler(req, body));
     };
   };
-  svr.Post("/cache/clear", with_body([this](const httplib::Request& req, const std::string& body) {
+  routes.Post("/cache/clear", with_body([this](const httplib::Request& req, const std::string& body) {
              spdlog::info("http: POST /cache/clear from {}", req.remote_addr);
              return ClearCacheReply(*source_, body);
            }));
-  svr.Get("/cache/objects", [this](const httplib::Request& req, httplib::Response& res) {
+  routes.Get("/cache/objects", [this](const httplib::Request& req, httplib::Response& res) {
     Send(res, ListObjectsReply(*source_, req.params));
   });
-  svr.Delete("/cache/objects", with_body([this](const httplib::Request&, const std::string& body) {
+  routes.Delete("/cache/objects", with_body([this](const httplib::Request&, const std::string& body) {
                return DeleteObjectsReply(*source_, body);
              }));
-  svr.Post("/cache/prefetches", with_body([this](const httplib::Request&, const std::string& body) {
+  routes.Post("/cache/prefetches", with_body([this](const httplib::Request&, const std::string& body) {
              return SubmitPrefetchReply(*source_, body);
            }));
-  svr.Get(R"(/cache/prefetches/([^/]+))", [](const httplib::Request& req, httplib::Response& res) {
+  routes.Get("/cache/prefetches/{request_id}", [](const httplib::Request& req, httplib::Response& res) {
     Send(res, PrefetchStatusReply(req.matches[1].str()));
   });
-  svr.Get("/loglevel", [](const httplib::Request& req, httplib::Response& res) {
+  routes.Get("/loglevel", [](const httplib::Request& req, httplib::Response& res) {
     Send(res, LogLevelReply(req.params));
   });
-  svr.Get("/threads", [](const httplib::Request& req, httplib::Response& res) {
+  routes.Get("/threads", [](const httplib::Request& req, httplib::Response& res) {
     Send(res, ThreadsReply(req.params));
   });
-  svr.Get("/lmc_version", [](const httplib::Request&, httplib::Response& res) {
+  routes.Get("/lmc_version", [](const httplib::Request&, httplib::Response& res) {
     Send(res, LmcVersionReply());
   });
-  svr.Get("/commit_id", [this](const httplib::Request&, httplib::Response& res) {
+  routes.Get("/commit_id", [this](const httplib::Request&, httplib::Response& res) {
     Send(res, CommitIdReply(options_.version));
   });
-  svr.Post("/metrics/reset", [this](const httplib::Request& req, httplib::Response& res,
-                                    const httplib::ContentReader&) {
+  routes.Post("/metrics/reset", [this](const httplib::Request& req, httplib::Response& res,
+                                       const std::string&) {
     source_->ResetMetrics();
     spdlog::info("http: metrics reset on request from {}", req.remote_addr);
     res.status = 200;
@@ -176,15 +161,20 @@ HttpServer::HttpServer(HttpOptions options, StatsSource* source)
   auto conf = [this](const httplib::Request&, httplib::Response& res) {
     SendJson(res, 200, options_.config_json);
   };
-  svr.Get("/conf", conf);
-  svr.Get("/config", conf);
-  svr.Get("/version", [this](const httplib::Request&, httplib::Response& res) {
+  routes.Get("/conf", conf);
+  routes.Get("/config", conf);
+  routes.Get("/version", [this](const httplib::Request&, httplib::Response& res) {
     Send(res, VersionStringReply(options_.version));  // lmcache's shape: a JSON string
   });
-  svr.Get("/api/version", [this](const httplib::Request&, httplib::Response& res) {
+  routes.Get("/api/version", [this](const httplib::Request&, httplib::Response& res) {
     SendJson(res, 200, VersionJson(options_.version));
   });
-  svr.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+  // This server's OpenAPI document (docs/openapi.json, embedded at build time).
+  routes.Get("/openapi.json", [](const httplib::Request&, httplib::Response& res) {
+    NoStore(res);
+    res.set_content(std::string(OpenApiDocument()), kJson);
+  });
+  routes.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
     if (!options_.metrics_enabled) {
       res.status = 404;
       res.set_content("metrics are disabled (--disable-metrics)\n", "text/plain");
@@ -194,23 +184,31 @@ HttpServer::HttpServer(HttpOptions options, StatsSource* source)
     res.set_content(RenderPrometheus(source_->Collect(), options_.version),
                     "text/plain; version=0.0.4; charset=utf-8");
   });
-  AddQuotaRoutes(svr, source_);
-  svr.Get("/api/timeseries", [this](const httplib::Request& req, httplib::Response& res) {
+  AddQuotaRoutes(routes, source_);
+  routes.Get("/api/timeseries", [this](const httplib::Request& req, httplib::Response& res) {
     size_t points = 0;
     if (req.has_param("points")) {
-      try {
-        points = static_cast<size_t>(std::max(0L, std::stol(req.get_param_value("points"))));
-      } catch (...) {
+      // Digits only: no sign, blanks or trailing text; a count past size_t is refused too.
+      const std::string v = req.get_param_value("points");
+      auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), points);
+      if (v.empty() || v.front() == '-' || ec != std::errc() || end != v.data() + v.size()) {
         SendJson(res, 400, ErrorJson("points must be a non-negative integer"));
         return;
       }
     }
     SendJson(res, 200, series_.ToJson(points, options_.sample_interval_seconds));
   });
+  // Last: the answers for what no route serves (405 with Allow, 404).
+  routes.AddFallbacks();
+  // Errors without a body (404 from the fallbacks, what httplib refuses itself) get a JSON one.
   svr.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
     if (!res.body.empty()) return;
-    if (res.status == 404) {
-      res.set_content(ErrorJson("no such endpoint: " + req.method + " " + req.path), kJson);
+    NoStore(res);
+    switch (res.status) {
+      case 404: res.set_content(ErrorJson("no such endpoint: " + req.method + " " + req.path), kJson); break;
+      case 413: res.set_content(nlohmann::json{{"detail", "request body too large"}}.dump(), kJson); break;
+      case 414: res.set_content(ErrorJson("request URI too long"), kJson); break;
+      default: res.set_content(ErrorJson("malformed request (HTTP " + std::to_string(res.status) + ")"), kJson);
     }
   });
   svr.set_exception_handler(
@@ -228,6 +226,8 @@ HttpServer::HttpServer(HttpOptions options, StatsSource* source)
 }
 
 HttpServer::~HttpServer() { Stop(); }
+
+const std::vector<Route>& HttpServer::routes() const { return impl_->router.routes(); }
 
 Status HttpServer::Start() {
   httplib::Server& svr = impl_->server;

@@ -8,10 +8,13 @@
 //   GET  /api/version      kvd's version object
 //   GET  /metrics          Prometheus text; 404 when metrics are disabled
 //   GET  /api/timeseries   the last minutes of 1-second samples (JSON, for the dashboard)
+//   GET  /openapi.json     the OpenAPI document of all these routes (docs/openapi.json)
+//   PUT|GET|DELETE /quota/{cache_salt}, GET /quota: quotas per cache salt (quota_routes.h)
 //   lmcache 0.5.6's routes with its shapes (lmcache_api.h): POST /cache/clear,
 //   GET|DELETE /cache/objects, POST /cache/prefetches, GET /cache/prefetches/{id},
 //   POST /metrics/reset, GET /version, /lmc_version, /commit_id, /loglevel, /threads.
-// See docs/operations.md for the payloads.
+// A path asked with a method it does not serve answers 405 with Allow (OPTIONS: 204).
+// See docs/operations.md and docs/openapi.json for the payloads.
 //
 // Threads: Start binds the port (failing cleanly when it is taken) and starts a small
 // worker pool plus one sampler thread that calls source->Collect() every
@@ -29,6 +32,7 @@
 #include <thread>
 
 #include "common/status.h"
+#include "http/routes.h"
 #include "http/stats_source.h"
 #include "http/timeseries.h"
 
@@ -63,6 +67,9 @@ class HttpServer {
   // Takes one sample now (tests; the sampler thread does this every interval).
   void SampleNow();
   const TimeSeries& timeseries() const { return series_; }
+  // Every route the server registered (method, OpenAPI path template): docs/openapi.json
+  // describes exactly these (http_tests check it).
+  const std::vector<Route>& routes() const;
 
  private:
   struct Impl;

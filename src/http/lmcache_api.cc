@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <cctype>
 #include <charconv>
+#include <cmath>
+#include <cstdint>
 #include <fstream>
 #include <optional>
 #include <vector>
@@ -55,7 +57,8 @@ std::optional<std::string> Param(const QueryParams& q, const char* name) {
 std::optional<int64_t> ParseInt(std::string_view s) {
   while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
   while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.remove_suffix(1);
-  if (!s.empty() && s.front() == '+') s.remove_prefix(1);
+  // One sign: from_chars reads a '-' itself, so "+-1" must not get that far.
+  if (s.size() > 1 && s.front() == '+' && s[1] != '-') s.remove_prefix(1);
   int64_t v = 0;
   auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
   if (ec != std::errc() || p != s.data() + s.size() || s.empty()) return std::nullopt;
@@ -84,8 +87,8 @@ bool BoolField(const json& body, const char* field, Invalid& bad) {
   if (!body.contains(field)) return false;
   const json& v = body[field];
   if (v.is_boolean()) return v.get<bool>();
-  if (v.is_number_integer() && (v.get<int64_t>() == 0 || v.get<int64_t>() == 1)) {
-    return v.get<int64_t>() == 1;
+  if (v.is_number() && (v.get<double>() == 0.0 || v.get<double>() == 1.0)) {
+    return v.get<double>() == 1.0;  // pydantic takes 0, 1, 0.0 and 1.0
   }
   if (v.is_string()) {
     std::string t = v.get<std::string>();
@@ -103,19 +106,29 @@ bool BoolField(const json& body, const char* field, Invalid& bad) {
 }
 
 // pydantic's lax integers: JSON integers, integral floats and strings that parse as one.
+// kvd keeps integers in 64 bits: a larger one is refused (422), never wrapped or cast.
 std::optional<int64_t> IntValue(const json& v) {
+  if (v.is_number_unsigned()) {
+    const uint64_t u = v.get<uint64_t>();
+    if (u > static_cast<uint64_t>(INT64_MAX)) return std::nullopt;
+    return static_cast<int64_t>(u);
+  }
   if (v.is_number_integer()) return v.get<int64_t>();
   if (v.is_number_float()) {
     const double d = v.get<double>();
-    if (d == static_cast<double>(static_cast<int64_t>(d))) return static_cast<int64_t>(d);
-    return std::nullopt;
+    // [-2^63, 2^63): outside it the cast below is undefined.
+    if (!(d >= -0x1p63 && d < 0x1p63) || d != std::trunc(d)) return std::nullopt;
+    return static_cast<int64_t>(d);
   }
   if (v.is_string()) return ParseInt(v.get<std::string>());
   return std::nullopt;
 }
 
 void IntError(Invalid& bad, json loc, const json& v) {
-  if (v.is_string()) {
+  const bool integral_float = v.is_number_float() && v.get<double>() == std::trunc(v.get<double>());
+  if (v.is_number_integer() || integral_float) {
+    bad.Add("int_too_big", std::move(loc), "Input should be an integer in the signed 64-bit range", v);
+  } else if (v.is_string()) {
     bad.Add("int_parsing", std::move(loc),
             "Input should be a valid integer, unable to parse string as an integer", v);
   } else if (v.is_number_float()) {
@@ -431,7 +444,10 @@ Reply DeleteObjectsReply(StatsSource& source, std::string_view body) {
     if (k.cache_salt.find_first_of(std::string_view("@/\\\0", 4)) != std::string::npos) {
       return Detail(400, where + "cache_salt must not contain '@', '/', '\\' or NUL");
     }
-    if (k.cache_salt.size() > kMaxSaltLength) {
+    // lmcache's len(): characters (UTF-8 code points; the JSON parser admits only valid UTF-8).
+    const size_t salt_chars = std::count_if(k.cache_salt.begin(), k.cache_salt.end(),
+                                            [](char c) { return (static_cast<unsigned char>(c) & 0xC0) != 0x80; });
+    if (salt_chars > kMaxSaltLength) {
       return Detail(400, where + "cache_salt exceeds max length " + std::to_string(kMaxSaltLength));
     }
     // kvd's chunk hashes are 32 bytes; any other hash names nothing kvd holds.
@@ -549,9 +565,10 @@ Reply LogLevelReply(const QueryParams& q) {
   if (name.empty() && level.empty()) {
     return Text(200, std::string("=== Loggers and Levels ===\nkvd: ") + LevelName(logger->level()) + "\n");
   }
-  if (name.empty()) return JsonReply(200, nullptr);  // lmcache answers null here too
+  if (name.empty() && LevelOf(Upper(level))) return JsonReply(200, nullptr);  // lmcache's null
   if (level.empty()) return Text(200, name + ": " + LevelName(logger->level()));
   auto l = LevelOf(Upper(level));
+  // Without a logger name lmcache answers null even for an unknown level; kvd refuses it.
   if (!l) return Text(400, "Invalid log level: " + level);
   // kvd has one logger: every name sets it.
   spdlog::set_level(*l);

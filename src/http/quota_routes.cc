@@ -28,10 +28,11 @@ void SendError(httplib::Response& res, int status, const std::string& error) {
 
 }  // namespace
 
-void AddQuotaRoutes(httplib::Server& server, StatsSource* source) {
-  server.Put(R"(/quota/([^/]+))", [source](const httplib::Request& req, httplib::Response& res) {
+void AddQuotaRoutes(Router& router, StatsSource* source) {
+  router.Put("/quota/{cache_salt}", [source](const httplib::Request& req, httplib::Response& res,
+                                             const std::string& text) {
     const std::string salt = FromPath(req.matches[1]);
-    const nlohmann::json body = nlohmann::json::parse(req.body, nullptr, /*allow_exceptions=*/false);
+    const nlohmann::json body = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
     if (body.is_discarded()) return SendError(res, 400, "invalid JSON body");
     if (!body.is_object() || !body.contains("limit_gb")) {
       return SendError(res, 400, "body must be {\"limit_gb\": <number>}");
@@ -48,20 +49,21 @@ void AddQuotaRoutes(httplib::Server& server, StatsSource* source) {
                  req.remote_addr);
     Send(res, 200, {{"cache_salt", ToPath(salt)}, {"limit_gb", gb}, {"status", "ok"}});
   });
-  server.Get(R"(/quota/([^/]+))", [source](const httplib::Request& req, httplib::Response& res) {
+  router.Get("/quota/{cache_salt}", [source](const httplib::Request& req, httplib::Response& res) {
     const QuotaView q = source->GetQuota(FromPath(req.matches[1]));
     Send(res, 200, {{"cache_salt", ToPath(q.cache_salt)},
                     {"limit_gb", Gb(q.limit_bytes.value_or(0))},
                     {"current_usage_gb", Gb(q.usage_bytes)},
                     {"exists", q.limit_bytes.has_value()}});
   });
-  server.Delete(R"(/quota/([^/]+))", [source](const httplib::Request& req, httplib::Response& res) {
+  router.Delete("/quota/{cache_salt}", [source](const httplib::Request& req, httplib::Response& res,
+                                                const std::string&) {
     const std::string salt = FromPath(req.matches[1]);
     const bool removed = source->DeleteQuota(salt);
     if (removed) spdlog::info("http: quota of cache salt '{}' removed by {}", ToPath(salt), req.remote_addr);
     Send(res, 200, {{"cache_salt", ToPath(salt)}, {"status", removed ? "removed" : "not_found"}});
   });
-  server.Get("/quota", [source](const httplib::Request&, httplib::Response& res) {
+  router.Get("/quota", [source](const httplib::Request&, httplib::Response& res) {
     nlohmann::json users = nlohmann::json::object();
     for (const QuotaView& q : source->ListQuotas()) {
       users[ToPath(q.cache_salt)] = {{"limit_gb", Gb(q.limit_bytes.value_or(0))},

@@ -8,11 +8,11 @@
 // Threads: the handlers run on httplib's worker threads; the source is thread-safe.
 #pragma once
 
-#include "http/httplib_wrap.h"
+#include "http/routes.h"
 #include "http/stats_source.h"
 
 namespace kvd::http {
 
-void AddQuotaRoutes(httplib::Server& server, StatsSource* source);
+void AddQuotaRoutes(Router& router, StatsSource* source);
 
 }  // namespace kvd::http

@@ -106,7 +106,8 @@ TEST_F(HttpServerTest, ClearCacheIsAPost) {
   EXPECT_EQ(source_.clears.load(), 2);
   r = client_->Get("/clear-cache");
   ASSERT_TRUE(r);
-  EXPECT_EQ(r->status, 404);
+  EXPECT_EQ(r->status, 405);
+  EXPECT_EQ(r->get_header_value("Allow"), "POST");
   EXPECT_EQ(source_.clears.load(), 2);
 }
 
@@ -337,6 +338,91 @@ TEST_F(HttpServerTest, LogLevelThreadsAndMetricsReset) {
   EXPECT_EQ(r->status, 200);
   EXPECT_EQ(r->body, "ok");
   EXPECT_EQ(source_.resets.load(), 1);
+}
+
+// Input validation: what is invalid is refused with a 4xx and a clear message, what
+// lmcache's pydantic models accept is accepted.
+TEST_F(HttpServerTest, LogLevelWithAnUnknownLevelAndNoLoggerNameIs400) {
+  Start();
+  const auto before = spdlog::get_level();
+  auto r = client_->Get("/loglevel?level=loud");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 400);
+  EXPECT_EQ(r->body, "Invalid log level: loud");
+  r = client_->Get("/loglevel?level=INFO");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200) << "a valid level without a logger name: lmcache's null";
+  EXPECT_EQ(r->body, "null");
+  EXPECT_EQ(spdlog::get_level(), before) << "nothing is set without a logger name";
+}
+
+TEST_F(HttpServerTest, TimeseriesPointsMustBeAWholeNonNegativeNumber) {
+  Start();
+  for (const char* bad : {"12abc", "-5", "1.5", "", " 3", "99999999999999999999999"}) {
+    auto j = GetJson(std::string("/api/timeseries?points=") + bad, 400);
+    EXPECT_EQ(j["error"], "points must be a non-negative integer") << bad;
+  }
+  EXPECT_EQ(GetJson("/api/timeseries?points=0")["t"].size(), server_->timeseries().size());
+  EXPECT_EQ(GetJson("/api/timeseries?points=1")["t"].size(), 1u);
+}
+
+TEST_F(HttpServerTest, IntegersOutsideTheSigned64BitRangeAre422) {
+  Start();
+  auto post = [&](const std::string& world) {
+    auto r = client_->Post("/cache/prefetches",
+                           R"({"model_name":"m","token_ids":[],"world_size":)" + world + "}",
+                           "application/json");
+    EXPECT_TRUE(r);
+    return r ? std::make_pair(r->status, nlohmann::json::parse(r->body))
+             : std::make_pair(0, nlohmann::json());
+  };
+  for (const char* big : {"18446744073709551615", "1e20", "-1e300", "9223372036854775808",
+                          "\"99999999999999999999\""}) {
+    auto [st, j] = post(big);
+    EXPECT_EQ(st, 422) << big << ": " << j.dump();
+    EXPECT_EQ(j["detail"][0]["loc"], nlohmann::json({"body", "world_size"})) << big;
+  }
+  EXPECT_EQ(post("9223372036854775807").first, 503) << "the largest int64: valid, not registered";
+  EXPECT_EQ(post("-9223372036854775808").first, 503);
+}
+
+TEST_F(HttpServerTest, BooleansTakeIntegralFloatsAsPydanticDoes) {
+  Start();
+  for (const char* ok : {"1.0", "0.0", "1", "0", "true", "\"NO\""}) {
+    auto r = client_->Post("/cache/clear", std::string(R"({"force":)") + ok + "}", "application/json");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 200) << ok << ": " << r->body;
+  }
+  for (const char* bad : {"0.5", "2", "\"maybe\"", "null", "[]"}) {
+    auto r = client_->Post("/cache/clear", std::string(R"({"force":)") + bad + "}", "application/json");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 422) << bad << ": " << r->body;
+  }
+}
+
+TEST_F(HttpServerTest, ASignAfterAPlusIsNotAnInteger) {
+  Start();
+  EXPECT_EQ(GetJson("/threads?thread_id=%2B-1", 422)["detail"][0]["loc"],
+            nlohmann::json({"query", "thread_id"}));
+  EXPECT_EQ(GetJson("/cache/objects?page_size=%2B-1", 422)["detail"][0]["type"], "int_parsing");
+}
+
+TEST_F(HttpServerTest, CacheSaltLengthCountsCharactersNotBytes) {
+  Start();
+  std::string salt;
+  for (int i = 0; i < 128; ++i) salt += "\xc3\xa9";  // 128 x U+00E9: 128 characters, 256 bytes
+  auto del = [&](const std::string& s) {
+    auto r = client_->Delete("/cache/objects",
+                             R"({"tier":"l1","keys":[{"chunk_hash_hex":")" + std::string(64, 'a') +
+                                 R"(","model_name":"m","kv_rank":0,"cache_salt":")" + s + R"("}]})",
+                             "application/json");
+    EXPECT_TRUE(r);
+    return r ? std::make_pair(r->status, r->body) : std::make_pair(0, std::string());
+  };
+  EXPECT_EQ(del(salt).first, 200) << "lmcache counts characters (len(str))";
+  auto [st, body] = del(salt + "x");
+  EXPECT_EQ(st, 400);
+  EXPECT_NE(body.find("cache_salt exceeds max length 128"), std::string::npos) << body;
 }
 
 TEST_F(HttpServerTest, MetricsAreServedAsPrometheusText) {
