@@ -44,7 +44,11 @@ Result<std::unique_ptr<TierSet>> TierSet::Create(const TierSetOptions& options,
       if (t->capacity > 0) set->ScanTier(*t);
     }
   }
-  set->control_ = std::thread([s = set.get()] { s->ControlLoop(); });
+  // The once-a-second work first runs a second after the set is made, whenever the thread
+  // itself gets to run (under load, a test's stores could otherwise land before or after a
+  // first round, and a thread started late would miss a clock step made meanwhile).
+  const int64_t start_ns = options.clock->NowNanos();
+  set->control_ = std::thread([s = set.get(), start_ns] { s->ControlLoop(start_ns); });
   return set;
 }
 
@@ -292,8 +296,8 @@ void TierSet::SweepSkipL1() {
 // Control loop: prefetch timeouts (every 50 ms), prefetched-chunk removal and tier eviction
 // (every second).
 
-void TierSet::ControlLoop() {
-  int64_t last_second = 0;
+void TierSet::ControlLoop(int64_t start_ns) {
+  int64_t last_second = start_ns;
   std::unique_lock<std::mutex> lock(control_mu_);
   while (!stop_control_) {
     control_cv_.wait_for(lock, std::chrono::milliseconds(50));

@@ -192,7 +192,7 @@ class TierSet {
   struct PrefetchJob;
 
   TierSet(const TierSetOptions& options, l1::L1Cache* l1);
-  void ControlLoop();
+  void ControlLoop(int64_t start_ns);  // once-a-second work from start_ns + 1 s
   void CheckTimeouts();
   void SweepTemporary();
   // prefetch (tier_prefetch.cc)

@@ -203,7 +203,7 @@ TEST_F(TierSetTest, StalledTierNeverBlocksAndIsBoundedThenSkips) {
   for (int c = 0; c < 10; ++c) {
     set_->StoreBehind(WriteL1(c), Format());
     // The fast tier keeps up whatever the stalled one does.
-    for (int i = 0; i < 400 && fast->size() < 2u * (c + 1); ++i) {
+    for (int i = 0; i < 2000 && fast->size() < 2u * (c + 1); ++i) {
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
   }
@@ -289,7 +289,7 @@ TEST_F(TierSetTest, StalledPrefetchTimesOutAndAnswersFromL1) {
   EXPECT_EQ(set_->stats().prefetch_timeouts, 1u);
   // When the tier answers at last, a prefetch nobody waits for loads nothing and ends.
   f->Resume();
-  for (int i = 0; i < 400 && set_->stats().active_prefetch_jobs > 0; ++i) {
+  for (int i = 0; i < 2000 && set_->stats().active_prefetch_jobs > 0; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   EXPECT_EQ(set_->stats().active_prefetch_jobs, 0u);
@@ -363,7 +363,7 @@ TEST_F(TierSetTest, PrefetchedChunkIsNotSweptBeforeItsLookupLocksIt) {
   EXPECT_TRUE(L1Holds(0));
   // One no retrieve came for goes at a later sweep.
   clock_.AdvanceSeconds(2);
-  for (int i = 0; i < 400 && l1_->IsResident(Chunk(0), 0); ++i) {
+  for (int i = 0; i < 2000 && l1_->IsResident(Chunk(0), 0); ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   EXPECT_FALSE(l1_->IsResident(Chunk(0), 0));
@@ -428,7 +428,7 @@ TEST_F(TierSetTest, SkipL1KeepsTheChunkWhenOneRankWasNotStored) {
   // A chunk L1 lets go (evicted, cleared) is no longer waited for.
   l1_->Clear();
   clock_.AdvanceSeconds(2);
-  for (int i = 0; i < 400 && set_->stats().skip_l1_waiting_chunks > 0; ++i) {
+  for (int i = 0; i < 2000 && set_->stats().skip_l1_waiting_chunks > 0; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   EXPECT_EQ(set_->stats().skip_l1_waiting_chunks, 0u);
@@ -450,7 +450,7 @@ TEST_F(TierSetTest, SkipL1RemovesABusyChunkOnceItsReadersAreDone) {
   EXPECT_EQ(set_->stats().skip_l1_waiting_chunks, 1u);
   l1_->ReleaseAllLocks("req");
   clock_.AdvanceSeconds(2);
-  for (int i = 0; i < 400 && l1_->IsResident(Chunk(0), 0); ++i) {
+  for (int i = 0; i < 2000 && l1_->IsResident(Chunk(0), 0); ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   EXPECT_FALSE(l1_->IsResident(Chunk(0), 0));
@@ -497,7 +497,7 @@ TEST_F(TierSetTest, TimedOutQueuedPrefetchesLeaveTheQueue) {
     ASSERT_EQ(x.wait_for(std::chrono::seconds(5)), std::future_status::ready);
     EXPECT_EQ(x.get(), 0u);
   }
-  for (int i = 0; i < 400 && set_->stats().queued_prefetch_jobs > 0; ++i) {
+  for (int i = 0; i < 2000 && set_->stats().queued_prefetch_jobs > 0; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   EXPECT_EQ(set_->stats().queued_prefetch_jobs, 0u);  // the tier is still hung
@@ -600,13 +600,13 @@ TEST_F(TierSetTest, ConcurrentPrefetchesOfOnePrefixBothAnswerOnceTheChunksAreInL
     return rp;
   };
   auto first = start(0, 3);
-  for (int i = 0; i < 400 && gate->held_loads() == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  for (int i = 0; i < 2000 && gate->held_loads() == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
   ASSERT_EQ(gate->held_loads(), 1u);
   // A second lookup of the same three chunks, and a third that wants one more, whose own
   // load of chunk 3 is let through first.
   auto second = start(0, 3);
   auto third = start(0, 4);
-  for (int i = 0; i < 400 && gate->held_loads() < 2; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  for (int i = 0; i < 2000 && gate->held_loads() < 2; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
   ASSERT_EQ(gate->held_loads(), 2u);
   gate->ReleaseNewestLoad();
   EXPECT_EQ(second.future.wait_for(std::chrono::milliseconds(100)), std::future_status::timeout)
@@ -635,7 +635,7 @@ TEST_F(TierSetTest, ConcurrentPrefetchEndsWhereTheLoadItWaitedForFailed) {
   auto p1 = std::make_shared<std::promise<size_t>>();
   auto f1 = p1->get_future();
   set_->Prefetch(Request(0, 3), [p1](size_t n) { p1->set_value(n); });
-  for (int i = 0; i < 400 && gate->held_loads() == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  for (int i = 0; i < 2000 && gate->held_loads() == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
   auto p2 = std::make_shared<std::promise<size_t>>();
   auto f2 = p2->get_future();
   set_->Prefetch(Request(0, 3), [p2](size_t n) { p2->set_value(n); });
@@ -664,16 +664,16 @@ TEST_F(TierSetTest, EvictedObjectBeingLoadedLeavesTheIndex) {
   cfg.max_capacity_gb = 4.0 * kObj / (1ull << 30);  // full
   cfg.eviction = TierEvictionConfig{"LRU", 0.8, 1.0};  // evict everything
   Make({gate}, {}, {cfg});
-  for (int i = 0; i < 100 && !set_->stats().tiers[0].scanned; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  for (int i = 0; i < 2000 && !set_->stats().tiers[0].scanned; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
   ASSERT_EQ(set_->stats().tiers[0].objects, 4u);
   clock_.AdvanceSeconds(2);
-  for (int i = 0; i < 400 && gate->held_deletes() == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  for (int i = 0; i < 2000 && gate->held_deletes() == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
   ASSERT_EQ(gate->held_deletes(), 1u);
   // A lookup loads chunk 100 while its objects' delete is on its way.
   auto pr = std::make_shared<std::promise<size_t>>();
   auto fut = pr->get_future();
   set_->Prefetch(Request(100, 1), [pr](size_t n) { pr->set_value(n); });
-  for (int i = 0; i < 400 && gate->held_loads() == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  for (int i = 0; i < 2000 && gate->held_loads() == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
   ASSERT_EQ(gate->held_loads(), 1u);
   gate->ReleaseDeletes();
   gate->ReleaseLoads();
@@ -698,7 +698,7 @@ TEST_F(TierSetTest, EvictionCoversObjectsOfEarlierRunsOldestFirst) {
   cfg.max_capacity_gb = 12.0 * kObj / (1ull << 30);  // room for 12 objects
   cfg.eviction = TierEvictionConfig{"LRU", 0.8, 0.5};
   Make({a}, {}, {cfg});
-  for (int i = 0; i < 100 && !set_->stats().tiers[0].scanned; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  for (int i = 0; i < 2000 && !set_->stats().tiers[0].scanned; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
   ASSERT_TRUE(set_->stats().tiers[0].scanned);
   EXPECT_EQ(set_->stats().tiers[0].usage_bytes, 8 * kObj);
   // This run stores 2 chunks: 12 objects = 100% >= 80%: evict 50% = 6 objects, oldest first.
@@ -706,7 +706,7 @@ TEST_F(TierSetTest, EvictionCoversObjectsOfEarlierRunsOldestFirst) {
   ASSERT_TRUE(set_->WaitIdle(10));
   EXPECT_EQ(set_->stats().tiers[0].usage_bytes, 12 * kObj);
   clock_.AdvanceSeconds(2);
-  for (int i = 0; i < 400 && set_->stats().tiers[0].evicted_objects == 0; ++i) {
+  for (int i = 0; i < 2000 && set_->stats().tiers[0].evicted_objects == 0; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   ASSERT_TRUE(set_->WaitIdle(10));
@@ -749,7 +749,7 @@ TEST_F(TierSetTest, FsTierEvictsFilesOfEarlierRuns) {
   set_->StoreBehind(WriteL1(0), Format());  // 10 objects = 100%: free 40% = 4 objects
   ASSERT_TRUE(set_->WaitIdle(10));
   clock_.AdvanceSeconds(2);
-  for (int i = 0; i < 400 && set_->stats().tiers[0].evicted_objects < 4; ++i) {
+  for (int i = 0; i < 2000 && set_->stats().tiers[0].evicted_objects < 4; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   ASSERT_TRUE(set_->WaitIdle(10));
