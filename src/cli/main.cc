@@ -313,6 +313,7 @@ class ServiceStats final : public kvd::http::StatsSource {
       v.queued_prefetch_jobs = ts.queued_prefetch_jobs;
       v.temporary_chunks = ts.temporary_chunks;
       v.skip_l1_removed_chunks = ts.skip_l1_removed_chunks;
+      v.skip_l1_waiting_chunks = ts.skip_l1_waiting_chunks;
       for (const auto& t : ts.tiers) {
         kvd::http::TierView x;
         x.name = t.name;

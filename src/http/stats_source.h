@@ -141,6 +141,7 @@ struct TiersView {
   uint64_t prefetch_requests = 0, prefetch_hit_chunks = 0, prefetch_failed_chunks = 0;
   uint64_t prefetch_timeouts = 0, active_prefetch_jobs = 0, queued_prefetch_jobs = 0;
   uint64_t temporary_chunks = 0, skip_l1_removed_chunks = 0;
+  uint64_t skip_l1_waiting_chunks = 0;  // skip_l1: chunks in L1 some of whose ranks a tier holds
 };
 
 struct OpView {

@@ -169,6 +169,30 @@ def test_concurrent_lookups_of_one_prefix_all_hit_from_the_tier(tmpdir_tier, tmp
         srv.stop()
 
 
+def test_skip_l1_moves_chunks_to_the_tier_once_every_rank_is_there(tmpdir_tier, tmp_path):
+    """--l2-store-policy skip_l1 through the server, TP=2: once both ranks' objects of a
+    chunk are on disk the chunk leaves L1; a lookup then brings it back from the tier, and the
+    retrieve is byte-exact."""
+    adapter = json.dumps({"type": "fs", "base_path": tmpdir_tier})
+    srv = start_kvd(adapter, tmp_path, "kvd1", extra=["--l2-store-policy", "skip_l1"])
+    try:
+        c = cluster_for(srv)
+        p = Prompt(c, chunks=3, seed=31)
+        p.store(c, "skip-1")
+        wait_until(lambda: len(data_files(tmpdir_tier)) == 6, what="6 objects on disk")
+        wait_until(lambda: status(srv)["l2_policies"]["skip_l1_removed_chunks"] == 3,
+                   what="3 chunks removed from L1")
+        st = status(srv)
+        assert st["l2_policies"]["store_policy"] == "skip_l1"
+        assert st["l2_policies"]["skip_l1_waiting_chunks"] == 0
+        assert metric(kvd_metrics(srv), "kvd_l1_entries") == 0
+        assert p.check_retrieve(c, "skip-2", chunks=3) == 3  # loaded back from the tier
+        assert metric(kvd_metrics(srv), "lmcache_mp_lookup_hit_l2_tokens_total") == 3 * 256
+        c.close()
+    finally:
+        srv.stop()
+
+
 def test_truncated_file_is_a_miss_and_the_prefix_shrinks(tmpdir_tier, tmp_path):
     adapter = json.dumps({"type": "fs", "base_path": tmpdir_tier})
     srv = start_kvd(adapter, tmp_path, "kvd1")
