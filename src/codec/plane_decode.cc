@@ -76,7 +76,7 @@ bool ScalarBlock(const BlockJob& job, uint32_t t0, uint32_t* st, const uint8_t**
 // With avx2, up to 7 entries past the table's end are written too.
 bool BuildSlotTable(uint8_t center, uint8_t shape, int alphabet, int prob_bits, bool avx2, uint32_t* table) {
   uint16_t freq[kMaxAlphabet];
-  if (!BuildFrequencies(center, shape, alphabet, prob_bits, freq)) return false;
+  if (!Frequencies(center, shape, alphabet, prob_bits, avx2, freq)) return false;
   if (avx2) {
     FillSlotTableAvx2(freq, alphabet, table);
     return true;
@@ -89,11 +89,6 @@ bool BuildSlotTable(uint8_t center, uint8_t shape, int alphabet, int prob_bits, 
     cum += freq[s];
   }
   return true;
-}
-
-uint32_t TableKey(int prob_bits, int alphabet, uint8_t center, uint8_t shape) {
-  return (static_cast<uint32_t>(prob_bits) << 23) | (static_cast<uint32_t>(alphabet) << 16) |
-         (static_cast<uint32_t>(center) << 8) | shape;
 }
 
 // Points the lanes of one class of a block at their channels' slot tables, building the
@@ -110,16 +105,15 @@ bool PlaceClassTables(const uint8_t* params, int lanes, int alphabet, int prob_b
     }
     const uint8_t center = params[2 * j], shape = params[2 * j + 1];
     const uint32_t key = TableKey(prob_bits, alphabet, center, shape);
-    auto [it, fresh] = sc->slot_table_at.try_emplace(key, static_cast<uint32_t>(sc->slot_table_used));
-    if (fresh) {
+    uint32_t at = sc->slot_table_at.Find(key);
+    if (at == TableIndex::kNone) {
       // The caller made room for a whole block (DecodeTyped).
-      if (!BuildSlotTable(center, shape, alphabet, prob_bits, avx2, sc->slot_tables.get() + it->second)) {
-        sc->slot_table_at.erase(it);
-        return false;
-      }
+      at = static_cast<uint32_t>(sc->slot_table_used);
+      if (!BuildSlotTable(center, shape, alphabet, prob_bits, avx2, sc->slot_tables.get() + at)) return false;
+      sc->slot_table_at.Insert(key, at);
       sc->slot_table_used += n;
     }
-    ct->lane_at[j] = static_cast<int32_t>(it->second);
+    ct->lane_at[j] = static_cast<int32_t>(at);
   }
   return true;
 }
@@ -191,7 +185,7 @@ Status DecodeTyped(std::span<const uint8_t> payload, const PlaneSpec& sp, Scratc
       const int lanes = static_cast<int>(c1 - cb < kLanes ? c1 - cb : kLanes);
       if (sc->slot_table_used + block_tables > std::max(sc->slot_table_limit, block_tables)) {
         sc->slot_table_used = 0;
-        sc->slot_table_at.clear();
+        sc->slot_table_at.Clear();
       }
       if (sc->slot_table_capacity < sc->slot_table_used + block_tables + kFillPad) {
         // Allocated once per Scratch (again only for a larger precision): no table is
@@ -200,7 +194,7 @@ Status DecodeTyped(std::span<const uint8_t> payload, const PlaneSpec& sp, Scratc
         sc->slot_tables = std::make_unique_for_overwrite<uint32_t[]>(cap);
         sc->slot_table_capacity = cap;
         sc->slot_table_used = 0;
-        sc->slot_table_at.clear();
+        sc->slot_table_at.Clear();
       }
       for (int k = 0; k < classes; ++k) {
         if (!PlaceClassTables(params[k] + 2 * size_t{cb}, lanes, alpha[k], pbits[k], avx2, sc, &job.cls[k])) {

@@ -117,7 +117,7 @@ constexpr CompactTable kCompact;
 }  // namespace
 
 KVD_AVX2_TARGET uint16_t* EncodeBlockAvx2(uint32_t* x, const uint8_t* symbols, size_t row_stride,
-                                          const EncSymbol* const enc[2], uint32_t anchor_group, uint32_t tokens,
+                                          const EncSymbol* const* lanes, uint32_t anchor_group, uint32_t tokens,
                                           uint16_t* w) {
   static_assert(sizeof(EncSymbol) == 16 && offsetof(EncSymbol, rcp) == 4 && offsetof(EncSymbol, cum) == 8 &&
                 offsetof(EncSymbol, cmpl) == 12 && offsetof(EncSymbol, rcp_shift) == 14);
@@ -132,11 +132,9 @@ KVD_AVX2_TARGET uint16_t* EncodeBlockAvx2(uint32_t* x, const uint8_t* symbols, s
     for (int g = 4; g-- > 0;) {
       // The eight lanes' EncSymbols (16 bytes each), loaded and transposed into
       // x_max, rcp, cum and (cmpl | shift << 16) vectors: faster than four gathers.
-      const EncSymbol* e = enc[k] + static_cast<size_t>(8 * g) * 64;
+      const EncSymbol* const* e = lanes + kLanes * k + 8 * g;
       const uint8_t* sg = sym + 8 * g;
-      auto ld = [&](int i) {
-        return _mm_loadu_si128(reinterpret_cast<const __m128i*>(e + size_t(i) * 64 + sg[i]));
-      };
+      auto ld = [&](int i) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(e[i] + sg[i])); };
       const __m256i r0 = _mm256_inserti128_si256(_mm256_castsi128_si256(ld(0)), ld(4), 1);
       const __m256i r1 = _mm256_inserti128_si256(_mm256_castsi128_si256(ld(1)), ld(5), 1);
       const __m256i r2 = _mm256_inserti128_si256(_mm256_castsi128_si256(ld(2)), ld(6), 1);
