@@ -143,16 +143,21 @@ struct Scratch {
   std::vector<EncSymbol> enc_pool;
   TableIndex enc_index;
   std::vector<uint32_t> enc_at;      // 2 classes x channels
-  // Decoding: the slot tables built so far (2^P entries each), and where each one starts
-  // in slot_tables, by TableKey(P, alphabet, center, shape). A table is a pure function
-  // of its key, so channels with the same distribution share one, in this plane and the
-  // next ones the Scratch decodes; when a block would grow the pool past
+  // Decoding: the tables built so far (a slot table of 2^P entries, or a search table of
+  // at most 64, see ClassTables), and where each one starts in slot_tables, by
+  // TableKey(P, alphabet, center, shape) (| kSearchKey for search tables). A table is a
+  // pure function of its key, so channels with the same distribution share one, in this
+  // plane and the next ones the Scratch decodes; when a block would grow the pool past
   // slot_table_limit entries the pool is emptied first (0: every block builds its own).
   std::unique_ptr<uint32_t[]> slot_tables;  // slot_table_capacity entries, not initialised
   size_t slot_table_capacity = 0;
   size_t slot_table_used = 0;
   TableIndex slot_table_at;
   size_t slot_table_limit = size_t{1} << 19;   // 2 MiB
+  // A token class of a plane decodes by search when its tokens x search steps x
+  // search_weight < 2^P, i.e. when it has too few tokens to pay for slot tables (the
+  // anchors of G = 10: 26 tokens of 256); 0: never. Either way the output is the same.
+  uint32_t search_weight = 4;
   std::vector<float> steps;          // decoding: tokens
 };
 
@@ -171,16 +176,33 @@ Status Decode(std::span<const uint8_t> payload, const PlaneSpec& spec, Scratch* 
 
 // ---- Internals shared by the decoders (plane_decode*.cc) ----------------------------
 
-// Per-block decoding tables of one token class: for each of 32 lanes, 2^prob_bits slots,
-// each PackSlot(freq, slot - cum, symbol) of the symbol whose range holds the slot (one
-// lookup per symbol: x' = freq * (x >> P) + bias). Lane j's slot s is
-// slots[lane_at[j] + s].
+// Per-block decoding tables of one token class, one per lane, in one of two forms:
+//  - slot tables (search_steps == 0): 2^prob_bits slots, each PackSlot(freq, slot - cum,
+//    symbol) of the symbol whose range holds the slot (one lookup per symbol: x' = freq *
+//    (x >> P) + bias). Lane j's slot s is slots[lane_at[j] + s].
+//  - search tables (search_steps = n > 0, 2^n >= alphabet): 2^n entries SearchEntry(cum,
+//    freq) of symbols 0..alphabet-1, then kSearchEnd; the symbol of a slot is the last
+//    entry whose cum is <= slot, found in n halving steps. 64 entries at most instead
+//    of 2^P: for a class with few tokens (anchors), building slot tables costs more
+//    than the searches.
 struct ClassTables {
   int prob_bits = 0;
   int levels = 0;                 // M
+  int search_steps = 0;           // 0: slot tables
   const uint32_t* slots = nullptr;  // the table pool (Scratch::slot_tables)
   int32_t lane_at[32] = {};         // start of each lane's table in the pool
 };
+inline constexpr uint32_t kSearchKey = 1u << 31;  // TableKey of a search table
+inline constexpr uint32_t kSearchEnd = 0xffff;    // cum above every slot (P <= 12)
+inline uint32_t SearchEntry(uint32_t cum, uint32_t freq) { return cum | (freq << 16); }
+// The symbol whose range holds `slot` in a search table of 2^steps entries.
+inline uint32_t SearchSymbol(const uint32_t* table, int steps, uint32_t slot) {
+  uint32_t s = 0;
+  for (uint32_t b = (1u << steps) >> 1; b != 0; b >>= 1) {
+    if ((table[s + b] & 0xffffu) <= slot) s += b;
+  }
+  return s;
+}
 
 struct BlockJob {
   const PlaneSpec* spec;

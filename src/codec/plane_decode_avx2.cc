@@ -87,13 +87,40 @@ KVD_AVX2_TARGET void Block(const BlockJob& job, uint32_t* tp, uint32_t* st, cons
     // lane order: the word pointer is the only thing that chains the registers.
     __m256i sym[4], xn[4], need[4];
     int m[4];
+    if (ct.search_steps == 0) {
+      for (int g = 0; g < 4; ++g) {
+        const __m256i e =
+            _mm256_i32gather_epi32(slots, _mm256_add_epi32(_mm256_and_si256(x[g], mask), slot_off[k][g]), 4);
+        sym[g] = _mm256_and_si256(e, m7f);
+        const __m256i f = _mm256_srli_epi32(e, 19);
+        const __m256i bias = _mm256_and_si256(_mm256_srli_epi32(e, 7), mfff);
+        xn[g] = _mm256_add_epi32(_mm256_mullo_epi32(f, _mm256_srl_epi32(x[g], pb)), bias);
+      }
+    } else {
+      // Search tables: the last entry whose cum is <= slot, in halving steps (the four
+      // registers' gathers interleaved), then that entry's cum and freq.
+      __m256i slot[4], s[4];
+      for (int g = 0; g < 4; ++g) {
+        slot[g] = _mm256_add_epi32(_mm256_and_si256(x[g], mask), _mm256_set1_epi32(1));  // compare slot + 1 > cum
+        s[g] = slot_off[k][g];
+      }
+      for (int b = (1 << ct.search_steps) >> 1; b != 0; b >>= 1) {
+        const __m256i vb = _mm256_set1_epi32(b);
+        for (int g = 0; g < 4; ++g) {
+          const __m256i probe = _mm256_i32gather_epi32(slots, _mm256_add_epi32(s[g], vb), 4);
+          const __m256i below = _mm256_cmpgt_epi32(slot[g], _mm256_and_si256(probe, _mm256_set1_epi32(0xffff)));
+          s[g] = _mm256_add_epi32(s[g], _mm256_and_si256(below, vb));
+        }
+      }
+      for (int g = 0; g < 4; ++g) {
+        const __m256i e = _mm256_i32gather_epi32(slots, s[g], 4);
+        sym[g] = _mm256_sub_epi32(s[g], slot_off[k][g]);
+        const __m256i cum = _mm256_and_si256(e, _mm256_set1_epi32(0xffff));
+        xn[g] = _mm256_add_epi32(_mm256_mullo_epi32(_mm256_srli_epi32(e, 16), _mm256_srl_epi32(x[g], pb)),
+                                 _mm256_sub_epi32(_mm256_sub_epi32(slot[g], _mm256_set1_epi32(1)), cum));
+      }
+    }
     for (int g = 0; g < 4; ++g) {
-      const __m256i e =
-          _mm256_i32gather_epi32(slots, _mm256_add_epi32(_mm256_and_si256(x[g], mask), slot_off[k][g]), 4);
-      sym[g] = _mm256_and_si256(e, m7f);
-      const __m256i f = _mm256_srli_epi32(e, 19);
-      const __m256i bias = _mm256_and_si256(_mm256_srli_epi32(e, 7), mfff);
-      xn[g] = _mm256_add_epi32(_mm256_mullo_epi32(f, _mm256_srl_epi32(x[g], pb)), bias);
       need[g] = _mm256_cmpgt_epi32(low, xn[g]);
       m[g] = _mm256_movemask_ps(_mm256_castsi256_ps(need[g]));
     }

@@ -608,7 +608,9 @@ TEST(CachegenTest, EncodedSizeIsBounded) {
 // precision (its tables must not be taken for that plane's), at pool limits from
 // "every block builds its own" (0) to "never full"; every plane must decode exactly (the
 // same bytes, even those written before a failure, and the same verdict) as with a
-// fresh Scratch that builds every block's tables.
+// fresh Scratch that builds every block's slot tables. The same with the token classes
+// decoded by search tables where they have few tokens (the default: the anchors of
+// G = 10 at 32 bins), never, and always (every class, full and partial blocks).
 TEST(CachegenTest, SharedDecodingTablesDoNotChangeTheOutput) {
   struct P {
     plane::PlaneSpec spec;
@@ -661,30 +663,38 @@ TEST(CachegenTest, SharedDecodingTablesDoNotChangeTheOutput) {
     for (int simd = 0; simd < 2; ++simd) {
       plane::Scratch fresh;
       fresh.slot_table_limit = 0;
+      fresh.search_weight = 0;
       p.expect[simd].assign(size_t{p.spec.tokens} * p.spec.channels * 2, 0xee);
       p.expect_ok[simd] = plane::Decode(p.payload, p.spec, &fresh, p.expect[simd].data(), simd).ok();
     }
   }
   EXPECT_FALSE(planes[5].expect_ok[0]);
   int ok = 0, failed = 0;
+  const uint32_t weights[] = {0, plane::Scratch{}.search_weight, 1u << 20};
   for (size_t limit : {size_t{0}, size_t{32} << 10, size_t{100} << 10, size_t{1} << 19, size_t{1} << 26}) {
-    for (int simd = 0; simd < 2; ++simd) {
+    for (int run = 0; run < 2 * 3; ++run) {
+      const int simd = run % 2;
+      const uint32_t weight = weights[run / 2];
       plane::Scratch sc;
       sc.slot_table_limit = limit;
+      sc.search_weight = weight;
       for (int pass = 0; pass < 2; ++pass) {  // the second pass finds its tables in the pool
         for (size_t i = 0; i < planes.size(); ++i) {
           const P& p = planes[i];
           std::vector<uint8_t> out(p.expect[simd].size(), 0xee);
           const bool st = plane::Decode(p.payload, p.spec, &sc, out.data(), simd).ok();
-          ASSERT_EQ(st, p.expect_ok[simd]) << "plane " << i << " limit " << limit << " simd " << simd;
-          ASSERT_EQ(out, p.expect[simd]) << "plane " << i << " limit " << limit << " simd " << simd << " pass " << pass;
+          const std::string where = "plane " + std::to_string(i) + " limit " + std::to_string(limit) + " simd " +
+                                    std::to_string(simd) + " weight " + std::to_string(weight) + " pass " +
+                                    std::to_string(pass);
+          ASSERT_EQ(st, p.expect_ok[simd]) << where;
+          ASSERT_EQ(out, p.expect[simd]) << where;
           (st ? ok : failed)++;
         }
       }
     }
   }
-  EXPECT_GE(ok, 5 * 2 * 2 * 12);
-  EXPECT_GE(failed, 5 * 2 * 2);
+  EXPECT_GE(ok, 5 * 2 * 3 * 2 * 12);
+  EXPECT_GE(failed, 5 * 2 * 3 * 2);
 }
 
 }  // namespace
