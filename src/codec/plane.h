@@ -229,6 +229,16 @@ void FillSlotTableAvx2(const uint16_t* freq, int alphabet, uint32_t* table);
 // The encoder's choice of distribution for a histogram (counts of symbols 0..alphabet-1):
 // mean, variance and kurtosis (a moment fit).
 void FitChannel(const uint32_t* hist, int alphabet, int prob_bits, uint8_t* center, uint8_t* shape);
+// FitChannel of four channels at once with AVX2, the same operations per channel in the
+// same order (the same choices): hist[s * stride + j] counts symbol s of channel j
+// (j < 4; counts < 2^31); params[2 j], params[2 j + 1]: the channel's center and shape.
+void FitChannels4Avx2(const uint32_t* hist, size_t stride, int alphabet, uint8_t* params);
+// Adds the counts of the normal tokens' symbols (symbols[t * channels + c] < alphabet;
+// every token but t % anchor_group == 0 when anchor_group >= 2) to hist[s * channels + c].
+void NormalHistogramAvx2(const uint8_t* symbols, uint32_t tokens, uint32_t channels, uint32_t anchor_group,
+                         int alphabet, uint32_t* hist);
+// The sigma index of a standard deviation (in symbols) in FitChannel.
+int SigmaIndex(double sigma);
 
 // AVX2 quantizer of one token row (plane_encode_avx2.cc), the same arithmetic as the
 // scalar path: loads `channels` values of `dtype` (minus ref when ref != nullptr) into v
