@@ -264,9 +264,11 @@ int main(int argc, char** argv) {
     Row((std::string("decode, ") + c.name + ", AVX2").c_str(), bytes, td, Load());
   }
   // The plane decoder alone, object after object with a fresh Scratch each (as Decode
-  // gives every object): its slot tables shared by channels of the same distribution
-  // (the default), built for every block (slot_table_limit 0: how the decoder worked
-  // before tables were shared), and the scalar reference; the same bytes out.
+  // gives every object): its tables shared by channels of the same distribution (the
+  // default), built for every block (slot_table_limit 0: how the decoder worked before
+  // tables were shared), and the scalar reference; with anchors also slot tables for
+  // both classes (search_weight 0: how the decoder worked before the anchors' search
+  // tables); the same bytes out.
   for (const Cfg& c : {Cfg{"16 bins", 16, 0, 0}, Cfg{"32 bins", 32, 0, 0}, Cfg{"16 bins, anchors G=10 (32)", 16, 10, 32}}) {
     CachegenOptions o;
     o.bins = BinSchedule::Uniform(c.bins);
@@ -275,10 +277,11 @@ int main(int argc, char** argv) {
     for (size_t i = 0; i < n; ++i) enc[i] = *Encode(layout, {all.data() + i * ob, ob}, o);
     const auto& g = layout.groups[0];
     std::vector<uint8_t> pout(size_t{g.tokens} * g.hidden * 2);
-    auto decode_planes = [&](bool simd, size_t limit) {
+    auto decode_planes = [&](bool simd, size_t limit, uint32_t search_weight = plane::Scratch{}.search_weight) {
       for (size_t i = 0; i < n; ++i) {
         plane::Scratch sc;
         sc.slot_table_limit = limit;
+        sc.search_weight = search_weight;
         auto h = format::ReadHeader(enc[i]);
         size_t at = h->TablesEnd();
         for (const auto& e : h->planes) {
@@ -296,6 +299,10 @@ int main(int argc, char** argv) {
         Time(reps, [&] { decode_planes(true, shared); }), Load());
     Row((std::string("decode planes, ") + c.name + ", AVX2, tables per block").c_str(), bytes,
         Time(reps, [&] { decode_planes(true, 0); }), Load());
+    if (c.anchor != 0) {
+      Row((std::string("decode planes, ") + c.name + ", AVX2, shared, slot tables only").c_str(), bytes,
+          Time(reps, [&] { decode_planes(true, shared, 0); }), Load());
+    }
     Row((std::string("decode planes, ") + c.name + ", scalar reference").c_str(), bytes,
         Time(reps, [&] { decode_planes(false, shared); }), Load());
   }

@@ -47,9 +47,17 @@ bool ScalarBlock(const BlockJob& job, uint32_t t0, uint32_t* st, const uint8_t**
     const size_t row = size_t{t} * sp.channels + job.channel0;
     for (int j = 0; j < job.lanes; ++j) {
       uint32_t x = st[j];
-      const uint32_t e = ct.slots[static_cast<uint32_t>(ct.lane_at[j]) + (x & mask)];
-      const uint32_t s = SlotSym(e);
-      x = SlotFreq(e) * (x >> ct.prob_bits) + SlotBias(e);
+      const uint32_t* table = ct.slots + ct.lane_at[j];
+      uint32_t s;
+      if (ct.search_steps == 0) {
+        const uint32_t e = table[x & mask];
+        s = SlotSym(e);
+        x = SlotFreq(e) * (x >> ct.prob_bits) + SlotBias(e);
+      } else {
+        s = SearchSymbol(table, ct.search_steps, x & mask);
+        const uint32_t e = table[s];
+        x = (e >> 16) * (x >> ct.prob_bits) + (x & mask) - (e & 0xffffu);
+      }
       if (x < kRansLow) {
         if (end - w < 2) return false;
         x = (x << 16) | format::Get16(w);
@@ -76,7 +84,7 @@ bool ScalarBlock(const BlockJob& job, uint32_t t0, uint32_t* st, const uint8_t**
 // With avx2, up to 7 entries past the table's end are written too.
 bool BuildSlotTable(uint8_t center, uint8_t shape, int alphabet, int prob_bits, bool avx2, uint32_t* table) {
   uint16_t freq[kMaxAlphabet];
-  if (!BuildFrequencies(center, shape, alphabet, prob_bits, freq)) return false;
+  if (!Frequencies(center, shape, alphabet, prob_bits, avx2, freq)) return false;
   if (avx2) {
     FillSlotTableAvx2(freq, alphabet, table);
     return true;
@@ -91,35 +99,47 @@ bool BuildSlotTable(uint8_t center, uint8_t shape, int alphabet, int prob_bits, 
   return true;
 }
 
-uint32_t TableKey(int prob_bits, int alphabet, uint8_t center, uint8_t shape) {
-  return (static_cast<uint32_t>(prob_bits) << 23) | (static_cast<uint32_t>(alphabet) << 16) |
-         (static_cast<uint32_t>(center) << 8) | shape;
+// Fills one search table (2^steps entries, ClassTables) from a channel's parameter bytes.
+bool BuildSearchTable(uint8_t center, uint8_t shape, int alphabet, int prob_bits, int steps, bool avx2,
+                      uint32_t* table) {
+  uint16_t freq[kMaxAlphabet];
+  if (!Frequencies(center, shape, alphabet, prob_bits, avx2, freq)) return false;
+  uint32_t cum = 0;
+  for (int s = 0; s < alphabet; ++s) {
+    table[s] = SearchEntry(cum, freq[s]);
+    cum += freq[s];
+  }
+  for (int s = alphabet; s < (1 << steps); ++s) table[s] = kSearchEnd;
+  return true;
 }
 
-// Points the lanes of one class of a block at their channels' slot tables, building the
-// tables the pool does not hold yet. Inactive lanes point at table 0 and are never
-// decoded. The caller sets ct->slots once every class of the block is placed (the pool
-// may move while it grows).
-bool PlaceClassTables(const uint8_t* params, int lanes, int alphabet, int prob_bits, bool avx2, Scratch* sc,
-                      ClassTables* ct) {
-  const size_t n = size_t{1} << prob_bits;
+// Points the lanes of one class of a block at their channels' tables (of the form
+// ct->search_steps says), building the tables the pool does not hold yet. Inactive lanes
+// point at table 0 and are never decoded. The caller sets ct->slots once every class of
+// the block is placed (the pool may move while it grows).
+bool PlaceClassTables(const uint8_t* params, int lanes, int alphabet, bool avx2, Scratch* sc, ClassTables* ct) {
+  const int prob_bits = ct->prob_bits, steps = ct->search_steps;
+  const size_t n = size_t{1} << (steps != 0 ? steps : prob_bits);
   for (int j = 0; j < kLanes; ++j) {
     if (j >= lanes) {
       ct->lane_at[j] = 0;
       continue;
     }
     const uint8_t center = params[2 * j], shape = params[2 * j + 1];
-    const uint32_t key = TableKey(prob_bits, alphabet, center, shape);
-    auto [it, fresh] = sc->slot_table_at.try_emplace(key, static_cast<uint32_t>(sc->slot_table_used));
-    if (fresh) {
+    const uint32_t key = TableKey(prob_bits, alphabet, center, shape) | (steps != 0 ? kSearchKey : 0);
+    uint32_t at = sc->slot_table_at.Find(key);
+    if (at == TableIndex::kNone) {
       // The caller made room for a whole block (DecodeTyped).
-      if (!BuildSlotTable(center, shape, alphabet, prob_bits, avx2, sc->slot_tables.get() + it->second)) {
-        sc->slot_table_at.erase(it);
+      at = static_cast<uint32_t>(sc->slot_table_used);
+      uint32_t* table = sc->slot_tables.get() + at;
+      if (!(steps != 0 ? BuildSearchTable(center, shape, alphabet, prob_bits, steps, avx2, table)
+                       : BuildSlotTable(center, shape, alphabet, prob_bits, avx2, table))) {
         return false;
       }
+      sc->slot_table_at.Insert(key, at);
       sc->slot_table_used += n;
     }
-    ct->lane_at[j] = static_cast<int32_t>(it->second);
+    ct->lane_at[j] = static_cast<int32_t>(at);
   }
   return true;
 }
@@ -164,16 +184,24 @@ Status DecodeTyped(std::span<const uint8_t> payload, const PlaneSpec& sp, Scratc
 
   const bool avx2 = simd && HaveAvx2();
   sc->recon.assign(C, 0.0f);
-  // Most a block adds to the table pool (every lane a new table, both classes).
-  const size_t block_tables = kLanes * ((size_t{1} << pbits[0]) + (classes == 2 ? size_t{1} << pbits[1] : 0));
   BlockJob job;
   job.spec = &sp;
   job.steps = sc->steps.data();
   job.recon = sc->recon.data();
   job.out = out;
+  // Slot tables or search tables (ClassTables) per class, by how many tokens it has.
+  const uint32_t anchor_tokens = sp.anchors() ? (T + sp.anchor_group - 1) / sp.anchor_group : 0;
+  const uint32_t class_tokens[2] = {T - anchor_tokens, anchor_tokens};
+  size_t block_tables = 0;  // most a block adds to the table pool (every lane a new table)
   for (int k = 0; k < 2; ++k) {
+    int steps = 0;
+    while ((1 << steps) < alpha[k]) ++steps;
+    const bool search = sc->search_weight != 0 && uint64_t{class_tokens[k]} * std::max(steps, 1) * sc->search_weight <
+                                                      (uint64_t{1} << pbits[k]);
     job.cls[k].prob_bits = pbits[k];
     job.cls[k].levels = levels[k];
+    job.cls[k].search_steps = search ? std::max(steps, 1) : 0;
+    if (k < classes) block_tables += kLanes * (size_t{1} << (search ? std::max(steps, 1) : pbits[k]));
   }
   const uint8_t* stream = p + fixed;
   for (uint32_t s = 0; s < S; ++s) {
@@ -191,7 +219,7 @@ Status DecodeTyped(std::span<const uint8_t> payload, const PlaneSpec& sp, Scratc
       const int lanes = static_cast<int>(c1 - cb < kLanes ? c1 - cb : kLanes);
       if (sc->slot_table_used + block_tables > std::max(sc->slot_table_limit, block_tables)) {
         sc->slot_table_used = 0;
-        sc->slot_table_at.clear();
+        sc->slot_table_at.Clear();
       }
       if (sc->slot_table_capacity < sc->slot_table_used + block_tables + kFillPad) {
         // Allocated once per Scratch (again only for a larger precision): no table is
@@ -200,15 +228,15 @@ Status DecodeTyped(std::span<const uint8_t> payload, const PlaneSpec& sp, Scratc
         sc->slot_tables = std::make_unique_for_overwrite<uint32_t[]>(cap);
         sc->slot_table_capacity = cap;
         sc->slot_table_used = 0;
-        sc->slot_table_at.clear();
+        sc->slot_table_at.Clear();
       }
       for (int k = 0; k < classes; ++k) {
-        if (!PlaceClassTables(params[k] + 2 * size_t{cb}, lanes, alpha[k], pbits[k], avx2, sc, &job.cls[k])) {
+        if (!PlaceClassTables(params[k] + 2 * size_t{cb}, lanes, alpha[k], avx2, sc, &job.cls[k])) {
           return Corrupt("bad distribution");
         }
       }
-      // Without anchors class 1 is never decoded; it points at the pool like class 0.
-      if (classes == 1) memcpy(job.cls[1].lane_at, job.cls[0].lane_at, sizeof job.cls[0].lane_at);
+      // Without anchors class 1 is never decoded; it is class 0.
+      if (classes == 1) job.cls[1] = job.cls[0];
       for (int k = 0; k < 2; ++k) job.cls[k].slots = sc->slot_tables.get();
       job.channel0 = cb;
       job.lanes = lanes;

@@ -64,10 +64,13 @@ KVD_AVX2_TARGET void Block(const BlockJob& job, uint32_t* tp, uint32_t* st, cons
   for (int g = 0; g < 4; ++g) x[g] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(st + 8 * g));
   const uint8_t* w = *words;
   uint32_t t = *tp;
-  __m256i slot_off[2][4];
+  __m256i slot_off[2][4], first[2][4];  // first: entry 0 of each lane's search table
   for (int g = 0; g < 4; ++g) {
     for (int k = 0; k < 2; ++k) {
       slot_off[k][g] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(job.cls[k].lane_at + 8 * g));
+      first[k][g] = job.cls[k].search_steps != 0
+                        ? _mm256_i32gather_epi32(reinterpret_cast<const int*>(job.cls[k].slots), slot_off[k][g], 4)
+                        : _mm256_setzero_si256();
     }
   }
   const __m256i low = _mm256_set1_epi32(static_cast<int>(kRansLow));
@@ -87,13 +90,42 @@ KVD_AVX2_TARGET void Block(const BlockJob& job, uint32_t* tp, uint32_t* st, cons
     // lane order: the word pointer is the only thing that chains the registers.
     __m256i sym[4], xn[4], need[4];
     int m[4];
+    if (ct.search_steps == 0) {
+      for (int g = 0; g < 4; ++g) {
+        const __m256i e =
+            _mm256_i32gather_epi32(slots, _mm256_add_epi32(_mm256_and_si256(x[g], mask), slot_off[k][g]), 4);
+        sym[g] = _mm256_and_si256(e, m7f);
+        const __m256i f = _mm256_srli_epi32(e, 19);
+        const __m256i bias = _mm256_and_si256(_mm256_srli_epi32(e, 7), mfff);
+        xn[g] = _mm256_add_epi32(_mm256_mullo_epi32(f, _mm256_srl_epi32(x[g], pb)), bias);
+      }
+    } else {
+      // Search tables: the last entry whose cum is <= slot, in halving steps (the four
+      // registers' gathers interleaved), keeping the entry taken last (at first the
+      // lane's entry 0, loaded once per block): its cum and freq.
+      __m256i slot[4], s[4], e[4];
+      for (int g = 0; g < 4; ++g) {
+        slot[g] = _mm256_add_epi32(_mm256_and_si256(x[g], mask), _mm256_set1_epi32(1));  // compare slot + 1 > cum
+        s[g] = slot_off[k][g];
+        e[g] = first[k][g];
+      }
+      for (int b = (1 << ct.search_steps) >> 1; b != 0; b >>= 1) {
+        const __m256i vb = _mm256_set1_epi32(b);
+        for (int g = 0; g < 4; ++g) {
+          const __m256i probe = _mm256_i32gather_epi32(slots, _mm256_add_epi32(s[g], vb), 4);
+          const __m256i below = _mm256_cmpgt_epi32(slot[g], _mm256_and_si256(probe, _mm256_set1_epi32(0xffff)));
+          s[g] = _mm256_add_epi32(s[g], _mm256_and_si256(below, vb));
+          e[g] = _mm256_blendv_epi8(e[g], probe, below);
+        }
+      }
+      for (int g = 0; g < 4; ++g) {
+        sym[g] = _mm256_sub_epi32(s[g], slot_off[k][g]);
+        const __m256i cum = _mm256_and_si256(e[g], _mm256_set1_epi32(0xffff));
+        xn[g] = _mm256_add_epi32(_mm256_mullo_epi32(_mm256_srli_epi32(e[g], 16), _mm256_srl_epi32(x[g], pb)),
+                                 _mm256_sub_epi32(_mm256_sub_epi32(slot[g], _mm256_set1_epi32(1)), cum));
+      }
+    }
     for (int g = 0; g < 4; ++g) {
-      const __m256i e =
-          _mm256_i32gather_epi32(slots, _mm256_add_epi32(_mm256_and_si256(x[g], mask), slot_off[k][g]), 4);
-      sym[g] = _mm256_and_si256(e, m7f);
-      const __m256i f = _mm256_srli_epi32(e, 19);
-      const __m256i bias = _mm256_and_si256(_mm256_srli_epi32(e, 7), mfff);
-      xn[g] = _mm256_add_epi32(_mm256_mullo_epi32(f, _mm256_srl_epi32(x[g], pb)), bias);
       need[g] = _mm256_cmpgt_epi32(low, xn[g]);
       m[g] = _mm256_movemask_ps(_mm256_castsi256_ps(need[g]));
     }

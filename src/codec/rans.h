@@ -45,15 +45,20 @@ inline Reciprocal ComputeReciprocal(uint32_t freq) {
   return {static_cast<uint32_t>(((uint64_t{1} << (31 + k)) + freq - 1) / freq), static_cast<uint8_t>(31 + k)};
 }
 
-inline EncSymbol MakeEncSymbol(uint32_t cum, uint32_t freq, int prob_bits) {
+// `reciprocals`: ReciprocalTable(), fetched once by callers that build many symbols.
+inline EncSymbol MakeEncSymbol(uint32_t cum, uint32_t freq, int prob_bits, const Reciprocal* reciprocals) {
   EncSymbol e;
   e.x_max = ((kRansLow >> prob_bits) << 16) * freq;
-  const Reciprocal r = freq <= 4096 ? ReciprocalTable()[freq] : ComputeReciprocal(freq);
+  const Reciprocal r = freq <= 4096 ? reciprocals[freq] : ComputeReciprocal(freq);
   e.rcp = r.rcp;
   e.rcp_shift = r.shift;
   e.cum = cum;
   e.cmpl = static_cast<uint16_t>((1u << prob_bits) - freq);
   return e;
+}
+
+inline EncSymbol MakeEncSymbol(uint32_t cum, uint32_t freq, int prob_bits) {
+  return MakeEncSymbol(cum, freq, prob_bits, ReciprocalTable());
 }
 
 // One encoding step (in reverse decoding order). Words grow downward: a renormalised

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <fstream>
 #include <iterator>
+#include <random>
 
 #include "codec/codec.h"
 #include "codec/crc32c.h"
@@ -383,6 +384,98 @@ TEST(CachegenTest, ScalarAndAvx2EncodersWriteTheSameBytes) {
   EXPECT_GT(cases, 100);  // most planes get smaller than raw (one-token planes may not)
 }
 
+// The AVX2 fit of four channels at once picks what FitChannel picks for each, on random
+// histograms of every alphabet (sparse, dense, peaked, empty channels beside full ones,
+// counts up to 2^31 - 1) and on the cases at its boundaries (4 x mean at k + 1/2,
+// kurtosis 4.5).
+TEST(CachegenTest, Avx2FitOfFourChannelsIsFitChannels) {
+  if (!plane::HaveAvx2()) GTEST_SKIP() << "no AVX2 on this CPU";
+  std::mt19937 rng(3);
+  auto check = [&](const std::vector<uint32_t>& hist, int alphabet, const char* what) {
+    uint8_t got[8];
+    plane::FitChannels4Avx2(hist.data(), 4, alphabet, got);
+    for (int j = 0; j < 4; ++j) {
+      uint32_t h[kMaxAlphabet];
+      for (int s = 0; s < alphabet; ++s) h[s] = hist[4 * size_t(s) + j];
+      uint8_t center, shape;
+      plane::FitChannel(h, alphabet, ProbBitsFor(alphabet), &center, &shape);
+      ASSERT_EQ(got[2 * j], center) << what << " alphabet " << alphabet << " channel " << j;
+      ASSERT_EQ(got[2 * j + 1], shape) << what << " alphabet " << alphabet << " channel " << j;
+    }
+  };
+  for (int round = 0; round < 3000; ++round) {
+    const int alphabet = 3 + 2 * static_cast<int>(rng() % 31);
+    std::vector<uint32_t> hist(4 * size_t(alphabet), 0);
+    for (int j = 0; j < 4; ++j) {
+      const int kind = static_cast<int>(rng() % 5);
+      if (kind == 0) continue;  // empty channel
+      const int center = static_cast<int>(rng() % alphabet);
+      const int width = 1 + static_cast<int>(rng() % alphabet);
+      const uint32_t top = kind == 4 ? 0x7fffffffu / alphabet : (kind == 3 ? 3u : 300u);
+      for (int s = std::max(0, center - width); s < std::min(alphabet, center + width); ++s) {
+        if (kind == 2 && rng() % 2) continue;  // sparse
+        hist[4 * size_t(s) + j] = rng() % (top + 1);
+      }
+    }
+    check(hist, alphabet, "random");
+  }
+  // 4 x mean exactly half-way: counts 7 and 1 of two neighbours (mean +1/8), 3 and 1, ...
+  for (int alphabet : {3, 15, 63}) {
+    for (uint32_t a : {1u, 3u, 7u, 15u}) {
+      std::vector<uint32_t> hist(4 * size_t(alphabet), 0);
+      for (int j = 0; j < 4; ++j) {
+        const int s0 = (j * 5) % (alphabet - 1);
+        hist[4 * size_t(s0) + j] = a;
+        hist[4 * size_t(s0 + 1) + j] = 1;
+      }
+      check(hist, alphabet, "half-way");
+    }
+  }
+  // Kurtosis at the Gauss/Laplace threshold: counts k, 7k, k of three neighbours have
+  // kurtosis 4.5 (variance 2/9, fourth moment 2/9).
+  for (int alphabet : {3, 31}) {
+    for (uint32_t k : {1u, 2u, 5u, 1000u}) {
+      std::vector<uint32_t> hist(4 * size_t(alphabet), 0);
+      for (int j = 0; j < 4; ++j) {
+        const int s0 = (j * 7) % (alphabet - 2);
+        hist[4 * size_t(s0) + j] = k * (j + 1);
+        hist[4 * size_t(s0 + 1) + j] = 7 * k * (j + 1);
+        hist[4 * size_t(s0 + 2) + j] = k * (j + 1);
+      }
+      check(hist, alphabet, "kurtosis 4.5");
+    }
+  }
+}
+
+// The AVX2 histogram of the normal tokens (byte counters emptied every 255 tokens, a
+// scalar tail past the last 32 channels) counts what one increment per value counts.
+TEST(CachegenTest, Avx2HistogramCountsEverySymbol) {
+  if (!plane::HaveAvx2()) GTEST_SKIP() << "no AVX2 on this CPU";
+  std::mt19937 rng(5);
+  for (uint32_t channels : {32u, 40u, 7u, 128u}) {
+    for (uint32_t tokens : {1u, 255u, 256u, 700u}) {
+      for (uint32_t g : {0u, 2u, 10u}) {
+        for (int alphabet : {3, 15, 31}) {
+          std::vector<uint8_t> sym(size_t{tokens} * channels);
+          for (size_t i = 0; i < sym.size(); ++i) {
+            // Even channels always the same symbol (their counters fill up), odd ones spread.
+            const size_t c = i % channels;
+            sym[i] = static_cast<uint8_t>(c % 2 == 0 ? c % alphabet : rng() % alphabet);
+          }
+          std::vector<uint32_t> want(size_t(alphabet) * channels, 1), got = want;  // adds to what is there
+          for (uint32_t t = 0; t < tokens; ++t) {
+            if (g >= 2 && t % g == 0) continue;
+            for (uint32_t c = 0; c < channels; ++c) want[size_t{sym[size_t{t} * channels + c]} * channels + c]++;
+          }
+          plane::NormalHistogramAvx2(sym.data(), tokens, channels, g, alphabet, got.data());
+          ASSERT_EQ(got, want) << channels << " channels, " << tokens << " tokens, G " << g << ", alphabet "
+                               << alphabet;
+        }
+      }
+    }
+  }
+}
+
 TEST(CachegenTest, BinScheduleIsPerLayerAndRecorded) {
   KvSpec s;
   s.layers = 12;
@@ -608,7 +701,9 @@ TEST(CachegenTest, EncodedSizeIsBounded) {
 // precision (its tables must not be taken for that plane's), at pool limits from
 // "every block builds its own" (0) to "never full"; every plane must decode exactly (the
 // same bytes, even those written before a failure, and the same verdict) as with a
-// fresh Scratch that builds every block's tables.
+// fresh Scratch that builds every block's slot tables. The same with the token classes
+// decoded by search tables where they have few tokens (the default: the anchors of
+// G = 10 at 32 bins), never, and always (every class, full and partial blocks).
 TEST(CachegenTest, SharedDecodingTablesDoNotChangeTheOutput) {
   struct P {
     plane::PlaneSpec spec;
@@ -661,30 +756,38 @@ TEST(CachegenTest, SharedDecodingTablesDoNotChangeTheOutput) {
     for (int simd = 0; simd < 2; ++simd) {
       plane::Scratch fresh;
       fresh.slot_table_limit = 0;
+      fresh.search_weight = 0;
       p.expect[simd].assign(size_t{p.spec.tokens} * p.spec.channels * 2, 0xee);
       p.expect_ok[simd] = plane::Decode(p.payload, p.spec, &fresh, p.expect[simd].data(), simd).ok();
     }
   }
   EXPECT_FALSE(planes[5].expect_ok[0]);
   int ok = 0, failed = 0;
+  const uint32_t weights[] = {0, plane::Scratch{}.search_weight, 1u << 20};
   for (size_t limit : {size_t{0}, size_t{32} << 10, size_t{100} << 10, size_t{1} << 19, size_t{1} << 26}) {
-    for (int simd = 0; simd < 2; ++simd) {
+    for (int run = 0; run < 2 * 3; ++run) {
+      const int simd = run % 2;
+      const uint32_t weight = weights[run / 2];
       plane::Scratch sc;
       sc.slot_table_limit = limit;
+      sc.search_weight = weight;
       for (int pass = 0; pass < 2; ++pass) {  // the second pass finds its tables in the pool
         for (size_t i = 0; i < planes.size(); ++i) {
           const P& p = planes[i];
           std::vector<uint8_t> out(p.expect[simd].size(), 0xee);
           const bool st = plane::Decode(p.payload, p.spec, &sc, out.data(), simd).ok();
-          ASSERT_EQ(st, p.expect_ok[simd]) << "plane " << i << " limit " << limit << " simd " << simd;
-          ASSERT_EQ(out, p.expect[simd]) << "plane " << i << " limit " << limit << " simd " << simd << " pass " << pass;
+          const std::string where = "plane " + std::to_string(i) + " limit " + std::to_string(limit) + " simd " +
+                                    std::to_string(simd) + " weight " + std::to_string(weight) + " pass " +
+                                    std::to_string(pass);
+          ASSERT_EQ(st, p.expect_ok[simd]) << where;
+          ASSERT_EQ(out, p.expect[simd]) << where;
           (st ? ok : failed)++;
         }
       }
     }
   }
-  EXPECT_GE(ok, 5 * 2 * 2 * 12);
-  EXPECT_GE(failed, 5 * 2 * 2);
+  EXPECT_GE(ok, 5 * 2 * 3 * 2 * 12);
+  EXPECT_GE(failed, 5 * 2 * 3 * 2);
 }
 
 }  // namespace

@@ -4,10 +4,12 @@
 // encoder's reciprocal division is exact for every frequency and state.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <random>
 
 #include "codec/crc32c.h"
 #include "codec/model_core.h"
+#include "codec/plane.h"
 #include "codec/rans.h"
 
 namespace kvd::codec {
@@ -65,6 +67,34 @@ TEST(ModelTest, TablesArePinned) {
     }
   }
   EXPECT_EQ(crc, 0xda837eb0u) << "tables checksum 0x" << std::hex << crc;
+}
+
+// The AVX2 construction (plane::BuildFrequenciesAvx2, used by the encoder and the
+// decoder when the CPU has AVX2) gives the same verdict and frequencies as
+// BuildFrequencies for every center and shape byte (valid or not) of every alphabet at its
+// precision, and at every precision for the 4-, 16-, 32- and 64-bin alphabets.
+TEST(ModelTest, Avx2FrequenciesAreExact) {
+  if (!plane::HaveAvx2()) GTEST_SKIP() << "no AVX2";
+  uint16_t f[kMaxAlphabet], g[kMaxAlphabet];
+  auto check = [&](int a, int pb) {
+    for (int shape = 0; shape < 256; ++shape) {
+      for (int center = 0; center < 256; ++center) {
+        const auto c = static_cast<uint8_t>(center), sh = static_cast<uint8_t>(shape);
+        const bool ok = BuildFrequencies(c, sh, a, pb, f);
+        ASSERT_EQ(plane::BuildFrequenciesAvx2(c, sh, a, pb, g), ok) << a << " " << pb << " " << shape << " " << center;
+        if (ok) {
+          ASSERT_EQ(memcmp(f, g, sizeof(uint16_t) * a), 0) << a << " " << pb << " " << shape << " " << center;
+        }
+      }
+    }
+  };
+  for (int bins = 4; bins <= 64; bins += 2) check(2 * (bins / 2 - 1) + 1, ProbBitsFor(2 * (bins / 2 - 1) + 1));
+  for (int a : {3, 15, 31, 63}) {
+    for (int pb = kMinProbBits; pb <= kMaxProbBits; ++pb) check(a, pb);
+  }
+  EXPECT_FALSE(plane::BuildFrequenciesAvx2(0, 0, 64, 12, g));  // alphabet too large
+  EXPECT_FALSE(plane::BuildFrequenciesAvx2(0, 0, 15, 13, g));  // precision too high
+  EXPECT_FALSE(plane::BuildFrequenciesAvx2(0, 0, 15, 7, g));   // precision too low
 }
 
 TEST(RansTest, ReciprocalDivisionIsExact) {
