@@ -53,4 +53,6 @@ std::unique_ptr<EvictionPolicy> MakePolicy(std::string_view name, const PolicyCo
   return nullptr;
 }
 
+std::unique_ptr<SharedState> MakeSharedState(std::string_view) { return nullptr; }
+
 }  // namespace kvd::eviction

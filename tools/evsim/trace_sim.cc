@@ -111,8 +111,11 @@ Result<SimResult> SimulatePolicy(const Trace& trace, const std::string& policy,
   Blocks blocks(trace.unique_blocks);
   std::atomic<uint32_t> clock{0};
   eviction::QuotaBook quotas;
+  const auto shared = eviction::MakeSharedState(*name);  // outlives `parts`
   std::vector<std::unique_ptr<EvictionPolicy>> parts;
-  for (uint32_t s = 0; s < shards; ++s) parts.push_back(eviction::MakePolicy(*name, {&blocks, &clock, &quotas}));
+  for (uint32_t s = 0; s < shards; ++s) {
+    parts.push_back(eviction::MakePolicy(*name, {&blocks, &clock, &quotas, shared.get()}));
+  }
   auto part = [&](uint64_t id) -> EvictionPolicy& {
     return *parts[shards == 1 ? 0 : Mix64(id) % shards];
   };
@@ -128,7 +131,13 @@ Result<SimResult> SimulatePolicy(const Trace& trace, const std::string& policy,
     while (h < req.blocks.size() && cached[req.blocks[h]]) ++h;
     r.hit_blocks += h;
     for (size_t i = 0; i < h; ++i) r.hit_tokens += BlockTokens(req, i, trace.block_tokens);
-    for (size_t i = h; i-- > 0;) part(req.blocks[i]).Access(static_cast<EntryId>(req.blocks[i]));
+    const uint32_t n = static_cast<uint32_t>(req.blocks.size());
+    auto use = [&](size_t i) {
+      return eviction::UseInfo{static_cast<uint32_t>(i), n, static_cast<uint32_t>(h)};
+    };
+    for (size_t i = h; i-- > 0;) {
+      part(req.blocks[i]).Access(static_cast<EntryId>(req.blocks[i]), use(i));
+    }
     stored.clear();
     for (size_t i = h; i < req.blocks.size(); ++i) {
       const EntryId id = static_cast<EntryId>(req.blocks[i]);
@@ -158,7 +167,7 @@ Result<SimResult> SimulatePolicy(const Trace& trace, const std::string& policy,
         break;
       }
       blocks.hook(id) = Hook{};
-      part(id).Insert(id);
+      part(id).Insert(id, eviction::UseInfo{});
       part(id).Hold(id);  // reserved while the rest of the STORE is
       cached[id] = 1;
       ++size;

@@ -8,8 +8,11 @@
 //
 // MODEL (what kvd does per request):
 //   1. lookup: the request hits the longest prefix of its blocks that is cached;
-//   2. the hit blocks are used (policy Access, last block first: lmcache's order);
-//   3. the missed blocks are stored: each is inserted and held while the others are
+//   2. the hit blocks are used (policy Access, last block first: lmcache's order), each with
+//      the request's UseInfo (its position, the request's blocks, the hit length), as the
+//      L1's lookup reports them;
+//   3. the missed blocks are stored: each is inserted (with no UseInfo, as the L1's
+//      ReserveWrite has none) and held while the others are
 //      reserved (a STORE reserves every chunk before committing), evicting policy victims
 //      while the cache is over capacity, then all are released last first (commit order).
 //      A block that finds nothing evictable is not stored (and neither are the rest).
