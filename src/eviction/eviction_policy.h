@@ -90,7 +90,7 @@ struct UseInfo {
 };
 
 // State shared by the instances that are ranked together (the L1's shards), for a policy that
-// learns from the whole cache rather than from one shard. Thread-safe. The owner makes
+// learns from the whole cache rather than from one shard (LHD). Thread-safe. The owner makes
 // one with MakeSharedState (nullptr: the policy shares nothing), keeps it alive longer than
 // the instances and passes it to each of them.
 class SharedState {
@@ -102,7 +102,7 @@ struct PolicyContext {
   HookArena* hooks = nullptr;                // required
   std::atomic<uint32_t>* clock = nullptr;    // required; shared by instances that are ranked together
   QuotaBook* quotas = nullptr;               // required by IsolatedLRU, ignored by the others
-  SharedState* shared = nullptr;             // MakeSharedState's, for the policies that have one
+  SharedState* shared = nullptr;             // MakeSharedState's; LHD without it learns alone
 };
 
 class EvictionPolicy {
@@ -149,6 +149,9 @@ inline bool GoesBefore(const EvictionPolicy::Candidate& a, const EvictionPolicy:
 //   S3-FIFO      small FIFO (10%) for new entries, main FIFO with a 2-bit frequency and
 //                reinsertion, ghost FIFO of keys evicted from the small queue (Yang et al.,
 //                SOSP'23).
+//   LHD          lowest learned hit index first: entries classed by uses (1, 2, 3, 4+), an
+//                index per class and age learned from hits and ghosts of every instance
+//                together (hit_index.h); LRU within a class.
 //   IsolatedLRU  one LRU per cache salt (Hook::group) with byte quotas from QuotaBook:
 //                salts over their quota go first, and eviction rounds shed them down to it.
 //   noop         never evicts: a full cache refuses new writes.
@@ -167,5 +170,7 @@ std::unique_ptr<EvictionPolicy> MakeArcPolicy(const PolicyContext& context);
 std::unique_ptr<EvictionPolicy> MakeS3FifoPolicy(const PolicyContext& context);
 std::unique_ptr<EvictionPolicy> MakeIsolatedLruPolicy(const PolicyContext& context);
 std::unique_ptr<EvictionPolicy> MakeNoopPolicy(const PolicyContext& context);
+std::unique_ptr<EvictionPolicy> MakeLhdPolicy(const PolicyContext& context);
+std::unique_ptr<SharedState> MakeLhdSharedState();
 
 }  // namespace kvd::eviction

@@ -16,6 +16,7 @@ const Entry kPolicies[] = {
     {"LRU", MakeLruPolicy},
     {"ARC", MakeArcPolicy},
     {"S3-FIFO", MakeS3FifoPolicy},
+    {"LHD", MakeLhdPolicy},
     {"IsolatedLRU", MakeIsolatedLruPolicy},
     {"noop", MakeNoopPolicy},
 };
@@ -53,6 +54,10 @@ std::unique_ptr<EvictionPolicy> MakePolicy(std::string_view name, const PolicyCo
   return nullptr;
 }
 
-std::unique_ptr<SharedState> MakeSharedState(std::string_view) { return nullptr; }
+std::unique_ptr<SharedState> MakeSharedState(std::string_view name) {
+  auto canonical = CanonicalPolicyName(name);
+  if (canonical && *canonical == "LHD") return MakeLhdSharedState();
+  return nullptr;
+}
 
 }  // namespace kvd::eviction

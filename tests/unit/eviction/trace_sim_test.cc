@@ -210,6 +210,24 @@ TEST(TraceSim, ShardedLruKeepsTheGlobalOrder) {
   }
 }
 
+// Popular one-block requests, each repeated after 160 one-shot requests; room for 100 blocks.
+TEST(TraceSim, LhdLearnsOnOneShardAndOnSixtyFourSharingOneIndex) {
+  std::string jsonl;
+  uint64_t next = 1000;
+  for (int round = 0; round < 100; ++round) {
+    for (uint64_t p = 0; p < 40; ++p) {
+      jsonl += Req(1, {p});
+      for (int s = 0; s < 4; ++s) jsonl += Req(1, {next++});
+    }
+  }
+  const Trace t = MustParse(jsonl, 1);
+  EXPECT_EQ(MustSimulate(t, "LRU", 100).hit_blocks, 0u);
+  const uint64_t one = MustSimulate(t, "LHD", 100, 1).hit_blocks;
+  const uint64_t sharded = MustSimulate(t, "LHD", 100, 64).hit_blocks;
+  EXPECT_GE(one, 40u * 50);  // most of the last half of the rounds, at least
+  EXPECT_GE(sharded, 40u * 50);
+}
+
 TEST(TraceSim, OptBoundsEveryPolicyAndEveryoneMatchesInfiniteWhenNothingIsEvicted) {
   for (uint32_t seed = 11; seed <= 14; ++seed) {
     const Trace t = RandomConversations(seed, 400);
