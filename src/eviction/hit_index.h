@@ -24,9 +24,10 @@
 // Two orders are imposed on the table because prefix caching needs them: the index never rises
 // with age (within a class the older entry goes first: LRU) and never falls with uses (at equal
 // age, an entry used more often goes after one used less). A request uses every chunk before
-// one it uses, so a chunk's prefix has at least its uses and was used at least as recently:
-// with both orders a prefix is never evicted before its tail, which would make the tail
-// useless (a lookup stops at the first miss).
+// one it uses, so a chunk's prefix has at least its uses, and of the chunks one lookup hits
+// the prefix is touched last (the owner reports them last first): with both orders such a
+// prefix never goes before its tail, which would leave the tail useless (a lookup stops at the
+// first miss). (Chunks stored after a request's hits are newer than its prefix, as in LRU.)
 //
 // THREADS. ComputeIndex is a pure function. HitStats is thread-safe (one mutex, taken once
 // every kSyncEvents observations of an instance, and by an instance's Victim() only when the
