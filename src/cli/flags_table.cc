@@ -252,8 +252,8 @@ const FlagSpec kFlags[] = {
 
     // ---- Eviction Policy ----
     {.name = "--eviction-policy", .group = kEviction, .kind = K::kChoice,
-     .lmcache_default = "required", .choices = "LRU|ARC|IsolatedLRU|noop|S3-FIFO",
-     .note = "L1 eviction policy; required (S3-FIFO is kvd's; docs/eviction.md compares them)",
+     .lmcache_default = "required", .choices = "LRU|ARC|IsolatedLRU|noop|S3-FIFO|LHD",
+     .note = "L1 eviction policy; required (S3-FIFO and LHD are kvd's; docs/eviction.md compares them)",
      .apply = [](const FlagValue& v, CliConfig& c) { c.server.eviction_policy = v.text; },
      .show = [](const CliConfig& c) { return c.server.eviction_policy; }},
     {.name = "--eviction-trigger-watermark", .group = kEviction, .kind = K::kFloat,

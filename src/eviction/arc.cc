@@ -22,7 +22,7 @@ class ArcPolicy final : public EvictionPolicy {
       : hooks_(c.hooks), clock_(c.clock), t1_(c.hooks, kT1), t2_(c.hooks, kT2) {}
   const char* name() const override { return "ARC"; }
 
-  void Insert(EntryId id) override {
+  void Insert(EntryId id, const UseInfo&) override {
     const uint64_t key = hooks_->key(id);
     hooks_->hook(id).stamp = Tick(*clock_);
     if (b1_.Contains(key)) {
@@ -44,7 +44,7 @@ class ArcPolicy final : public EvictionPolicy {
     TrimGhosts();
   }
 
-  void Access(EntryId id) override {
+  void Access(EntryId id, const UseInfo&) override {
     Hook& h = hooks_->hook(id);
     h.stamp = Tick(*clock_);
     switch (h.queue) {

@@ -16,8 +16,9 @@
 //             Access  │
 //                     └──── Erase (from evictable or held) ──▶ gone, no ghost
 //
-//   * Insert(id): a new entry; it starts evictable.
-//   * Access(id): a hit (lookup, read, touch). Allowed while held.
+//   * Insert(id, use): a new entry; it starts evictable. `use` (UseInfo) says what the owner
+//     knows of the request it came with; zeros where it knows nothing.
+//   * Access(id, use): a hit (lookup, read, touch). Allowed while held.
 //   * Hold(id) / Release(id): the entry stops / starts being a candidate (it is pinned, read
 //     locked or being written). Held entries are never returned by Victim() and are not on
 //     the policy's candidate lists, so eviction never re-walks them. Holds do not nest: the
@@ -77,10 +78,31 @@ class HookArena {
   ~HookArena() = default;
 };
 
+// What the owner knows of one use of an entry (an Insert or an Access), all optional: a zero
+// field means "unknown", and an owner that knows nothing passes UseInfo{}. The L1 and the trace
+// simulator fill it from the request the chunk belongs to. Policies that do not look at it
+// (LRU, ARC, S3-FIFO, IsolatedLRU, noop) behave the same whatever it says.
+struct UseInfo {
+  uint32_t position = 0;  // the chunk's index in its request (0: the first chunk)
+  uint32_t chunks = 0;    // chunks in the request; 0: unknown (then `position` means nothing)
+  uint32_t hits = 0;      // leading chunks of the request that were cached when it looked up
+  bool last() const { return chunks != 0 && position + 1 == chunks; }
+};
+
+// State shared by the instances that are ranked together (the L1's shards), for a policy that
+// learns from the whole cache rather than from one shard (LHD). Thread-safe. The owner makes
+// one with MakeSharedState (nullptr: the policy shares nothing), keeps it alive longer than
+// the instances and passes it to each of them.
+class SharedState {
+ public:
+  virtual ~SharedState() = default;
+};
+
 struct PolicyContext {
   HookArena* hooks = nullptr;                // required
   std::atomic<uint32_t>* clock = nullptr;    // required; shared by instances that are ranked together
   QuotaBook* quotas = nullptr;               // required by IsolatedLRU, ignored by the others
+  SharedState* shared = nullptr;             // MakeSharedState's; LHD without it learns alone
 };
 
 class EvictionPolicy {
@@ -96,8 +118,11 @@ class EvictionPolicy {
   virtual ~EvictionPolicy() = default;
   virtual const char* name() const = 0;
 
-  virtual void Insert(EntryId id) = 0;
-  virtual void Access(EntryId id) = 0;
+  virtual void Insert(EntryId id, const UseInfo& use) = 0;
+  virtual void Access(EntryId id, const UseInfo& use) = 0;
+  // The same for an owner that knows nothing of the use.
+  void Insert(EntryId id) { Insert(id, UseInfo{}); }
+  void Access(EntryId id) { Access(id, UseInfo{}); }
   virtual void Hold(EntryId id) = 0;
   virtual void Release(EntryId id) = 0;
   virtual void Evicted(EntryId id) = 0;
@@ -124,11 +149,17 @@ inline bool GoesBefore(const EvictionPolicy::Candidate& a, const EvictionPolicy:
 //   S3-FIFO      small FIFO (10%) for new entries, main FIFO with a 2-bit frequency and
 //                reinsertion, ghost FIFO of keys evicted from the small queue (Yang et al.,
 //                SOSP'23).
+//   LHD          lowest learned hit index first: entries classed by uses (1, 2, 3, 4+), an
+//                index per class and age learned from hits and ghosts of every instance
+//                together (hit_index.h); LRU within a class.
 //   IsolatedLRU  one LRU per cache salt (Hook::group) with byte quotas from QuotaBook:
 //                salts over their quota go first, and eviction rounds shed them down to it.
 //   noop         never evicts: a full cache refuses new writes.
 // Returns nullptr for an unknown name.
 std::unique_ptr<EvictionPolicy> MakePolicy(std::string_view name, const PolicyContext& context);
+// The state the instances of policy `name` share (PolicyContext::shared), or nullptr when the
+// policy (or the name) has none.
+std::unique_ptr<SharedState> MakeSharedState(std::string_view name);
 // Canonical spelling of a known name ("lru" -> "LRU"), or nullopt.
 std::optional<std::string> CanonicalPolicyName(std::string_view name);
 // Every canonical name, in the order above.
@@ -139,5 +170,7 @@ std::unique_ptr<EvictionPolicy> MakeArcPolicy(const PolicyContext& context);
 std::unique_ptr<EvictionPolicy> MakeS3FifoPolicy(const PolicyContext& context);
 std::unique_ptr<EvictionPolicy> MakeIsolatedLruPolicy(const PolicyContext& context);
 std::unique_ptr<EvictionPolicy> MakeNoopPolicy(const PolicyContext& context);
+std::unique_ptr<EvictionPolicy> MakeLhdPolicy(const PolicyContext& context);
+std::unique_ptr<SharedState> MakeLhdSharedState();
 
 }  // namespace kvd::eviction

@@ -20,13 +20,13 @@ class IsolatedLruPolicy final : public EvictionPolicy {
       : hooks_(c.hooks), clock_(c.clock), quotas_(c.quotas) {}
   const char* name() const override { return "IsolatedLRU"; }
 
-  void Insert(EntryId id) override {
+  void Insert(EntryId id, const UseInfo&) override {
     Hook& h = hooks_->hook(id);
     h.stamp = Tick(*clock_);
     ListOf(h.group).PushBack(id);
     ++tracked_;
   }
-  void Access(EntryId id) override {
+  void Access(EntryId id, const UseInfo&) override {
     Hook& h = hooks_->hook(id);
     h.stamp = Tick(*clock_);
     if (h.queue == kListed) ListOf(h.group).MoveToBack(id);

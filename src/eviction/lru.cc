@@ -13,12 +13,12 @@ class LruPolicy final : public EvictionPolicy {
   explicit LruPolicy(const PolicyContext& c) : hooks_(c.hooks), clock_(c.clock), list_(c.hooks, kListed) {}
   const char* name() const override { return "LRU"; }
 
-  void Insert(EntryId id) override {
+  void Insert(EntryId id, const UseInfo&) override {
     hooks_->hook(id).stamp = Tick(*clock_);
     list_.PushBack(id);
     ++tracked_;
   }
-  void Access(EntryId id) override {
+  void Access(EntryId id, const UseInfo&) override {
     Hook& h = hooks_->hook(id);
     h.stamp = Tick(*clock_);
     if (h.queue == kListed) list_.MoveToBack(id);
@@ -57,8 +57,8 @@ class LruPolicy final : public EvictionPolicy {
 class NoopPolicy final : public EvictionPolicy {
  public:
   const char* name() const override { return "noop"; }
-  void Insert(EntryId) override { ++tracked_; }
-  void Access(EntryId) override {}
+  void Insert(EntryId, const UseInfo&) override { ++tracked_; }
+  void Access(EntryId, const UseInfo&) override {}
   void Hold(EntryId) override {}
   void Release(EntryId) override {}
   void Evicted(EntryId) override { --tracked_; }

@@ -16,6 +16,7 @@ const Entry kPolicies[] = {
     {"LRU", MakeLruPolicy},
     {"ARC", MakeArcPolicy},
     {"S3-FIFO", MakeS3FifoPolicy},
+    {"LHD", MakeLhdPolicy},
     {"IsolatedLRU", MakeIsolatedLruPolicy},
     {"noop", MakeNoopPolicy},
 };
@@ -50,6 +51,12 @@ std::unique_ptr<EvictionPolicy> MakePolicy(std::string_view name, const PolicyCo
   for (const auto& p : kPolicies) {
     if (SameName(name, p.name)) return p.make(context);
   }
+  return nullptr;
+}
+
+std::unique_ptr<SharedState> MakeSharedState(std::string_view name) {
+  auto canonical = CanonicalPolicyName(name);
+  if (canonical && *canonical == "LHD") return MakeLhdSharedState();
   return nullptr;
 }
 

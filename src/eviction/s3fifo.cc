@@ -24,7 +24,7 @@ class S3FifoPolicy final : public EvictionPolicy {
       : hooks_(c.hooks), clock_(c.clock), small_(c.hooks, kSmall), main_(c.hooks, kMain) {}
   const char* name() const override { return "S3-FIFO"; }
 
-  void Insert(EntryId id) override {
+  void Insert(EntryId id, const UseInfo&) override {
     Hook& h = hooks_->hook(id);
     h.stamp = Tick(*clock_);
     h.bits = 0;
@@ -37,7 +37,7 @@ class S3FifoPolicy final : public EvictionPolicy {
     }
   }
 
-  void Access(EntryId id) override {
+  void Access(EntryId id, const UseInfo&) override {
     Hook& h = hooks_->hook(id);
     h.bits = static_cast<uint8_t>(std::min<int>(h.bits + 1, kMaxFreq));
   }

@@ -213,12 +213,14 @@ L1Cache::L1Cache(const L1CacheOptions& options, std::unique_ptr<MemoryPool> pool
       pool_(std::move(pool)),
       alloc_(std::move(alloc)),
       quotas_(options.eviction_watermark, options.eviction_ratio),
+      policy_shared_(eviction::MakeSharedState(policy_name_)),
       locks_(std::make_unique<Locks>()) {
   shards_.reserve(detail::kShards);
   for (uint32_t i = 0; i < detail::kShards; ++i) {
     auto sh = std::make_unique<Shard>(i, seed_);
     MutexLock lock(&sh->mu);
-    sh->policy = eviction::MakePolicy(policy_name_, {sh.get(), &policy_clock_, &quotas_});
+    sh->policy = eviction::MakePolicy(policy_name_,
+                                      {sh.get(), &policy_clock_, &quotas_, policy_shared_.get()});
     shards_.push_back(std::move(sh));
   }
 }

@@ -24,6 +24,9 @@
 //     the policy's candidate list.
 //   * Recency of a batch (Touch, the locks of one lookup, CommitInReverse) is applied last key
 //     first, so a request's later chunks are the older ones (lmcache's order: they go first).
+//   * The policy hears a lookup's hits as uses of a request (eviction::UseInfo: the chunk's
+//     position, the request's chunks, its hit length); read pins, Touch and new entries carry
+//     no request information.
 //
 // THREADS. Every method is thread-safe, and none holds a cache-wide lock: the index has 64
 // shards, each with its own mutex (held for a probe and a few field updates, never during a
@@ -414,6 +417,8 @@ class L1Cache {
   Namespaces namespaces_;
   eviction::QuotaBook quotas_;
   std::atomic<uint32_t> policy_clock_{0};
+  // What the shards' policies share (MakeSharedState; may be null). Outlives them.
+  std::unique_ptr<eviction::SharedState> policy_shared_;
   std::atomic<uint64_t> next_token_{1};
   std::atomic<uint64_t> write_exhausted_{0};
   std::atomic<uint64_t> backing_failures_{0};

@@ -100,13 +100,17 @@ size_t L1Cache::LookupAndLock(std::string_view owner, uint64_t first_chunk,
     grefs.push_back(GlobalRef(sh.id(), local));
   }
 
-  // Pass 2, last hit first: the policy hears of the hits in lmcache's order; transient locks
-  // are dropped (their release sets the recency).
+  // Pass 2, last hit first: the policy hears of the hits in lmcache's order, as uses of this
+  // request; transient locks are dropped (their release sets the recency).
+  auto chunk_no = [&](size_t i) {
+    return static_cast<uint32_t>(std::min<uint64_t>(first_chunk + i, UINT32_MAX));
+  };
   for (size_t i = grefs.size(); i-- > 0;) {
     Shard& sh = ShardOfRef(grefs[i]);
     const uint32_t local = LocalOf(grefs[i]);
     MutexLock lock(&sh.mu);
-    sh.policy->Access(local);
+    sh.policy->Access(local, eviction::UseInfo{chunk_no(i), chunk_no(keys.size()),
+                                               chunk_no(grefs.size())});
     if (readers == 0) {
       ApplyLock(sh, local, LockEvent::kHoldEnd);
       MaybeFreeRecordLocked(sh, local);

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <fstream>
 #include <queue>
+#include <random>
 #include <sstream>
 #include <unordered_map>
 
@@ -56,16 +57,18 @@ double Since(std::chrono::steady_clock::time_point t0) {
 
 }  // namespace
 
-Result<Trace> ParseTrace(const std::string& jsonl, int64_t block_tokens, size_t max_requests) {
+Result<Trace> ParseTrace(const std::string& jsonl, const TraceOptions& options) {
+  const int64_t block_tokens = options.block_tokens;
   if (block_tokens <= 0) return Status::InvalidArgument("block size must be positive");
   Trace t;
   t.block_tokens = block_tokens;
   std::unordered_map<uint64_t, uint64_t> dense;
   std::istringstream in(jsonl);
   std::string line;
+  size_t skipped = 0;
   for (size_t n = 1; std::getline(in, line); ++n) {
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    if (max_requests && t.requests.size() >= max_requests) break;
+    if (options.max_requests && t.requests.size() >= options.max_requests) break;
     nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
     if (!j.is_object() || !j.contains("hash_ids") || !j["hash_ids"].is_array() ||
         !j.contains("input_length") || !j["input_length"].is_number_integer()) {
@@ -82,7 +85,18 @@ Result<Trace> ParseTrace(const std::string& jsonl, int64_t block_tokens, size_t 
       if (!h.is_number_integer()) {
         return Status::InvalidArgument("trace line " + std::to_string(n) + ": bad hash id");
       }
-      auto [it, fresh] = dense.try_emplace(h.get<uint64_t>(), dense.size());
+    }
+    if (skipped < options.skip_requests) {
+      ++skipped;
+      continue;
+    }
+    // Complete blocks only, unless partial ones are asked for (see trace_sim.h).
+    size_t keep = j["hash_ids"].size();
+    if (!options.partial_blocks) {
+      keep = std::min<size_t>(keep, static_cast<size_t>(r.input_tokens / block_tokens));
+    }
+    for (size_t i = 0; i < keep; ++i) {
+      auto [it, fresh] = dense.try_emplace(j["hash_ids"][i].get<uint64_t>(), dense.size());
       r.blocks.push_back(it->second);
     }
     t.total_tokens += static_cast<uint64_t>(r.input_tokens);
@@ -93,12 +107,36 @@ Result<Trace> ParseTrace(const std::string& jsonl, int64_t block_tokens, size_t 
   return t;
 }
 
-Result<Trace> LoadTrace(const std::string& path, int64_t block_tokens, size_t max_requests) {
+Result<Trace> LoadTrace(const std::string& path, const TraceOptions& options) {
   std::ifstream f(path);
   if (!f) return Status::NotFound("cannot open trace " + path);
   std::stringstream ss;
   ss << f.rdbuf();
-  return ParseTrace(ss.str(), block_tokens, max_requests);
+  return ParseTrace(ss.str(), options);
+}
+
+std::string SyntheticConversations(uint32_t seed, int requests) {
+  std::mt19937 rng(seed);
+  std::vector<std::vector<uint64_t>> convs;
+  uint64_t next_hash = 1000;
+  std::string jsonl;
+  for (int i = 0; i < requests; ++i) {
+    std::vector<uint64_t>* c;
+    if (convs.empty() || rng() % 4 == 0) {
+      convs.push_back({rng() % 3});  // one of three system prompts
+      c = &convs.back();
+    } else {
+      c = &convs[rng() % convs.size()];
+    }
+    for (uint32_t n = 1 + rng() % 4; n > 0; --n) c->push_back(next_hash++);
+    const int64_t tokens = static_cast<int64_t>(c->size()) * kSyntheticBlockTokens -
+                           static_cast<int64_t>(rng() % 4);
+    jsonl += "{\"timestamp\": 0, \"input_length\": " + std::to_string(tokens) +
+             ", \"output_length\": 1, \"hash_ids\": [";
+    for (size_t k = 0; k < c->size(); ++k) jsonl += (k ? ", " : "") + std::to_string((*c)[k]);
+    jsonl += "]}\n";
+  }
+  return jsonl;
 }
 
 Result<SimResult> SimulatePolicy(const Trace& trace, const std::string& policy,
@@ -111,8 +149,11 @@ Result<SimResult> SimulatePolicy(const Trace& trace, const std::string& policy,
   Blocks blocks(trace.unique_blocks);
   std::atomic<uint32_t> clock{0};
   eviction::QuotaBook quotas;
+  const auto shared = eviction::MakeSharedState(*name);  // outlives `parts`
   std::vector<std::unique_ptr<EvictionPolicy>> parts;
-  for (uint32_t s = 0; s < shards; ++s) parts.push_back(eviction::MakePolicy(*name, {&blocks, &clock, &quotas}));
+  for (uint32_t s = 0; s < shards; ++s) {
+    parts.push_back(eviction::MakePolicy(*name, {&blocks, &clock, &quotas, shared.get()}));
+  }
   auto part = [&](uint64_t id) -> EvictionPolicy& {
     return *parts[shards == 1 ? 0 : Mix64(id) % shards];
   };
@@ -128,7 +169,13 @@ Result<SimResult> SimulatePolicy(const Trace& trace, const std::string& policy,
     while (h < req.blocks.size() && cached[req.blocks[h]]) ++h;
     r.hit_blocks += h;
     for (size_t i = 0; i < h; ++i) r.hit_tokens += BlockTokens(req, i, trace.block_tokens);
-    for (size_t i = h; i-- > 0;) part(req.blocks[i]).Access(static_cast<EntryId>(req.blocks[i]));
+    const uint32_t n = static_cast<uint32_t>(req.blocks.size());
+    auto use = [&](size_t i) {
+      return eviction::UseInfo{static_cast<uint32_t>(i), n, static_cast<uint32_t>(h)};
+    };
+    for (size_t i = h; i-- > 0;) {
+      part(req.blocks[i]).Access(static_cast<EntryId>(req.blocks[i]), use(i));
+    }
     stored.clear();
     for (size_t i = h; i < req.blocks.size(); ++i) {
       const EntryId id = static_cast<EntryId>(req.blocks[i]);
@@ -158,7 +205,7 @@ Result<SimResult> SimulatePolicy(const Trace& trace, const std::string& policy,
         break;
       }
       blocks.hook(id) = Hook{};
-      part(id).Insert(id);
+      part(id).Insert(id, eviction::UseInfo{});
       part(id).Hold(id);  // reserved while the rest of the STORE is
       cached[id] = 1;
       ++size;

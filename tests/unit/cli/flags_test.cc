@@ -235,7 +235,7 @@ TEST(ServerFlags, L1LazyAndInitSizeReachTheServerConfig) {
 }
 
 TEST(ServerFlags, EveryEvictionPolicyIsAccepted) {
-  for (const char* p : {"LRU", "ARC", "IsolatedLRU", "noop", "S3-FIFO"}) {
+  for (const char* p : {"LRU", "ARC", "IsolatedLRU", "noop", "S3-FIFO", "LHD"}) {
     std::vector<std::string> args = {"--l1-size-gb", "1", "--eviction-policy", p};
     auto r = ParseServerCommandLine(args, Env{}.lookup());
     ASSERT_TRUE(r.ok()) << p << ": " << r.status().ToString();

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "eviction/eviction_policy.h"
+#include "eviction/hook_list.h"
 
 namespace kvd::eviction {
 namespace {
@@ -13,14 +14,15 @@ class Owner final : public HookArena {
   explicit Owner(size_t n) : hooks_(n) {}
   Hook& hook(EntryId id) override { return hooks_.at(id); }
   uint64_t key(EntryId id) override { return 1000 + id; }
+  size_t size() const { return hooks_.size(); }
 
  private:
   std::vector<Hook> hooks_;
 };
 
 struct Rig {
-  explicit Rig(const char* name, size_t n = 64) : owner(n) {
-    policy = MakePolicy(name, PolicyContext{&owner, &clock, &quotas});
+  explicit Rig(const char* name, size_t n = 64, SharedState* shared = nullptr) : owner(n) {
+    policy = MakePolicy(name, PolicyContext{&owner, &clock, &quotas, shared});
   }
   // Evicts until nothing is offered; returns the order.
   std::vector<EntryId> Drain(size_t max = 1000) {
@@ -158,6 +160,80 @@ TEST(IsolatedLruPolicy, AGroupWithoutAQuotaMustShed) {
   auto v = r.policy->Victim();
   ASSERT_TRUE(v.has_value());
   EXPECT_EQ(v->priority, EvictionPolicy::kForced);
+}
+
+TEST(LhdPolicy, WithoutRequestUsesItIsLru) {
+  // Accesses that carry no UseInfo (read pins, touches) refresh recency but count no use:
+  // every entry stays in one class, and one class is LRU.
+  Rig r("LHD");
+  for (EntryId i = 0; i < 5; ++i) r.policy->Insert(i);
+  r.policy->Access(0);
+  r.policy->Hold(1);
+  r.policy->Access(2);
+  r.policy->Release(1);
+  EXPECT_EQ(r.Drain(), (std::vector<EntryId>{3, 4, 0, 2, 1}));
+}
+
+// An owner with room for 100 entries: 40 popular entries, each used again (a lookup, or a
+// store after a miss) after 160 one-shot entries were stored. Returns the hits of the popular
+// entries in the last half of the rounds.
+int PopularHitsThroughScans(Rig& r, int rounds = 100) {
+  constexpr size_t kRoom = 100;
+  constexpr EntryId kPopular = 40;
+  const UseInfo use{0, 1, 0};
+  std::vector<bool> resident(r.owner.size(), false);
+  auto make_room = [&] {
+    while (r.policy->size() >= kRoom) {
+      auto v = r.policy->Victim();
+      if (!v) return;
+      r.policy->Evicted(v->id);
+      resident[v->id] = false;
+    }
+  };
+  auto store = [&](EntryId id) {
+    make_room();
+    r.policy->Insert(id, use);
+    resident[id] = true;
+  };
+  int hits = 0;
+  EntryId next = kPopular;
+  for (int round = 0; round < rounds; ++round) {
+    for (EntryId p = 0; p < kPopular; ++p) {
+      if (resident[p]) {
+        r.policy->Access(p, use);
+        hits += round >= rounds / 2;
+      } else {
+        store(p);
+      }
+      for (int s = 0; s < 4; ++s) store(next++);
+    }
+  }
+  return hits;
+}
+
+TEST(LhdPolicy, LearnsThatEntriesUsedAgainOutliveAScanOfOneShotEntries) {
+  constexpr size_t kIds = 40 + 100 * 40 * 4;
+  Rig lru("LRU", kIds), lhd("LHD", kIds);
+  EXPECT_EQ(PopularHitsThroughScans(lru), 0);  // 200 entries between uses, room for 100
+  // Ghosts show the popular keys coming back; once the index is learned they stay.
+  EXPECT_GE(PopularHitsThroughScans(lhd), 50 * 40 * 9 / 10);
+}
+
+TEST(LhdPolicy, InstancesRankWithTheIndexLearnedByAll) {
+  constexpr size_t kIds = 40 + 100 * 40 * 4;
+  auto shared = MakeSharedState("lhd");
+  ASSERT_NE(shared, nullptr);
+  Rig teacher("LHD", kIds, shared.get());
+  ASSERT_GT(PopularHitsThroughScans(teacher), 0);
+  // A second instance that saw nothing: an entry used twice, then newer entries used once.
+  Rig pupil("LHD", 8, shared.get());
+  pupil.policy->Insert(0, UseInfo{0, 1, 0});
+  pupil.policy->Access(0, UseInfo{0, 1, 0});
+  for (EntryId i = 1; i < 8; ++i) pupil.policy->Insert(i, UseInfo{0, 1, 0});
+  for (int t = 0; t < 200; ++t) Tick(pupil.clock);  // everyone ages
+  // LRU would take 0 first; the shared index says once-used entries are worth less.
+  EXPECT_NE(pupil.EvictOne(), 0u);
+  EXPECT_EQ(MakeSharedState("LRU"), nullptr);
 }
 
 TEST(QuotaBook, SheddingStartsAtTheWatermarkAndStopsAtWatermarkMinusRatio) {

@@ -89,6 +89,7 @@ TEST_P(PolicyContract, HeldEntriesAreNeverOffered) {
   EXPECT_FALSE(p->Victim().has_value());
   EXPECT_EQ(p->size(), kN);  // held entries are still tracked
   p->Access(7);              // a hit while held is allowed
+  p->Access(7, UseInfo{2, 5, 3});  // with request information too
   p->Release(7);
   auto v = p->Victim();
   if (Evicts()) {
@@ -156,14 +157,18 @@ TEST_P(PolicyContract, RandomOperationsKeepTheContract) {
     const int op = static_cast<int>(rng() % 7);
     const bool is_tracked = tracked.count(id) > 0;
     const bool is_held = held.count(id) > 0;
+    // Half the uses carry request information (a lookup's), half none (a pin, a touch).
+    const uint32_t chunks = rng() % 2 ? 1 + rng() % 8 : 0;
+    const UseInfo use{chunks ? static_cast<uint32_t>(rng() % chunks) : 0, chunks,
+                      chunks ? static_cast<uint32_t>(rng() % (chunks + 1)) : 0};
     if (!is_tracked) {
       if (op < 4) {
         owner.Reset(id);
-        p->Insert(id);
+        p->Insert(id, use);
         tracked.insert(id);
       }
     } else if (op == 0) {
-      p->Access(id);
+      p->Access(id, use);
     } else if (op == 1 && !is_held) {
       p->Hold(id);
       held.insert(id);

@@ -24,8 +24,8 @@ std::string Line(int64_t tokens, const std::vector<uint64_t>& hashes) {
   return s + "]}\n";
 }
 
-Trace MustParse(const std::string& jsonl, int64_t block_tokens) {
-  auto t = ParseTrace(jsonl, block_tokens);
+Trace MustParse(const std::string& jsonl, int64_t block_tokens, bool partial_blocks = false) {
+  auto t = ParseTrace(jsonl, {.block_tokens = block_tokens, .partial_blocks = partial_blocks});
   EXPECT_TRUE(t.ok()) << t.status().ToString();
   return t.ok() ? *t : Trace{};
 }
@@ -42,22 +42,33 @@ SimResult MustSimulate(const Trace& t, const std::string& policy, uint64_t cap, 
 }
 
 TEST(TraceSim, ParsesMooncakeLinesIntoDenseBlocks) {
-  const Trace t = MustParse(Line(1000, {70, 71}) + "\n" + Line(600, {70, 99}), 512);
+  const Trace t = MustParse(Line(1024, {70, 71}) + "\n" + Line(1100, {70, 99, 5}), 512);
   ASSERT_EQ(t.requests.size(), 2u);
   EXPECT_EQ(t.unique_blocks, 3u);
   EXPECT_EQ(t.total_blocks, 4u);
-  EXPECT_EQ(t.total_tokens, 1600u);
+  EXPECT_EQ(t.total_tokens, 2124u);
   EXPECT_EQ(t.requests[0].blocks, (std::vector<uint64_t>{0, 1}));
-  EXPECT_EQ(t.requests[1].blocks, (std::vector<uint64_t>{0, 2}));
+  EXPECT_EQ(t.requests[1].blocks, (std::vector<uint64_t>{0, 2}));  // 5 is partial: dropped
+}
+
+TEST(TraceSim, SkipAndMaxRequestsSelectAWindowWithItsOwnFootprint) {
+  const std::string jsonl = Line(512, {1}) + Line(1024, {1, 2}) + Line(1024, {1, 3}) +
+                            Line(512, {4});
+  auto t = ParseTrace(jsonl, {.skip_requests = 1, .max_requests = 2});
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  ASSERT_EQ(t->requests.size(), 2u);
+  EXPECT_EQ(t->unique_blocks, 3u);  // 1, 2, 3: not 4
+  EXPECT_EQ(t->total_tokens, 2048u);
+  EXPECT_EQ(t->requests[1].blocks, (std::vector<uint64_t>{0, 2}));
 }
 
 TEST(TraceSim, BadLinesAreRefusedWithTheirNumber) {
-  auto t = ParseTrace(Line(10, {1}) + "{\"input_length\": 5}\n", 512);
+  auto t = ParseTrace(Line(10, {1}) + "{\"input_length\": 5}\n");
   ASSERT_FALSE(t.ok());
   EXPECT_NE(t.status().message().find("line 2"), std::string::npos) << t.status().ToString();
-  EXPECT_FALSE(ParseTrace("not json\n", 512).ok());
-  EXPECT_FALSE(ParseTrace(Line(-1, {1}), 512).ok());
-  EXPECT_FALSE(ParseTrace(Line(10, {1}), 0).ok());
+  EXPECT_FALSE(ParseTrace("not json\n").ok());
+  EXPECT_FALSE(ParseTrace(Line(-1, {1})).ok());
+  EXPECT_FALSE(ParseTrace(Line(10, {1}), {.block_tokens = 0}).ok());
 }
 
 TEST(TraceSim, UnknownPolicyAndZeroCapacityAreRefused) {
@@ -93,9 +104,18 @@ TEST(TraceSim, LruReplayMatchesAHandWorkedExample) {
   EXPECT_EQ(n.not_stored, 2u);            // d, twice
 }
 
-TEST(TraceSim, PartialLastBlocksCountTheirTokens) {
-  // 512-token blocks; 1100 tokens = 512 + 512 + 76.
+TEST(TraceSim, PartialLastBlocksAreNotStoredButTheirTokensCount) {
+  // 512-token blocks; 1100 tokens = 512 + 512 + 76: the 76 are never stored (kvd's model).
   const Trace t = MustParse(Line(1100, {5, 6, 7}) + Line(1100, {5, 6, 7}), 512);
+  const SimResult r = MustSimulate(t, "LRU", 8);
+  EXPECT_EQ(r.hit_blocks, 2u);
+  EXPECT_EQ(r.hit_tokens, 1024u);
+  EXPECT_DOUBLE_EQ(r.token_hit_ratio, 1024.0 / 2200.0);
+}
+
+TEST(TraceSim, PartialLastBlocksCountTheirTokensWhenStored) {
+  const Trace t = MustParse(Line(1100, {5, 6, 7}) + Line(1100, {5, 6, 7}), 512,
+                            /*partial_blocks=*/true);
   const SimResult r = MustSimulate(t, "LRU", 8);
   EXPECT_EQ(r.hit_blocks, 3u);
   EXPECT_EQ(r.hit_tokens, 1100u);
@@ -167,24 +187,9 @@ uint64_t ReferenceInfiniteHits(const Trace& t) {
   return hits;
 }
 
-// Conversations: each turn extends the previous one's blocks; a few shared system prompts.
+// Conversations (trace_sim.h): each turn extends an earlier one; a few shared system prompts.
 Trace RandomConversations(uint32_t seed, int requests) {
-  std::mt19937 rng(seed);
-  std::vector<std::vector<uint64_t>> convs;
-  uint64_t next_hash = 1000;
-  std::string jsonl;
-  for (int i = 0; i < requests; ++i) {
-    std::vector<uint64_t>* c;
-    if (convs.empty() || rng() % 4 == 0) {
-      convs.push_back({rng() % 3});  // one of three system prompts
-      c = &convs.back();
-    } else {
-      c = &convs[rng() % convs.size()];
-    }
-    for (uint32_t n = 1 + rng() % 4; n > 0; --n) c->push_back(next_hash++);
-    jsonl += Line(static_cast<int64_t>(c->size()) * 4 - static_cast<int64_t>(rng() % 4), *c);
-  }
-  return MustParse(jsonl, 4);
+  return MustParse(SyntheticConversations(seed, requests), kSyntheticBlockTokens);
 }
 
 TEST(TraceSim, LruAndNoopMatchReferenceModelsOnRandomConversations) {
@@ -203,6 +208,24 @@ TEST(TraceSim, ShardedLruKeepsTheGlobalOrder) {
   for (uint64_t cap : {10u, 50u}) {
     EXPECT_EQ(MustSimulate(t, "LRU", cap, 64).hit_blocks, MustSimulate(t, "LRU", cap, 1).hit_blocks);
   }
+}
+
+// Popular one-block requests, each repeated after 160 one-shot requests; room for 100 blocks.
+TEST(TraceSim, LhdLearnsOnOneShardAndOnSixtyFourSharingOneIndex) {
+  std::string jsonl;
+  uint64_t next = 1000;
+  for (int round = 0; round < 100; ++round) {
+    for (uint64_t p = 0; p < 40; ++p) {
+      jsonl += Req(1, {p});
+      for (int s = 0; s < 4; ++s) jsonl += Req(1, {next++});
+    }
+  }
+  const Trace t = MustParse(jsonl, 1);
+  EXPECT_EQ(MustSimulate(t, "LRU", 100).hit_blocks, 0u);
+  const uint64_t one = MustSimulate(t, "LHD", 100, 1).hit_blocks;
+  const uint64_t sharded = MustSimulate(t, "LHD", 100, 64).hit_blocks;
+  EXPECT_GE(one, 40u * 50);  // most of the last half of the rounds, at least
+  EXPECT_GE(sharded, 40u * 50);
 }
 
 TEST(TraceSim, OptBoundsEveryPolicyAndEveryoneMatchesInfiniteWhenNothingIsEvicted) {

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <chrono>
 #include <random>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -118,7 +119,11 @@ void Chaos(Shared& sh, unsigned seed) {
   }
 }
 
-TEST(L1CacheConcurrencyTest, PinnedBytesNeverChangeAndAccountingBalances) {
+// LRU, and LHD, whose shards share one statistics object (a second lock, taken under the
+// shards' locks).
+class L1CacheConcurrencyPolicyTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(L1CacheConcurrencyPolicyTest, PinnedBytesNeverChangeAndAccountingBalances) {
   // Hundreds of eviction rounds log at info level; keep the test output readable.
   const auto level = spdlog::get_level();
   spdlog::set_level(spdlog::level::warn);
@@ -134,6 +139,7 @@ TEST(L1CacheConcurrencyTest, PinnedBytesNeverChangeAndAccountingBalances) {
   options.eviction_watermark = 0.7;
   options.eviction_ratio = 0.2;
   options.clock = &clock;
+  options.eviction_policy = GetParam();
   auto created = L1Cache::Create(options);
   ASSERT_TRUE(created.ok());
   auto cache = std::move(created).value();
@@ -171,6 +177,8 @@ TEST(L1CacheConcurrencyTest, PinnedBytesNeverChangeAndAccountingBalances) {
   auto all = cache->ReserveWrite(Key(1000), 1, 0, options.capacity_bytes);
   ASSERT_TRUE(all.ok()) << all.status().ToString();
 }
+
+INSTANTIATE_TEST_SUITE_P(Policies, L1CacheConcurrencyPolicyTest, ::testing::Values("LRU", "LHD"));
 
 }  // namespace
 }  // namespace kvd::l1

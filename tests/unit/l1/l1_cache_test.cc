@@ -260,6 +260,35 @@ TEST_F(L1CacheTest, EvictsLeastRecentlyUsedAndTouchRefreshes) {
   EXPECT_EQ(cache->stats().evictions, 4u);
 }
 
+// LHD on the L1's path: lookups are uses of a request, the 64 shards learn one index. 40
+// popular chunks, each looked up again after 160 one-shot chunks were stored, room for 100:
+// LRU never keeps a popular chunk that long, LHD learns to.
+TEST_F(L1CacheTest, LhdKeepsChunksThatAreUsedAgainThroughAScan) {
+  auto popular_hits = [&](const std::string& policy) {
+    auto cache = Make(100, 0.8, 0.2, policy);
+    int hits = 0;
+    uint64_t next = 1000;
+    for (int round = 0; round < 100; ++round) {
+      for (uint64_t p = 0; p < 40; ++p) {
+        if (Lookup(*cache, {Key(p)}) == 1) {
+          hits += round >= 50;
+        } else {
+          EXPECT_TRUE(WriteObject(*cache, Key(p), 1, 0, kPage).ok());
+        }
+        for (int s = 0; s < 4; ++s) {
+          const ChunkKey k = Key(next++);
+          EXPECT_EQ(Lookup(*cache, {k}), 0u);
+          EXPECT_TRUE(WriteObject(*cache, k, 1, 0, kPage).ok());
+        }
+      }
+    }
+    EXPECT_EQ(cache->stats().entries, 100u);
+    return hits;
+  };
+  EXPECT_EQ(popular_hits("LRU"), 0);
+  EXPECT_GE(popular_hits("LHD"), 50 * 40 * 3 / 4);
+}
+
 TEST_F(L1CacheTest, EvictionRemovesWholeEntries) {
   auto cache = Make(4);
   const ChunkKey k = Key(1, Ns(*cache, "model", 2));
