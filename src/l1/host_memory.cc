@@ -67,7 +67,10 @@ HugePageInfo ReadHugePageInfo() {
   HugePageInfo info;
   const std::string base = "/sys/kernel/mm/hugepages/hugepages-2048kB/";
   if (auto v = ReadInt(base + "nr_hugepages")) info.total_2m_pages = *v;
-  if (auto v = ReadInt(base + "free_hugepages")) info.free_2m_pages = *v;
+  // Free pages that other mappings have reserved (mapped, not yet faulted) are not ours.
+  if (auto v = ReadInt(base + "free_hugepages")) {
+    info.free_2m_pages = std::max<int64_t>(0, *v - ReadInt(base + "resv_hugepages").value_or(0));
+  }
   if (auto t = ReadText("/sys/kernel/mm/transparent_hugepage/enabled")) {
     info.thp_enabled = ParseSysfsChoice(*t);
   }

@@ -16,7 +16,8 @@ namespace kvd::l1 {
 inline constexpr uint64_t kHugePageBytes = uint64_t{2} << 20;  // the 2 MiB huge page
 
 struct HugePageInfo {
-  // The reserved hugetlb pool of 2 MiB pages (vm.nr_hugepages): -1 when unknown.
+  // The reserved hugetlb pool of 2 MiB pages (vm.nr_hugepages), and its pages neither in use
+  // nor reserved by another mapping: -1 when unknown.
   int64_t total_2m_pages = -1;
   int64_t free_2m_pages = -1;
   // /sys/kernel/mm/transparent_hugepage/enabled: "always", "madvise", "never", or "" when
