@@ -87,6 +87,7 @@ struct Ops {
   int store = OpId("store");
   int retrieve = OpId("retrieve");
   int lookup = OpId("lookup");
+  int free_lookup_locks = OpId("free_lookup_locks");
   int query_prefetch_status = OpId("query_prefetch_status");
   int end_session = OpId("end_session");
   int clear = OpId("clear");

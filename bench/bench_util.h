@@ -394,6 +394,8 @@ struct Options {
   int64_t scale_chunks_per_request = 0;
   double scale_fill_seconds = 0;
   int64_t scale_lookups = 0;
+  int scale_tp = 1;             // ranks of the tiny model (one worker each)
+  int64_t scale_head_dim = 4;   // its head size: objects of 4 x head_dim x chunk bytes
   std::vector<std::string> startup_cmds;  // "label::command with {port}"
   int startup_runs = 0;
   // hash

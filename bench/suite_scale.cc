@@ -8,11 +8,11 @@ namespace {
 // Scale: RSS per cached entry, lookup latency as the table grows, startup time
 // ---------------------------------------------------------------------------------------
 
-Stats TimeLookups(Conn& c, const std::string& model, int64_t n, double seconds,
+Stats TimeLookups(Conn& c, const std::string& model, int world_size, int64_t n, double seconds,
                   const std::function<std::vector<int64_t>(uint64_t)>& tokens_of, int64_t chunk,
                   int64_t expected, uint64_t* mismatches, uint64_t* errors) {
   std::vector<double> lats;
-  const std::string tp = PackInt(1);
+  const std::string tp = PackInt(world_size);
   const double until = Now() + seconds;
   for (int64_t i = 0; i < n && Now() < until; ++i) {
     std::vector<int64_t> t = tokens_of(static_cast<uint64_t>(i));
@@ -21,6 +21,7 @@ Stats TimeLookups(Conn& c, const std::string& model, int64_t n, double seconds,
                             std::to_string(t.size());
     KeyArgs k;
     k.model = model;
+    k.world_size = world_size;
     k.tokens_blob = blob;
     k.end = static_cast<int64_t>(t.size()) / chunk * chunk;
     k.request_id = rid;
@@ -29,6 +30,9 @@ Stats TimeLookups(Conn& c, const std::string& model, int64_t n, double seconds,
     double t0 = Now();
     auto h = LookupAndWait(c, key, tp, ridf, 60, &polls);
     double t1 = Now();
+    // A probe: its read locks go now (as a scheduler's that retrieves nothing), not after
+    // the read TTL, so they do not count as metadata of the entries stored afterwards.
+    c.Send(op().free_lookup_locks, {key, tp});
     c.Send(op().end_session, {ridf});
     if (!h) {
       (*errors)++;
@@ -159,12 +163,20 @@ Json MeasureStartup(zmq::context_t& ctx, const std::string& label, std::string c
 
 Json RunScale(zmq::context_t& ctx, const Options& o, int64_t chunk) {
   Json out = Json::Object();
-  const int64_t head = 4;  // object = 2 * chunk * 4 * 2 bytes = 4 KiB at chunk 256
+  // object = 2 (K, V) * chunk * head_dim * 2 bytes: 4 KiB at chunk 256 and head_dim 4.
+  const int64_t head = o.scale_head_dim;
+  const int tp = o.scale_tp;
   const int64_t cpr = o.scale_chunks_per_request;
   const int64_t tokens_per_req = cpr * chunk;
-  ModelSpec m = TinyModel("kvdbench/scale-tiny", head, tokens_per_req / 16);
+  // Block 0 is vLLM's null block (a chunk of null blocks only is not stored, which a
+  // 16-token chunk of block 0 would be): the requests use blocks 1.. of the tensor.
+  ModelSpec m = TinyModel(tp == 1 ? "kvdbench/scale-tiny" : "kvdbench/scale-tiny-tp" + std::to_string(tp),
+                          head, tokens_per_req / 16 + 1);
+  m.world_size = tp;
   const int64_t obj = m.ObjectBytes(chunk);
   out["model"] = m.name;
+  out["tp"] = tp;
+  out["objects_per_entry"] = tp;
   out["object_bytes"] = obj;
   out["chunks_per_request"] = cpr;
   out["fill_seconds_limit"] = o.scale_fill_seconds;
@@ -176,10 +188,8 @@ Json RunScale(zmq::context_t& ctx, const Options& o, int64_t chunk) {
         " entries",
         obj, cpr, o.scale_entries.back());
     auto reg = RegisterModel(ctx, o.url, m, 60);
-    Worker& w = *reg->workers[0];
     Conn sched(ctx, o.url);
-    const std::string inst = PackInt(w.instance_id), ev = PackBin("stub_ipc_handle"),
-                      ids = PackBlockIds(1, 0, tokens_per_req / 16);
+    const std::string ev = PackBin("stub_ipc_handle"), ids = PackBlockIds(1, 1, tokens_per_req / 16);
     // Token space: request r covers [base + r*T, base + (r+1)*T), all < 2^32.
     const int64_t base = 1000 + static_cast<int64_t>(RunNonce() % 16) * 7;
     int64_t entries = 0, requests = 0, failures = 0;
@@ -188,20 +198,35 @@ Json RunScale(zmq::context_t& ctx, const Options& o, int64_t chunk) {
       const std::vector<int64_t> t = Tokens(base + requests * tokens_per_req, tokens_per_req);
       const std::string blob = PackTokens(t);
       const std::string rid = "bench-scale-" + Hex(RunNonce()) + "-" + std::to_string(requests);
-      KeyArgs k;
-      k.model = m.name;
-      k.worker_id = 0;
-      k.tokens_blob = blob;
-      k.end = tokens_per_req;
-      k.request_id = rid;
-      const std::string key = PackKey(k), ridf = PackString(rid);
+      const std::string ridf = PackString(rid);
+      // Every rank stores its object of each chunk; the ranks' STOREs run concurrently.
+      std::vector<std::string> keys, insts;
+      for (const auto& w : reg->workers) {
+        KeyArgs k;
+        k.model = m.name;
+        k.world_size = tp;
+        k.worker_id = w->rank;
+        k.tokens_blob = blob;
+        k.end = tokens_per_req;
+        k.request_id = rid;
+        keys.push_back(PackKey(k));
+        insts.push_back(PackInt(w->instance_id));
+      }
       double t0 = Now();
-      auto r = w.conn->Call(op().store, {key, inst, ids, ev}, o.data_timeout);
+      std::vector<uint64_t> uids;
+      for (size_t i = 0; i < reg->workers.size(); ++i) {
+        uids.push_back(reg->workers[i]->conn->Send(op().store, {keys[i], insts[i], ids, ev}));
+      }
+      bool ok = true;
+      for (size_t i = 0; i < reg->workers.size(); ++i) {
+        auto r = reg->workers[i]->conn->Wait(uids[i], o.data_timeout);
+        ok = ok && r && HandleOk(*r);
+      }
       // End the session like vLLM does when the request finishes (frees its token list).
-      w.conn->Call(op().end_session, {ridf}, o.data_timeout);
+      reg->workers[0]->conn->Call(op().end_session, {ridf}, o.data_timeout);
       fill_time += Now() - t0;
       requests++;
-      if (r && HandleOk(*r)) {
+      if (ok) {
         entries += cpr;
       } else {
         failures++;
@@ -259,6 +284,7 @@ Json RunScale(zmq::context_t& ctx, const Options& o, int64_t chunk) {
         // shared memory (RssShmem); lmcache's CPU L1 is anonymous memory it touches at
         // startup, so for both the anonymous growth is the per-entry metadata.
         lv["metadata_bytes_per_entry"] = anon / n;
+        lv["metadata_bytes_per_object"] = anon / n / tp;
         lv["rss_anon_bytes_per_entry"] = anon / n;
         lv["rss_shmem_bytes_per_entry"] = shm / n;
         lv["rss_bytes_per_entry"] = total / n;
@@ -268,6 +294,9 @@ Json RunScale(zmq::context_t& ctx, const Options& o, int64_t chunk) {
           lv["metadata_bytes_per_entry_marginal"] =
               static_cast<double>(mem.rss_anon - prev_mem.rss_anon) /
               static_cast<double>(entries - prev_entries);
+          lv["metadata_bytes_per_object_marginal"] =
+              static_cast<double>(mem.rss_anon - prev_mem.rss_anon) /
+              static_cast<double>(entries - prev_entries) / tp;
         }
       }
       prev_mem = mem;
@@ -286,12 +315,12 @@ Json RunScale(zmq::context_t& ctx, const Options& o, int64_t chunk) {
       };
       Json lk = Json::Object();
       const int64_t n32 = std::min<int64_t>(32768, tokens_per_req);
-      Stats s1 = TimeLookups(sched, m.name, o.scale_lookups, lk_secs, hit_tokens(1024), chunk,
+      Stats s1 = TimeLookups(sched, m.name, tp, o.scale_lookups, lk_secs, hit_tokens(1024), chunk,
                              1024 / chunk, &mism, &errs);
-      Stats s32 = TimeLookups(sched, m.name, o.scale_lookups, lk_secs, hit_tokens(n32), chunk,
+      Stats s32 = TimeLookups(sched, m.name, tp, o.scale_lookups, lk_secs, hit_tokens(n32), chunk,
                               n32 / chunk, &mism, &errs);
       Stats sm = TimeLookups(
-          sched, m.name, o.scale_lookups, lk_secs,
+          sched, m.name, tp, o.scale_lookups, lk_secs,
           [&](uint64_t i) {
             auto t = Tokens(0, 1024);
             t[0] = 3900000000ll + static_cast<int64_t>((RunNonce() + i) % 90000000ull);
@@ -314,7 +343,7 @@ Json RunScale(zmq::context_t& ctx, const Options& o, int64_t chunk) {
                  std::to_string(static_cast<int64_t>(
                      static_cast<double>(mem.rss_anon - base_mem.rss_anon) /
                      static_cast<double>(entries - base_entries))) +
-                 " B/entry")
+                 " B/entry (" + std::to_string(tp) + " object(s) each)")
                     .c_str()
               : "",
           s1.p50 * 1e6, s32.p50 * 1e6, sm.p50 * 1e6,

@@ -400,6 +400,30 @@ Result<ParsedCommandLine> ParseServerCommandLine(std::span<const std::string> ar
     }
   }
   if (!c.observability) c.server.kv_event_log_size = 0;
+  // --l1-use-hugepages puts L1 in private memory (lmcache: "incompatible with shared
+  // memory"): what needs the shared pool is refused or turned off, saying so.
+  if (c.server.l1_use_hugepages) {
+    if (!c.server.shm_name.empty()) {
+      return Status::InvalidArgument(
+          "--l1-use-hugepages: incompatible with a shared L1 pool (--shm-name " +
+          c.server.shm_name + "): huge pages back private memory; leave --shm-name out");
+    }
+    if (c.server.supported_transfer_mode == "engine_driven") {
+      return Status::InvalidArgument(
+          "--l1-use-hugepages: engine-driven transfers (--supported-transfer-mode "
+          "engine_driven) need L1 in shared memory, which huge pages are not");
+    }
+    if (c.server.supported_transfer_mode == "auto") {
+      c.server.supported_transfer_mode = "lmcache_driven";
+      out.notes.push_back("--l1-use-hugepages: L1 is private memory, so engine-driven "
+                          "transfers are off (--supported-transfer-mode lmcache_driven)");
+    }
+    if (c.server.l1_use_lazy) {
+      c.server.l1_use_lazy = false;
+      out.notes.push_back("--l1-use-hugepages: lazy allocation is off (--no-l1-use-lazy), "
+                          "as lmcache turns it off for huge pages");
+    }
+  }
   return out;
 }
 

@@ -99,6 +99,9 @@ struct ParsedCommandLine {
   CliConfig config;
   bool help = false;                   // -h/--help given: print ServerHelp() and exit 0
   std::vector<IgnoredFlag> ignored;    // in command-line order, each flag once
+  // Settings another flag changed (e.g. --l1-use-hugepages turning lazy allocation off):
+  // one line each, logged at startup.
+  std::vector<std::string> notes;
 };
 
 // Reads the environment (LMCACHE_LOG_LEVEL, ...) through `getenv`, so tests can pass a map.

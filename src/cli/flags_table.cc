@@ -210,8 +210,9 @@ const FlagSpec kFlags[] = {
      .lmcache_default = "true",
      .note = "true: L1 hands out the first --l1-init-size-gb and grows it by 1 GiB steps up to "
              "--l1-size-gb as stores need room (before any eviction); false: all of --l1-size-gb "
-             "at once. Either way the pool is sparse shared memory whose pages are allocated as "
-             "they are first used, and shared with engine-driven workers",
+             "at once. Either way the pool is sparse shared memory, shared with engine-driven "
+             "workers, whose pages are populated in the background as far as L1 has grown "
+             "(--l1-populate)",
      .apply = [](const FlagValue& v, CliConfig& c) { c.server.l1_use_lazy = v.AsBool(); },
      .show = [](const CliConfig& c) { return std::string(c.server.l1_use_lazy ? "true" : "false"); }},
     {.name = "--l1-init-size-gb", .group = kL1, .kind = K::kInt, .lmcache_default = "20",
@@ -227,8 +228,14 @@ const FlagSpec kFlags[] = {
      .apply = [](const FlagValue& v, CliConfig& c) { c.server.l1_align_bytes = static_cast<uint64_t>(v.AsInt()); },
      .show = [](const CliConfig& c) { return std::to_string(c.server.l1_align_bytes); }},
     {.name = "--l1-use-hugepages", .negation = "--no-l1-use-hugepages", .group = kL1,
-     .kind = K::kBool, .lmcache_default = "false", .serves = "false",
-     .note = "regular pages", .refusal = "hugepage-backed L1 is not implemented"},
+     .kind = K::kBool, .lmcache_default = "false",
+     .note = "L1 in 2 MiB huge pages: the reserved pool (sysctl vm.nr_hugepages) when it has "
+             "enough free pages, else transparent huge pages (one startup line says so); with "
+             "neither kvd does not start, as lmcache. L1 is then private memory: refused with "
+             "--shm-name or --supported-transfer-mode engine_driven, and it turns engine-driven "
+             "transfers and lazy allocation off (docs/operations.md)",
+     .apply = [](const FlagValue& v, CliConfig& c) { c.server.l1_use_hugepages = v.AsBool(); },
+     .show = [](const CliConfig& c) { return Bool(c.server.l1_use_hugepages); }},
     {.name = "--l1-devdax-path", .group = kL1, .support = S::kRefused,
      .note = "a DAX device as L1 is not implemented"},
 
@@ -537,6 +544,15 @@ const FlagSpec kFlags[] = {
      .show = [](const CliConfig& c) {
        return Num(static_cast<double>(c.server.metrics_max_label_sets));
      }},
+    {.name = "--l1-populate", .group = kKvdGroup, .kind = K::kChoice, .origin = O::kKvd,
+     .lmcache_default = "all", .choices = "all|ahead|off",
+     .note = "L1 pages zeroed and mapped by a background thread ahead of the stores that write "
+             "them, so that stores into fresh L1 take no page faults. all: 1 GiB ahead of the "
+             "allocator, then, while idle, the rest of L1 as far as it has grown; ahead: the "
+             "1 GiB only; off: the first store into a page faults it in. Never below 1 GiB "
+             "(or 1/16 of the memory) left free on the host or in kvd's memory cgroup",
+     .apply = [](const FlagValue& v, CliConfig& c) { c.server.l1_populate = v.text; },
+     .show = [](const CliConfig& c) { return c.server.l1_populate; }},
     {.name = "--list-flags", .group = kKvdGroup, .kind = K::kChoice, .origin = O::kKvd,
      .choices = "json|markdown",
      .note = "print this table of flags (as docs/cli.md shows it) and exit",

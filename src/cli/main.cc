@@ -91,7 +91,9 @@ std::string ConfigJson(const kvd::server::ServerConfig& c, const HttpConfig& h) 
                  {"kv_event_log_size", c.kv_event_log_size},
                  {"instance_id", c.instance_id}}},
       {"l1", {{"l1_size_gb", c.l1_size_gb}, {"l1_size_bytes", c.l1_size_bytes()},
-              {"shm_name", c.shm_name}, {"eviction_policy", c.eviction_policy},
+              {"shm_name", c.shm_name}, {"l1_use_lazy", c.l1_use_lazy},
+              {"l1_use_hugepages", c.l1_use_hugepages}, {"l1_populate", c.l1_populate},
+              {"eviction_policy", c.eviction_policy},
               {"eviction_trigger_watermark", c.eviction_trigger_watermark},
               {"eviction_ratio", c.eviction_ratio},
               {"l1_read_ttl_seconds", c.l1_read_ttl_seconds},
@@ -297,7 +299,7 @@ class ServiceStats final : public kvd::http::StatsSource {
     const kvd::l1::L1Stats l1 = svc_->l1_stats();
     s.l1 = {l1.capacity_bytes, l1.used_bytes,      l1.entries,    l1.locked_entries,
             l1.resident_objects, l1.staging_objects, l1.pinned_objects, l1.evictions,
-            l1.evicted_bytes};
+            l1.evicted_bytes, l1.populated_bytes, kvd::l1::PageKindName(svc_->l1().page_kind())};
     const auto& c = svc_->counters();
     CopyLabelledCounters(c, static_cast<uint64_t>(cfg_.chunk_size), &s);
     if (const kvd::l2::TierSet* tiers = svc_->tiers()) {
@@ -664,7 +666,7 @@ int RunServer(const CliConfig& cli) {
   const HttpConfig& http_flags = cli.http;
   // A segment of this name left by a crashed kvd is replaced by the L1 pool (it logs a
   // warning); one that a *running* kvd still uses must not be taken from under it.
-  if (int owner = LiveKvdUsingSegment(cfg.shm_name); owner > 0) {
+  if (int owner = cfg.shm_name.empty() ? 0 : LiveKvdUsingSegment(cfg.shm_name); owner > 0) {
     spdlog::error("cannot start: shared-memory segment /{} is in use by kvd (pid {}); choose "
                   "another --shm-name", cfg.shm_name, owner);
     return 1;
@@ -713,8 +715,15 @@ int RunServer(const CliConfig& cli) {
                      "cache and needs no credentials", http_flags.host);
       }
     }
-    spdlog::info("listening on {}; L1 {:.2f} GiB in shared memory /{}; {}", cfg.ZmqEndpoint(),
-                 static_cast<double>(l1.capacity_bytes) / (1ull << 30), cfg.shm_name,
+    const auto page_kind = svc->l1().page_kind();
+    spdlog::info("listening on {}; L1 {:.2f} GiB in {}; {}", cfg.ZmqEndpoint(),
+                 static_cast<double>(l1.capacity_bytes) / (1ull << 30),
+                 !cfg.shm_name.empty() ? "shared memory /" + cfg.shm_name
+                 : page_kind == kvd::l1::PageKind::kHugeTlb
+                     ? std::string("private memory, reserved 2 MiB huge pages")
+                 : page_kind == kvd::l1::PageKind::kTransparentHuge
+                     ? std::string("private memory, transparent huge pages")
+                     : std::string("private memory"),
                  http ? "HTTP on http://" + http_flags.host + ":" + std::to_string(http->port()) +
                             " (dashboard /, metrics " +
                             (http_flags.metrics_enabled ? "/metrics" : "disabled") + ")"
@@ -743,7 +752,11 @@ int RunServer(const CliConfig& cli) {
     server.reset();  // before the service it points to
     const size_t instances = svc->num_instances();
     svc.reset();  // unmaps worker segments, removes the L1 segment
-    spdlog::info("released {} worker registration(s) and L1 segment /{}", instances, cfg.shm_name);
+    if (cfg.shm_name.empty()) {
+      spdlog::info("released {} worker registration(s) and L1", instances);
+    } else {
+      spdlog::info("released {} worker registration(s) and L1 segment /{}", instances, cfg.shm_name);
+    }
   }
   spdlog::info("kvd stopped");
   return 0;
@@ -807,12 +820,16 @@ int main(int argc, char** argv) {
     }
   }
   cfg.log_level = cli.log_level;
-  if (cfg.shm_name.empty()) cfg.shm_name = "kvd_l1_pool_" + std::to_string(getpid());
+  // L1 is shared memory unless it is in huge pages (private memory, no segment).
+  if (cfg.shm_name.empty() && !cfg.l1_use_hugepages) {
+    cfg.shm_name = "kvd_l1_pool_" + std::to_string(getpid());
+  }
   if (!cfg.shm_name.empty() && cfg.shm_name[0] == '/') cfg.shm_name = cfg.shm_name.substr(1);
   spdlog::set_pattern("[%Y-%m-%d %H:%M:%S.%e] [kvd] [%^%l%$] %v");
   spdlog::set_level(spdlog::level::from_str(cli.log_level));
   spdlog::info("kvd {} {}", KVD_VERSION, cli.check_only ? "configuration check" : "starting");
   for (const auto& line : kvd::cli::StartupSummary(cli)) spdlog::info("{}", line);
+  for (const auto& note : parsed->notes) spdlog::info("{}", note);
   for (const auto& ig : parsed->ignored) {
     spdlog::info("accepted, no effect in kvd: {}{}{} ({})", ig.flag, ig.value.empty() ? "" : " ",
                  ig.value, ig.why);

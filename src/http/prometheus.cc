@@ -378,6 +378,9 @@ std::string RenderPrometheus(const Snapshot& s, const std::string& version) {
   w.Gauge("kvd_l1_pinned_objects", "L1 objects pinned by in-flight copies.",
           s.l1.pinned_objects);
   w.Counter("kvd_l1_evicted_bytes_total", "Bytes freed by L1 eviction.", s.l1.evicted_bytes);
+  w.Gauge("kvd_l1_populated_bytes",
+          "L1 bytes whose pages are populated ahead of use (--l1-populate).",
+          s.l1.populated_bytes);
   w.Gauge("kvd_registered_instances", "Registered worker instances.",
           static_cast<uint64_t>(s.instances.size()));
   w.Gauge("kvd_active_sessions", "Live request sessions.", s.sessions);

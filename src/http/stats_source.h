@@ -33,6 +33,8 @@ struct L1View {
   uint64_t pinned_objects = 0;
   uint64_t evictions = 0;         // entries evicted since start
   uint64_t evicted_bytes = 0;
+  uint64_t populated_bytes = 0;   // pool bytes populated ahead of use (--l1-populate)
+  std::string page_kind = "regular";  // "regular", "hugetlb" or "thp" (--l1-use-hugepages)
 };
 
 // Monotonic counters since the process started (the lookup ones: every label set summed).

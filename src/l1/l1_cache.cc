@@ -192,12 +192,19 @@ Result<std::unique_ptr<L1Cache>> L1Cache::Create(const L1CacheOptions& options) 
   pool_options.capacity_bytes = options.capacity_bytes;
   pool_options.align = options.align;
   pool_options.shm_name = options.shm_name;
+  pool_options.use_hugepages = options.use_hugepages;
   auto pool = MemoryPool::Create(pool_options);
   if (!pool.ok()) return pool.status();
   auto alloc = SizeClassAllocator::Create((*pool)->capacity(), options.align, options.initial_bytes);
   if (!alloc.ok()) return alloc.status();
-  return std::unique_ptr<L1Cache>(
+  auto cache = std::unique_ptr<L1Cache>(
       new L1Cache(options, std::move(pool).value(), std::move(alloc).value(), *policy));
+  if (options.populate.mode != PopulateMode::kOff) {
+    cache->populator_ = std::make_unique<PoolPopulator>(cache->pool_.get(), cache->alloc_.get(),
+                                                        options.populate);
+    cache->populator_->Start();
+  }
+  return cache;
 }
 
 L1Cache::L1Cache(const L1CacheOptions& options, std::unique_ptr<MemoryPool> pool,
@@ -226,6 +233,7 @@ L1Cache::L1Cache(const L1CacheOptions& options, std::unique_ptr<MemoryPool> pool
 }
 
 L1Cache::~L1Cache() {
+  if (populator_) populator_->Stop();
   uint64_t detached = 0;
   for (const auto& sh : shards_) detached += sh->counters.detached.Get();
   if (detached > 0) {
@@ -696,6 +704,7 @@ L1Stats L1Cache::stats() const {
   st.write_exhausted = write_exhausted_.load(std::memory_order_relaxed);
   st.backed_bytes = pool_->backed_bytes();
   st.backing_failures = backing_failures_.load(std::memory_order_relaxed);
+  st.populated_bytes = populator_ ? populator_->populated_bytes() : 0;
   st.lookup_keys = lookup_keys_.load(std::memory_order_relaxed);
   st.lookup_hits = lookup_hits_.load(std::memory_order_relaxed);
   st.lookup_locks = locks_->owners.load(std::memory_order_relaxed);

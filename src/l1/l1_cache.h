@@ -60,6 +60,7 @@
 #include "l1/memory_pool.h"
 #include "l1/namespaces.h"
 #include "l1/object_state.h"
+#include "l1/pool_populator.h"
 #include "l1/size_class_allocator.h"
 
 namespace kvd::l1 {
@@ -72,6 +73,10 @@ struct L1CacheOptions {
   // SizeClassAllocator::kAll: the whole pool from the start.
   uint64_t initial_bytes = SizeClassAllocator::kAll;
   std::string shm_name;             // empty: anonymous memory (see MemoryPoolOptions)
+  bool use_hugepages = false;       // anonymous pools only (MemoryPoolOptions::use_hugepages)
+  // Background population of the pool's pages ahead of the allocator (pool_populator.h);
+  // started by Create, stopped by the destructor.
+  PopulatorOptions populate{.mode = PopulateMode::kOff};
   std::string eviction_policy = "LRU";  // a name eviction::MakePolicy accepts
   double read_ttl_seconds = 300;
   double write_ttl_seconds = 600;
@@ -117,6 +122,7 @@ struct L1Stats {
   uint64_t copies_in_flight = 0;   // staging slots held by MarkCopyInFlight (index + detached)
   uint64_t backed_bytes = 0;       // pool bytes whose pages are allocated (memory_pool.h)
   uint64_t backing_failures = 0;   // reservations given up: tmpfs could not back their pages
+  uint64_t populated_bytes = 0;    // pool prefix populated ahead of use (pool_populator.h)
 };
 
 // Quota of one cache salt (the /quota API). Bytes; usage is what the salt's entries hold.
@@ -321,6 +327,7 @@ class L1Cache {
   const std::string& shm_name() const { return pool_->shm_name(); }
   uint64_t capacity_bytes() const { return alloc_->capacity_bytes(); }
   uint64_t align() const { return pool_->align(); }
+  PageKind page_kind() const { return pool_->page_kind(); }
   const std::string& policy_name() const { return policy_name_; }
 
   struct Locks;  // internal: per-owner read locks (l1_cache_locks.h)
@@ -426,6 +433,8 @@ class L1Cache {
   std::atomic<uint64_t> lookup_hits_{0};
   std::vector<std::unique_ptr<Shard>> shards_;
   std::unique_ptr<Locks> locks_;
+  // Last: destroyed (stopped) first, while the pool and the allocator still exist.
+  std::unique_ptr<PoolPopulator> populator_;
 };
 
 }  // namespace kvd::l1

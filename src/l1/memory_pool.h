@@ -16,8 +16,20 @@
 // gives the range up. L1Cache backs every reservation before handing it out, so no byte of
 // the pool is ever written unbacked (issue 11, finding 3). Backed pages stay backed.
 //
+// Population. Backing allocates a page; the first write to it still faults, once per 4 KiB
+// page (zeroing it and mapping it). Populate does that work ahead of time for a range
+// (MADV_POPULATE_WRITE after EnsureBacked), without changing its bytes; PoolPopulator
+// (pool_populator.h) calls it from a background thread ahead of the allocator.
+//
+// Huge pages (--l1-use-hugepages; anonymous pools only, as in lmcache). The pool comes from
+// the reserved hugetlb pool of 2 MiB pages (MAP_HUGETLB, reserved at mmap) when it has enough
+// free pages for the capacity; otherwise from transparent huge pages (an anonymous mapping,
+// 2 MiB aligned, with MADV_HUGEPAGE) when the kernel allows them (enabled = always or
+// madvise), and Create logs one line saying so; with neither, Create fails, as lmcache
+// refuses to start. A 2 MiB page is zeroed and mapped in one fault instead of 512.
+//
 // Threads: every method is safe from any thread (the mapping is immutable after Create;
-// EnsureBacked and backed_bytes use atomics and take no lock).
+// EnsureBacked, Populate and backed_bytes use atomics and take no lock).
 //
 // Ownership: the pool owns the mapping and, when it created one, the shared-memory name. The
 // destructor munmaps the region and shm_unlinks the name; pointers into the region are valid
@@ -28,9 +40,11 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <optional>
 #include <string_view>
 
 #include "common/status.h"
+#include "l1/host_memory.h"
 
 namespace kvd::l1 {
 
@@ -43,7 +57,18 @@ struct MemoryPoolOptions {
   // Empty: anonymous private memory. Otherwise "name" or "/name" of a POSIX shared-memory
   // segment to create; a segment of that name left over by a crashed run is replaced.
   std::string shm_name;
+  // Huge pages (see above); InvalidArgument together with shm_name.
+  bool use_hugepages = false;
+  // What the host offers (tests); unset: read from /sys when use_hugepages is set.
+  std::optional<HugePageInfo> huge_page_info;
+  // Populate by one atomic no-op write per page instead of MADV_POPULATE_WRITE (tests; kvd
+  // does this by itself on kernels before 5.14, which lack it).
+  bool populate_by_touch = false;
 };
+
+// Which pages back a pool.
+enum class PageKind : uint8_t { kRegular, kHugeTlb, kTransparentHuge };
+const char* PageKindName(PageKind kind);  // "regular", "hugetlb", "thp"
 
 class MemoryPool {
  public:
@@ -57,6 +82,13 @@ class MemoryPool {
   static Result<std::string> NormalizeShmName(std::string_view name);
   static constexpr size_t kMaxShmNameLength = 200;
 
+  // --l1-use-hugepages: the kind of huge page a pool of `capacity` bytes gets on a host
+  // offering `info` (see above). `note` is set to the line to log when the choice is not the
+  // reserved pool. FailedPrecondition, in one line saying what to change, when neither kind
+  // is available.
+  static Result<PageKind> ChooseHugePages(uint64_t capacity, const HugePageInfo& info,
+                                          std::string* note);
+
   ~MemoryPool();
   MemoryPool(const MemoryPool&) = delete;
   MemoryPool& operator=(const MemoryPool&) = delete;
@@ -68,6 +100,13 @@ class MemoryPool {
   // Bytes of the pool whose pages EnsureBacked has allocated.
   uint64_t backed_bytes() const { return backed_bytes_.load(std::memory_order_relaxed); }
 
+  // Backs (EnsureBacked) and then maps every page of [offset, offset + length) into this
+  // process's page tables, writable, so that writing them takes no page fault. The bytes are
+  // not changed, so other threads may be writing the range meanwhile. A range that cannot be
+  // backed is not touched (no SIGBUS): ResourceExhausted (a full /dev/shm, no memory left),
+  // with the errno text; InvalidArgument for a range outside the pool.
+  Status Populate(uint64_t offset, uint64_t length);
+
   uint8_t* base() const { return base_; }
   uint8_t* At(uint64_t offset) const { return base_ + offset; }
   uint64_t capacity() const { return capacity_; }
@@ -75,10 +114,11 @@ class MemoryPool {
   // "/name" as passed to shm_open (empty for anonymous memory).
   const std::string& shm_name() const { return shm_name_; }
   bool is_shared() const { return !shm_name_.empty(); }
+  PageKind page_kind() const { return page_kind_; }
 
  private:
   MemoryPool(uint8_t* base, uint64_t mapped_bytes, uint64_t capacity, uint64_t align,
-             std::string shm_name, int fd);
+             std::string shm_name, int fd, PageKind kind, bool populate_by_touch);
 
   uint8_t* const base_;
   const uint64_t mapped_bytes_;  // length passed to mmap (capacity rounded up to a page)
@@ -86,12 +126,14 @@ class MemoryPool {
   const uint64_t align_;
   const std::string shm_name_;  // "/name" when we created (and must unlink) a segment
   const int fd_;                // the segment (shared pools), for fallocate; -1: anonymous
+  const PageKind page_kind_;
 
   // One bit per kBackingGranule of the mapping: set once its pages are allocated.
   const size_t granules_;
   std::unique_ptr<std::atomic<uint64_t>[]> backed_;
   std::atomic<uint64_t> backed_bytes_{0};
   std::atomic<bool> fallocate_unsupported_{false};
+  std::atomic<bool> populate_by_touch_;  // MADV_POPULATE_WRITE unavailable (or a test's choice)
 };
 
 }  // namespace kvd::l1

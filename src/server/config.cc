@@ -18,6 +18,8 @@ std::string ServerConfig::Describe() const {
      << " l1_size_gb=" << l1_size_gb << " l1_align_bytes=" << l1_align_bytes
      << " l1_use_lazy=" << (l1_use_lazy ? "true" : "false")
      << " l1_init_size_gb=" << l1_init_size_gb
+     << " l1_use_hugepages=" << (l1_use_hugepages ? "true" : "false")
+     << " l1_populate=" << l1_populate
      << " eviction_policy=" << eviction_policy
      << " eviction_trigger_watermark=" << eviction_trigger_watermark
      << " eviction_ratio=" << eviction_ratio << " l1_read_ttl_seconds=" << l1_read_ttl_seconds

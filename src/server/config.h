@@ -16,6 +16,12 @@ struct ServerConfig {
   uint64_t l1_align_bytes = 4096;        // L1 allocation unit (--l1-align-bytes; a power of two)
   bool l1_use_lazy = true;               // --l1-use-lazy: L1 grows from l1_init_size_gb
   int64_t l1_init_size_gb = 20;          // --l1-init-size-gb (capped at l1_size_gb)
+  // --l1-use-hugepages: L1 is private (anonymous) memory in 2 MiB pages, not shared memory
+  // (the parser then turns lazy growth and engine-driven transfers off, as lmcache does).
+  bool l1_use_hugepages = false;
+  // --l1-populate: background population of L1 pages ahead of use: all | ahead | off
+  // (l1/pool_populator.h).
+  std::string l1_populate = "all";
   std::string eviction_policy;           // required: LRU
   double eviction_trigger_watermark = 0.8;
   double eviction_ratio = 0.2;
@@ -26,6 +32,7 @@ struct ServerConfig {
   int copy_threads = 0;                  // threads for one large copy; 0: from the core count
   std::string hash_algorithm = "blake3";
   std::string shm_name;                  // L1 pool segment; "" → kvd_l1_pool_<pid>
+                                         // (stays "" with l1_use_hugepages: no segment)
   double worker_reap_timeout_seconds = 120;
   // Silence allowed to a worker that registered but never sent a PING (lmcache 0.5.6
   // workers start pinging at their first transfer). Must be >= the reap timeout.

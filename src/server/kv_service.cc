@@ -15,6 +15,12 @@ Result<std::unique_ptr<KvService>> KvService::Create(const ServerConfig& config,
   o.align = config.l1_align_bytes;
   o.initial_bytes = config.l1_init_bytes();
   o.shm_name = config.shm_name;
+  o.use_hugepages = config.l1_use_hugepages;
+  if (auto mode = l1::ParsePopulateMode(config.l1_populate)) {
+    o.populate.mode = *mode;
+  } else {
+    return Status::InvalidArgument("unknown --l1-populate mode '" + config.l1_populate + "'");
+  }
   o.read_ttl_seconds = config.l1_read_ttl_seconds;
   o.write_ttl_seconds = config.l1_write_ttl_seconds;
   o.eviction_watermark = config.eviction_trigger_watermark;

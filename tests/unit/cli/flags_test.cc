@@ -234,6 +234,51 @@ TEST(ServerFlags, L1LazyAndInitSizeReachTheServerConfig) {
   EXPECT_THAT(Error({"--l1-init-size-gb", "1.5"}), HasSubstr("not an integer"));
 }
 
+// --l1-use-hugepages (lmcache's semantics): L1 in private memory, so lazy allocation and
+// engine-driven transfers go off (each said in one startup note), and a shared pool or
+// engine-driven-only transfers are refused with one line.
+TEST(ServerFlags, HugePagesMakeL1PrivateAndSaySo) {
+  auto d = Parse({});
+  ASSERT_TRUE(d.ok());
+  EXPECT_FALSE(d->config.server.l1_use_hugepages);
+  EXPECT_TRUE(d->notes.empty());
+  EXPECT_EQ(d->config.server.supported_transfer_mode, "auto");
+
+  auto h = Parse({"--l1-use-hugepages"});
+  ASSERT_TRUE(h.ok()) << h.status().ToString();
+  EXPECT_TRUE(h->config.server.l1_use_hugepages);
+  EXPECT_FALSE(h->config.server.l1_use_lazy);
+  EXPECT_EQ(h->config.server.l1_init_bytes(), uint64_t{1} << 30);
+  EXPECT_EQ(h->config.server.supported_transfer_mode, "lmcache_driven");
+  EXPECT_TRUE(h->config.server.shm_name.empty());
+  ASSERT_EQ(h->notes.size(), 2u);
+  EXPECT_THAT(h->notes[0], HasSubstr("engine-driven transfers are off"));
+  EXPECT_THAT(h->notes[1], HasSubstr("lazy allocation is off"));
+  EXPECT_TRUE(h->ignored.empty()) << "--l1-use-hugepages is implemented";
+
+  auto quiet = Parse({"--l1-use-hugepages", "--no-l1-use-lazy", "--supported-transfer-mode",
+                      "lmcache_driven"});
+  ASSERT_TRUE(quiet.ok());
+  EXPECT_TRUE(quiet->notes.empty()) << "nothing was changed behind the operator's back";
+  EXPECT_FALSE(Parse({"--no-l1-use-hugepages"})->config.server.l1_use_hugepages);
+
+  EXPECT_THAT(Error({"--l1-use-hugepages", "--shm-name", "pool"}),
+              HasSubstr("--l1-use-hugepages: incompatible with a shared L1 pool"));
+  EXPECT_THAT(Error({"--l1-use-hugepages", "--supported-transfer-mode", "engine_driven"}),
+              HasSubstr("need L1 in shared memory"));
+  EXPECT_TRUE(Parse({"--l1-use-hugepages", "--shm-name", ""}).ok());
+}
+
+TEST(ServerFlags, L1PopulateChoices) {
+  EXPECT_EQ(Parse({})->config.server.l1_populate, "all");
+  for (const char* m : {"all", "ahead", "off"}) {
+    auto r = Parse({"--l1-populate", m});
+    ASSERT_TRUE(r.ok()) << m;
+    EXPECT_EQ(r->config.server.l1_populate, m);
+  }
+  EXPECT_THAT(Error({"--l1-populate", "some"}), HasSubstr("--l1-populate"));
+}
+
 TEST(ServerFlags, EveryEvictionPolicyIsAccepted) {
   for (const char* p : {"LRU", "ARC", "IsolatedLRU", "noop", "S3-FIFO", "LHD"}) {
     std::vector<std::string> args = {"--l1-size-gb", "1", "--eviction-policy", p};

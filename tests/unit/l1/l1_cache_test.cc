@@ -824,6 +824,37 @@ TEST_F(L1CacheTest, Finding3ReservationsOfASharedPoolAreBackedBeforeUse) {
   EXPECT_EQ(anonymous->stats().backed_bytes, 0u);
 }
 
+// Issue 12, item 5: with population on, the pool's pages are populated in the background
+// after Create returns (stats().populated_bytes reaches the capacity) and stores keep
+// working meanwhile; off (the default of L1CacheOptions) populates nothing.
+TEST_F(L1CacheTest, PopulatesThePoolInTheBackgroundWhenAsked) {
+  L1CacheOptions options;
+  options.capacity_bytes = 4 * MemoryPool::kBackingGranule;
+  options.shm_name = "kvd_test_populate_" + std::to_string(getpid());
+  options.clock = &clock_;
+  options.populate.mode = PopulateMode::kAll;
+  options.populate.room = [] { return std::optional<MemoryRoom>(MemoryRoom{1ull << 40, 1ull << 40, "test"}); };
+  options.populate.idle_poll = std::chrono::milliseconds(2);
+  auto cache = L1Cache::Create(options);
+  ASSERT_TRUE(cache.ok()) << cache.status().ToString();
+  Ns(**cache);
+  ASSERT_TRUE(WriteObject(**cache, Key(1), 1, 0, 3 * kPage).ok());
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while ((*cache)->stats().populated_bytes < options.capacity_bytes &&
+         std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  EXPECT_EQ((*cache)->stats().populated_bytes, options.capacity_bytes);
+  EXPECT_EQ((*cache)->stats().backed_bytes, options.capacity_bytes);
+  ASSERT_TRUE(WriteObject(**cache, Key(2), 1, 0, 5 * kPage).ok());
+  EXPECT_TRUE((*cache)->IsResident(Key(1), 0));
+
+  auto plain = Make(16);
+  ASSERT_TRUE(WriteObject(*plain, Key(3), 1, 0, kPage).ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_EQ(plain->stats().populated_bytes, 0u);
+}
+
 TEST(ChunkKeyTest, EqualityAndDigestCoverBothFields) {
   const ChunkKey base = Key(7, 3);
   EXPECT_EQ(base, Key(7, 3));
