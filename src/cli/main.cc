@@ -280,6 +280,7 @@ class ServiceStats final : public kvd::http::StatsSource {
     sub(s.transport.closed, b.transport.closed);
     sub(s.transport.protocol_errors, b.transport.protocol_errors);
     sub(s.transport.dropped_replies, b.transport.dropped_replies);
+    sub(s.transport.handshake_timeouts, b.transport.handshake_timeouts);
     sub(s.kv_events.stored_records, b.kv_events.stored_records);
     sub(s.kv_events.removed_records, b.kv_events.removed_records);
     for (auto& o : s.ops) {
@@ -389,7 +390,8 @@ class ServiceStats final : public kvd::http::StatsSource {
     }
     s.unknown_ops = metrics.unknown_ops();
     const auto t = metrics.Transport();
-    s.transport = {t.connections, t.accepted, t.closed, t.protocol_errors, t.dropped_replies};
+    s.transport = {t.connections,     t.accepted,        t.closed,
+                   t.protocol_errors, t.dropped_replies, t.handshake_timeouts};
     auto loop = metrics.Loop();
     s.loop = {loop.iterations,       std::move(loop.buckets),      loop.sum_seconds,
               loop.longest_seconds,  loop.longest_inline_seconds,  std::move(loop.longest_inline_op)};

@@ -407,6 +407,9 @@ std::string RenderPrometheus(const Snapshot& s, const std::string& version) {
   w.Counter("kvd_zmtp_protocol_errors_total",
             "Connections kvd closed for breaking ZMTP or a size limit (frame, message, frames, command).",
             s.transport.protocol_errors);
+  w.Counter("kvd_zmtp_handshake_timeouts_total",
+            "Connections kvd closed for not finishing the ZMTP handshake within 30 s.",
+            s.transport.handshake_timeouts);
   w.Counter("kvd_zmtp_dropped_replies_total",
             "Replies not sent: the client was gone, or did not read its replies (unsent queue full).",
             s.transport.dropped_replies);

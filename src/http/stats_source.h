@@ -173,6 +173,7 @@ struct TransportView {
   uint64_t closed = 0;
   uint64_t protocol_errors = 0;
   uint64_t dropped_replies = 0;
+  uint64_t handshake_timeouts = 0;
 };
 
 // The KV-event log (lmcache's status key "kv_events").

@@ -67,7 +67,9 @@ class ZmtpSink {
 
 class ZmtpDecoder {
  public:
-  static constexpr size_t kBufferBytes = 64 << 10;
+  // Holds headers, commands (at most max_command_bytes) and small frames; a frame that does
+  // not fit what is left is read in place. Small, since every connection has one.
+  static constexpr size_t kBufferBytes = 16 << 10;
 
   explicit ZmtpDecoder(const ZmtpLimits& limits);
 

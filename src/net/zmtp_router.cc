@@ -17,6 +17,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <deque>
 #include <functional>
 #include <random>
 #include <unordered_map>
@@ -170,6 +171,9 @@ struct ZmtpRouter::Impl {
   size_t ready_head = 0;
   std::vector<uint64_t> dirty;       // peers with output queued since the last Flush
   std::vector<uint64_t> dead;        // peers closed during this Wait (Reap)
+  // Peers accepted and their handshake deadlines, in accept order (so in deadline order);
+  // entries of peers that finished or went are skipped when they come due.
+  std::deque<std::pair<int64_t, uint64_t>> handshakes;
   uint64_t next_key = kFirstPeerKey;
   uint32_t next_id;
   Stats stats;
@@ -376,6 +380,9 @@ void ZmtpRouter::Accept() {
     impl_->peers.emplace(key, std::move(peer));
     impl_->stats.accepted++;
     impl_->stats.connections++;
+    if (options_.handshake_timeout_ms > 0) {
+      impl_->handshakes.emplace_back(now + options_.handshake_timeout_ms * 1'000'000, key);
+    }
     p.QueueRaw(EncodeGreeting());
     Write(p);
   }
@@ -527,6 +534,19 @@ void ZmtpRouter::Reap() {
   impl_->dead.clear();
 }
 
+void ZmtpRouter::CloseStalledHandshakes(int64_t now_ns) {
+  Impl& im = *impl_;
+  while (!im.handshakes.empty() && im.handshakes.front().first <= now_ns) {
+    const uint64_t key = im.handshakes.front().second;
+    im.handshakes.pop_front();
+    Peer* p = im.Find(key);
+    if (!p || p->fd < 0 || p->phase == Peer::Phase::kOpen) continue;
+    im.stats.handshake_timeouts++;
+    Close(*p, Status::InvalidArgument("no ZMTP handshake within " +
+                                      std::to_string(options_.handshake_timeout_ms) + " ms"));
+  }
+}
+
 ZmtpRouter::Events ZmtpRouter::Wait(int timeout_ms) {
   Events out;
   Impl& im = *impl_;
@@ -534,6 +554,14 @@ ZmtpRouter::Events ZmtpRouter::Wait(int timeout_ms) {
   epoll_event events[kMaxEvents];
   const bool have = im.ready_head < im.ready.size();
   int timeout = have ? 0 : timeout_ms;
+  if (!im.handshakes.empty()) {
+    const int64_t now = NowNs();
+    CloseStalledHandshakes(now);
+    if (!im.handshakes.empty()) {
+      const int64_t left_ms = (im.handshakes.front().first - now + 999'999) / 1'000'000;
+      if (timeout < 0 || left_ms < timeout) timeout = static_cast<int>(std::max<int64_t>(left_ms, 0));
+    }
+  }
   if (listen_paused_until_ns_ > 0) {
     const int64_t left_ms = (listen_paused_until_ns_ - NowNs()) / 1'000'000;
     if (left_ms <= 0) {

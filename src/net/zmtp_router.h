@@ -13,14 +13,16 @@
 // connection the serving thread has not asked for, so memory per connection is bounded by
 // design (see BOUNDS), and a request costs no hop through another thread.
 //
-// BOUNDS, per connection: the decoder's buffer (64 KiB) and one message being received
+// BOUNDS, per connection: the decoder's buffer (16 KiB) and one message being received
 // (limits.max_message_bytes, zmtp_codec.h); messages received and not yet taken by
 // Receive: at most max_pending_messages / max_pending_bytes, after which the connection is
 // not read (TCP pushes back on the client) until Receive takes them, plus what the last read
 // completed (one read is at most read_budget bytes, or one message); replies not yet written
 // to the socket: at most max_unsent_messages / max_unsent_bytes. A protocol error (bad
 // greeting, unsupported mechanism, a frame, message or command over its limit, reserved
-// flags) closes that connection only, with one warning line.
+// flags) closes that connection only, with one warning line. A connection that has not
+// finished its handshake (greeting and READY) handshake_timeout_ms after it was accepted is
+// closed (libzmq's ZMQ_HANDSHAKE_IVL, 30 s by default): idle sockets cannot pile up.
 //
 // THREADS. Not thread-safe: one thread calls every method (the request loop's). The fds
 // passed to Watch are only polled, never read.
@@ -49,11 +51,13 @@ class ZmtpRouter {
     uint32_t max_unsent_messages = 100000;  // per connection, queued and not written (SNDHWM)
     uint64_t max_unsent_bytes = 64u << 20;  // per connection, ditto
     uint64_t read_budget = 1u << 20;        // bytes read from one connection per Wait
+    int64_t handshake_timeout_ms = 30000;   // greeting and READY within this; 0: no limit
   };
   struct Stats {
     uint64_t accepted = 0;          // connections accepted
     uint64_t closed = 0;            // connections closed (by the peer or for an error)
     uint64_t protocol_errors = 0;   // of those, closed for breaking the protocol or a limit
+    uint64_t handshake_timeouts = 0;  // of those, closed for not finishing the handshake
     uint64_t dropped_messages = 0;  // messages not sent: no such peer, or its queue full
     uint64_t connections = 0;       // open now
   };
@@ -105,6 +109,7 @@ class ZmtpRouter {
   void SetInterest(Peer& p);
   void Forget(uint64_t key);
   void Reap();  // forgets the peers closed in this Wait that have nothing left
+  void CloseStalledHandshakes(int64_t now_ns);
   std::string NextRoutingId();
 
   const Options options_;

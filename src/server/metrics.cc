@@ -107,6 +107,7 @@ void RequestMetrics::SetTransport(const TransportSnapshot& t) {
   transport_closed_.store(t.closed, std::memory_order_relaxed);
   transport_protocol_errors_.store(t.protocol_errors, std::memory_order_relaxed);
   transport_dropped_.store(t.dropped_replies, std::memory_order_relaxed);
+  transport_handshake_timeouts_.store(t.handshake_timeouts, std::memory_order_relaxed);
 }
 
 RequestMetrics::TransportSnapshot RequestMetrics::Transport() const {
@@ -116,6 +117,7 @@ RequestMetrics::TransportSnapshot RequestMetrics::Transport() const {
   t.closed = transport_closed_.load(std::memory_order_relaxed);
   t.protocol_errors = transport_protocol_errors_.load(std::memory_order_relaxed);
   t.dropped_replies = transport_dropped_.load(std::memory_order_relaxed);
+  t.handshake_timeouts = transport_handshake_timeouts_.load(std::memory_order_relaxed);
   return t;
 }
 

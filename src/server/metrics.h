@@ -84,6 +84,7 @@ class RequestMetrics {
     uint64_t accepted = 0;         // since start
     uint64_t closed = 0;
     uint64_t protocol_errors = 0;  // closed for breaking ZMTP or a size limit
+    uint64_t handshake_timeouts = 0;  // closed for not finishing the handshake in time
     uint64_t dropped_replies = 0;  // not sent: client gone, or not reading its replies
   };
   void SetTransport(const TransportSnapshot& t);
@@ -114,7 +115,7 @@ class RequestMetrics {
   std::atomic<int64_t> inline_longest_ns_{0};
   std::atomic<int> inline_longest_op_{-1};  // op of inline_longest_ns_
   std::atomic<uint64_t> transport_connections_{0}, transport_accepted_{0}, transport_closed_{0},
-      transport_protocol_errors_{0}, transport_dropped_{0};
+      transport_protocol_errors_{0}, transport_dropped_{0}, transport_handshake_timeouts_{0};
 };
 
 }  // namespace kvd::server

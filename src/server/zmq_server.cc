@@ -450,7 +450,8 @@ void ZmqServer::Run(const std::atomic<bool>& stop) {
     if (ev.messages || ev.watched || ev.io_ns > 0) {
       s.metrics->RecordLoopIteration(WallNs() - wall0);
       const net::ZmtpRouter::Stats t = s.router.stats();
-      s.metrics->SetTransport({t.connections, t.accepted, t.closed, t.protocol_errors, t.dropped_messages});
+      s.metrics->SetTransport({t.connections, t.accepted, t.closed, t.protocol_errors,
+                               t.dropped_messages, t.handshake_timeouts});
     }
   }
   s.streams->CloseAll();

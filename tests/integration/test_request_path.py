@@ -37,8 +37,8 @@ MAX_QUEUED = 2 * MAX_FRAME
 # The largest message (ZmqServer::MaxMessageBytes): its largest frame and 16 MiB more.
 MAX_MESSAGE = MAX_FRAME + (16 << 20)
 # Per connection, messages read and not yet taken by the loop: 1 MiB, plus what one read
-# (64 KiB) completes.
-MAX_PENDING = (1 << 20) + (64 << 10)
+# (the reader's 16 KiB buffer) completes.
+MAX_PENDING = (1 << 20) + (16 << 10)
 
 
 def metrics(srv: F.KvdServer) -> dict[str, float]:
