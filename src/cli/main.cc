@@ -38,6 +38,7 @@
 #include "common/clock.h"
 #include "http/http_server.h"
 #include "l2/adapter_config.h"
+#include "keys/token_hash.h"
 #include "kvd_version.h"
 #include "server/config.h"
 #include "server/kv_service.h"
@@ -840,5 +841,7 @@ int main(int argc, char** argv) {
     spdlog::info("configuration OK; not starting (--check-config)");
     return 0;
   }
+  // Times the one-chain hash kernels now, before any thread of kvd's own competes for the CPU.
+  spdlog::info("chunk hashing: BLAKE3 {}", kvd::keys::TokenChainDescription());
   return RunServer(cli);
 }

@@ -83,6 +83,21 @@ struct Blake3Backend {
   TokenChains8Fn token_chains8;  // null: no lanes, chains run one after the other
 };
 
+// The backend hashers and token chains use now: the forced one (SetBlake3ImplForTesting),
+// or the best the CPU has with the one-chain kernel of AutoOneChainChoice.
+const Blake3Backend* ActiveBackend();
+
+// Which kernel the auto backend hashes one chain with: its SIMD kernel or the portable one,
+// whichever ran faster when first asked (timed once per process, ~0.5 ms; later calls
+// return the same). Thread-safe.
+struct OneChainChoice {
+  TokenChainFn kernel = nullptr;
+  const char* name = "";                 // the backend the kernel comes from
+  double chosen_ns_per_chunk = 0;        // best of the timing runs (256-token chunks);
+  double other_ns_per_chunk = 0;         // 0 when there was no other kernel to time
+};
+const OneChainChoice& AutoOneChainChoice();
+
 // Portable scalar reference; always available.
 void CompressInPlacePortable(uint32_t cv[8], const uint8_t block[kBlockLen], uint8_t block_len,
                              uint64_t counter, uint8_t flags);
@@ -111,9 +126,6 @@ void TokenChainSse41(const uint8_t prev[32], const uint32_t* tokens, size_t chun
                      size_t num_chunks, uint8_t* out);
 void TokenChains8Avx2(const uint8_t* const prev[8], const uint32_t* const tokens[8],
                       size_t chunk_tokens, size_t num_chunks, uint8_t* const out[8]);
-
-// The backend new hashers use (see SetBlake3ImplForTesting).
-const Blake3Backend* ActiveBackend();
 
 // Little-endian word access, independent of host byte order.
 inline uint32_t LoadLe32(const uint8_t* p) {

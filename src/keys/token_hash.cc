@@ -58,6 +58,19 @@ void HashTokenChain(const Hash32& prev, std::span<const uint32_t> tokens, uint32
   Chain(internal::ActiveBackend(), prev, tokens.data(), chunk_size, out.size(), out.data());
 }
 
+std::string TokenChainDescription() {
+  const internal::OneChainChoice& c = internal::AutoOneChainChoice();
+  std::string out = Blake3ImplName(Blake3ActiveImpl());
+  out += "; one chain: ";
+  out += c.name;
+  if (c.other_ns_per_chunk > 0) {
+    out += ", " + std::to_string(static_cast<long>(c.chosen_ns_per_chunk)) +
+           " ns per 256-token chunk (the other kernel: " +
+           std::to_string(static_cast<long>(c.other_ns_per_chunk)) + " ns)";
+  }
+  return out;
+}
+
 size_t TokenChainLanes() { return internal::ActiveBackend()->token_chains8 ? 8 : 1; }
 
 void HashTokenChains(std::span<const TokenChainJob> jobs, uint32_t chunk_size) {

@@ -16,14 +16,17 @@
 #include <string>
 #include <vector>
 
+#include "keys/blake3_internal.h"
 #include "keys/chunk_hasher.h"
 
 namespace kvd::keys {
 namespace {
 
+// Each implementation forced, and kAuto: the best backend with the one-chain kernel that
+// timed faster on this CPU (which may be the portable one inside the AVX2 backend).
 std::vector<Blake3Impl> SupportedImpls() {
   std::vector<Blake3Impl> impls;
-  for (Blake3Impl impl : {Blake3Impl::kPortable, Blake3Impl::kSse41, Blake3Impl::kAvx2}) {
+  for (Blake3Impl impl : {Blake3Impl::kAuto, Blake3Impl::kPortable, Blake3Impl::kSse41, Blake3Impl::kAvx2}) {
     if (Blake3ImplSupported(impl)) impls.push_back(impl);
   }
   return impls;
@@ -225,6 +228,35 @@ TEST(TokenHashTest, LanesAreUsedWhereTheCpuHasThem) {
   }
   ImplGuard guard(Blake3Impl::kPortable);
   EXPECT_EQ(TokenChainLanes(), 1u);
+}
+
+TEST(TokenHashTest, AutomaticSelectionKeepsTheFasterOneChainKernel) {
+  const internal::OneChainChoice& c = internal::AutoOneChainChoice();
+  ASSERT_NE(c.kernel, nullptr);
+  EXPECT_EQ(&c, &internal::AutoOneChainChoice()) << "timed once";
+  const Blake3Impl best = Blake3ActiveImpl();
+  if (best == Blake3Impl::kPortable) {
+    EXPECT_EQ(c.kernel, internal::TokenChainPortable);
+    EXPECT_EQ(c.other_ns_per_chunk, 0.0) << "nothing else to time";
+    return;
+  }
+  // Both kernels were timed; the SIMD one stays unless the portable one was 5% faster.
+  ASSERT_GT(c.chosen_ns_per_chunk, 0.0);
+  ASSERT_GT(c.other_ns_per_chunk, 0.0);
+  if (c.kernel == internal::TokenChainPortable) {
+    EXPECT_STREQ(c.name, "portable");
+    EXPECT_LT(c.chosen_ns_per_chunk, 0.95 * c.other_ns_per_chunk);
+  } else {
+    EXPECT_EQ(c.kernel, internal::TokenChainSse41);
+    EXPECT_GE(c.other_ns_per_chunk, 0.95 * c.chosen_ns_per_chunk);
+  }
+  // What kvd logs at startup names the choice.
+  const std::string line = TokenChainDescription();
+  EXPECT_NE(line.find(std::string("one chain: ") + c.name), std::string::npos) << line;
+  // The automatic backend hashes with that kernel and still has its lanes.
+  ImplGuard guard(Blake3Impl::kAuto);
+  EXPECT_EQ(internal::ActiveBackend()->token_chain, c.kernel);
+  EXPECT_EQ(TokenChainLanes(), Blake3ImplSupported(Blake3Impl::kAvx2) ? 8u : 1u);
 }
 
 }  // namespace
