@@ -603,6 +603,8 @@ ZmtpRouter::Events ZmtpRouter::Wait(int timeout_ms) {
   return out;
 }
 
+bool ZmtpRouter::HasMessages() const { return impl_->ready_head < impl_->ready.size(); }
+
 bool ZmtpRouter::Receive(std::vector<zmq::message_t>* frames) {
   Impl& im = *impl_;
   while (im.ready_head < im.ready.size()) {

@@ -87,6 +87,9 @@ class ZmtpRouter {
   // Takes the next message, round robin over connections: frames = [routing id, frames...]
   // (appended to *frames). False when none is waiting.
   bool Receive(std::vector<zmq::message_t>* frames);
+  // True when Receive would return a message now (read by the last Wait, not yet taken).
+  // May say true for a connection that has since closed; never false when one waits.
+  bool HasMessages() const;
 
   // Queues [frames[1], ..., frames[n-1]] (moved from) for the connection whose routing id is
   // frames[0]. False when it was dropped (no such connection, or its unsent queue is full).

@@ -7,7 +7,9 @@
 // GET_CHUNK_SIZE, lookups of short prompts, ...: Dispatch::kInline, kInlineUnlessLong in
 // the op table) run to completion right there; transfers and registrations go to the
 // connection's lane on the TaskPool (a worker's requests stay in order, off the socket
-// thread), long lookups and CLEAR to a per-connection pool lane as wide as the pool.
+// thread), long lookups and CLEAR to a per-connection pool lane as wide as the pool
+// (a long lookup up to kInlineWhenAlonePayloadBytes runs inline when it is the only
+// message waiting: a lone client's lookup costs no thread hops).
 // A WAIT_PREFETCH_STATUS whose prefetch still runs is parked on the loop, not on a thread
 // (prefetch_waits.h), and answered when the prefetch ends or its timeout passes.
 // Request frames are moved, never copied: a lane task owns the zmq messages it was
@@ -52,6 +54,11 @@ class ZmqServer {
   // op table says kInlineUnlessLong: a LOOKUP of up to ~3-5K tokens, some 30-60 us of
   // decoding and hashing. Longer ones go to the pool, whose threads run them in parallel.
   static constexpr size_t kInlinePayloadBytes = 16 << 10;
+  // ...and up to this many bytes (a LOOKUP of up to ~50K tokens, at most ~150 us) when no
+  // other message is waiting on the loop: the pool hop and the reply's way back through the
+  // loop's eventfd cost a lone client ~100 us, and nobody waits behind an inline request
+  // that arrived alone (messages that come meanwhile wait at most that long).
+  static constexpr size_t kInlineWhenAlonePayloadBytes = 256 << 10;
   // Requests read per wake-up before the loop sends what it has.
   static constexpr int kMaxReadsPerWake = 256;
   // Replies are sent early, within a wake-up, once inline work since the last send took

@@ -231,5 +231,25 @@ TEST_F(ZmqServerTest, QueueDecodeAndReplyPhasesAreRecordedPerRequest) {
   EXPECT_EQ(inline_op["reply"].first, 1u);
 }
 
+TEST_F(ZmqServerTest, ALongLookupRunsInlineWhenItIsTheOnlyMessageWaiting) {
+  auto c = Client();
+  // Payloads are not valid keys: each lookup is refused by the decoder, after the dispatch
+  // decision this test is about. The op is 8 (LOOKUP).
+  const std::string short_payload(8 << 10, 'x');
+  const std::string long_payload(ZmqServer::kInlinePayloadBytes * 4, 'x');
+  const std::string too_long(ZmqServer::kInlineWhenAlonePayloadBytes + 1, 'x');
+  for (const std::string* p : {&short_payload, &long_payload, &too_long}) {
+    SendFrames(c, {wire::EncodeInt(60), wire::EncodeInt(8), *p});
+    ASSERT_EQ(Recv(c).size(), 3u);
+  }
+  for (int i = 0; i < 200 && PhasesOf(metrics_, "lookup")["reply"].first < 3; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  auto lookup = PhasesOf(metrics_, "lookup");
+  EXPECT_EQ(lookup["reply"].first, 3u);
+  // Only the lookup over kInlineWhenAlonePayloadBytes waited for a pool thread.
+  EXPECT_EQ(lookup["queue"].first, 1u);
+}
+
 }  // namespace
 }  // namespace kvd::server
