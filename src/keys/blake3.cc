@@ -21,6 +21,7 @@
 #include <bit>
 #include <chrono>
 #include <cstring>
+#include <vector>
 
 #include "keys/blake3_internal.h"
 
@@ -74,17 +75,18 @@ const Blake3Backend* BackendFor(Blake3Impl impl) {
 // kAuto until a test forces something else.
 std::atomic<Blake3Impl> g_forced_impl{Blake3Impl::kAuto};
 
-// Best time of `trials` runs of kernel over the same 16 chunks of 256 tokens, in ns per chunk.
+constexpr size_t kTimedChunks = 32, kTimedTokens = 256;
+
+// Best time of `trials` runs of kernel over the same kTimedChunks chunks, in ns per chunk.
 double NsPerChunk(TokenChainFn kernel, const uint32_t* tokens, int trials) {
-  constexpr size_t kChunks = 16, kTokens = 256;
   uint8_t prev[32] = {};
-  uint8_t out[kChunks * 32];
+  uint8_t out[kTimedChunks * 32];
   double best = 1e300;
   for (int t = 0; t < trials; ++t) {
     const auto t0 = std::chrono::steady_clock::now();
-    kernel(prev, tokens, kTokens, kChunks, out);
+    kernel(prev, tokens, kTimedTokens, kTimedChunks, out);
     const auto t1 = std::chrono::steady_clock::now();
-    best = std::min(best, std::chrono::duration<double, std::nano>(t1 - t0).count() / kChunks);
+    best = std::min(best, std::chrono::duration<double, std::nano>(t1 - t0).count() / kTimedChunks);
     prev[0] ^= out[0];  // each trial depends on the last: not folded away
   }
   return best;
@@ -95,13 +97,20 @@ OneChainChoice TimeOneChainKernels(const Blake3Backend& simd) {
   c.kernel = simd.token_chain;
   c.name = simd.name;
   if (simd.token_chain == TokenChainPortable) return c;
-  uint32_t tokens[16 * 256];
+  std::vector<uint32_t> chunk_tokens(kTimedChunks * kTimedTokens);  // 32 KiB: not on the stack
   uint32_t x = 0x9e3779b9u;
-  for (auto& t : tokens) t = (x = x * 1664525u + 1013904223u) % 200000u;
-  // Alternate the two so that a frequency step or a preemption hits both; keep each one's
-  // best. About 0.2-0.5 ms in all.
+  for (auto& t : chunk_tokens) t = (x = x * 1664525u + 1013904223u) % 200000u;
+  const uint32_t* tokens = chunk_tokens.data();
+  // Warm up first (caches, branch predictors, and a core that idled may take a few ms to
+  // reach its clock: timing a cold start once picked the slower kernel), then alternate the
+  // two so that a step or a preemption hits both, keeping each one's best. ~5 ms in all.
+  const auto warm_until = std::chrono::steady_clock::now() + std::chrono::milliseconds(3);
+  while (std::chrono::steady_clock::now() < warm_until) {
+    NsPerChunk(simd.token_chain, tokens, 1);
+    NsPerChunk(TokenChainPortable, tokens, 1);
+  }
   double simd_ns = 1e300, portable_ns = 1e300;
-  for (int round = 0; round < 6; ++round) {
+  for (int round = 0; round < 10; ++round) {
     simd_ns = std::min(simd_ns, NsPerChunk(simd.token_chain, tokens, 2));
     portable_ns = std::min(portable_ns, NsPerChunk(TokenChainPortable, tokens, 2));
   }

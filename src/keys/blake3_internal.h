@@ -88,7 +88,7 @@ struct Blake3Backend {
 const Blake3Backend* ActiveBackend();
 
 // Which kernel the auto backend hashes one chain with: its SIMD kernel or the portable one,
-// whichever ran faster when first asked (timed once per process, ~0.5 ms; later calls
+// whichever ran faster when first asked (timed once per process, ~5 ms; later calls
 // return the same). Thread-safe.
 struct OneChainChoice {
   TokenChainFn kernel = nullptr;

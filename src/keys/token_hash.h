@@ -58,7 +58,7 @@ size_t TokenChainLanes();
 
 // One line for the startup log: the backend and which kernel hashes one chain, with the
 // timings that chose it, e.g. "avx2; one chain: portable, 1530 ns per 256-token chunk
-// (avx2's: 2021 ns)". The first call times the kernels (~0.5 ms).
+// (avx2's: 2021 ns)". The first call times the kernels (~5 ms).
 std::string TokenChainDescription();
 
 }  // namespace kvd::keys
