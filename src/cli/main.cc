@@ -10,7 +10,8 @@
 //
 // Shutdown: the first SIGINT/SIGTERM stops accepting requests, lets queued and in-flight
 // requests finish and answers them, stops HTTP, unmaps every worker segment and removes
-// the L1 shared-memory segment, then exits 0. A second signal exits at once (status 1).
+// the L1 shared-memory segment, then exits 0. A second signal exits at once (status 1),
+// removing the segment too; the same signal again within a second is not a second one.
 #include <spdlog/spdlog.h>
 
 #include <arpa/inet.h>
@@ -22,6 +23,7 @@
 #include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <future>
@@ -48,12 +50,31 @@
 
 namespace {
 
+// Signal handling state: a handler can only reach globals. Lock-free atomics and a path set
+// before the handlers are installed (never changed after).
 std::atomic<bool> g_stop{false};
-std::atomic<int> g_signals{0};
+std::atomic<int> g_first_signal{0};
+std::atomic<int64_t> g_first_signal_ns{0};
+char g_l1_segment_path[300] = "";  // "/dev/shm/<name>" of the L1 pool; "" when anonymous
 
-void OnSignal(int) {
-  if (g_signals.fetch_add(1) > 0) _exit(1);  // second signal: leave at once
-  g_stop.store(true);
+// The first SIGINT/SIGTERM asks for a clean stop. The same signal again within a second is
+// that request delivered twice (GNU timeout and some supervisors signal the process, then
+// its group), not a second one. Any later or other signal leaves at once (exit 1), still
+// removing the L1 segment so that its memory does not stay behind in /dev/shm.
+void OnSignal(int sig) {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  const int64_t now = int64_t{ts.tv_sec} * 1'000'000'000 + ts.tv_nsec;
+  int first = 0;
+  if (g_first_signal.compare_exchange_strong(first, sig)) {
+    g_first_signal_ns.store(now);
+    g_stop.store(true);
+    return;
+  }
+  const int64_t first_ns = g_first_signal_ns.load();
+  if (first == sig && (first_ns == 0 || now - first_ns < 1'000'000'000)) return;
+  if (g_l1_segment_path[0] != '\0') unlink(g_l1_segment_path);
+  _exit(1);
 }
 
 using kvd::cli::CliConfig;
@@ -675,6 +696,9 @@ int RunServer(const CliConfig& cli) {
     return 1;
   }
   // From here on a signal means "stop cleanly" (also during the rest of startup).
+  if (!cfg.shm_name.empty() && cfg.shm_name.size() + 10 < sizeof(g_l1_segment_path)) {
+    std::snprintf(g_l1_segment_path, sizeof(g_l1_segment_path), "/dev/shm/%s", cfg.shm_name.c_str());
+  }
   std::signal(SIGINT, OnSignal);
   std::signal(SIGTERM, OnSignal);
   kvd::SteadyClock clock;

@@ -371,6 +371,21 @@ def test_a_second_signal_exits_at_once(kvd):
     kvd.signal(signal.SIGCONT)
     assert kvd.wait(timeout=10) == 1
     assert "kvd stopped" not in kvd.log()
+    # Even then the L1's memory does not stay behind in /dev/shm.
+    assert not kvd.shm_path.exists(), "a forced exit must still remove the L1 segment"
+
+
+def test_timeouts_double_sigterm_stops_cleanly_and_removes_the_segment(kvd):
+    # GNU timeout (and some supervisors) send SIGTERM to the process and then to its
+    # group: one stop request that arrives twice. It used to count as a second signal:
+    # exit 1 at once, the L1 segment left in /dev/shm.
+    assert kvd.shm_path.exists()
+    kvd.signal(signal.SIGTERM)
+    time.sleep(0.01)
+    kvd.signal(signal.SIGTERM)
+    assert kvd.wait(timeout=15) == 0
+    assert "kvd stopped" in kvd.log()
+    assert not kvd.shm_path.exists()
 
 
 def test_http_endpoints_close_with_the_server(kvd):
