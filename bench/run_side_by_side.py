@@ -28,6 +28,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -115,9 +116,8 @@ class Server:
         for it. Returns the seconds waited, or None (no HTTP, or no such metric)."""
         if self.kind != "kvd" or self.http_port is None:
             return None
-        import urllib.request
-        t0 = time.time()
-        while time.time() - t0 < timeout:
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < timeout:
             try:
                 text = urllib.request.urlopen(
                     f"http://127.0.0.1:{self.http_port}/metrics", timeout=5).read().decode()
@@ -132,10 +132,10 @@ class Server:
             if len(vals) < 2:
                 return None
             if vals["kvd_l1_populated_bytes"] >= vals["kvd_l1_capacity_bytes"]:
-                return time.time() - t0
+                return time.monotonic() - t0
             time.sleep(0.2)
         log(f"kvd: L1 not populated within {timeout:.0f} s; measuring anyway")
-        return time.time() - t0
+        return time.monotonic() - t0
 
     @property
     def pid(self) -> int:

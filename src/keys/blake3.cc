@@ -92,59 +92,54 @@ double NsPerChunk(TokenChainFn kernel, const uint32_t* tokens, int trials) {
   return best;
 }
 
-OneChainChoice TimeOneChainKernels(const Blake3Backend& simd) {
-  OneChainChoice c;
-  c.kernel = simd.token_chain;
-  c.name = simd.name;
-  if (simd.token_chain == TokenChainPortable) return c;
+// Times the backend's one-chain kernel against the portable one and returns the faster
+// (the SIMD one unless the portable one is clearly, 5%, faster).
+OneChainChoice TimeOneChainKernels(TokenChainFn simd) {
+  if (simd == TokenChainPortable) return {TokenChainPortable, "portable", 0, 0};
   std::vector<uint32_t> chunk_tokens(kTimedChunks * kTimedTokens);  // 32 KiB: not on the stack
   uint32_t x = 0x9e3779b9u;
   for (auto& t : chunk_tokens) t = (x = x * 1664525u + 1013904223u) % 200000u;
   const uint32_t* tokens = chunk_tokens.data();
   // Warm up first (caches, branch predictors, and a core that idled may take a few ms to
   // reach its clock: timing a cold start once picked the slower kernel), then alternate the
-  // two so that a step or a preemption hits both, keeping each one's best. ~5 ms in all.
+  // two so that a step or a preemption hits both, keeping each one's best. ~6 ms in all.
   const auto warm_until = std::chrono::steady_clock::now() + std::chrono::milliseconds(3);
   while (std::chrono::steady_clock::now() < warm_until) {
-    NsPerChunk(simd.token_chain, tokens, 1);
+    NsPerChunk(simd, tokens, 1);
     NsPerChunk(TokenChainPortable, tokens, 1);
   }
   double simd_ns = 1e300, portable_ns = 1e300;
   for (int round = 0; round < 10; ++round) {
-    simd_ns = std::min(simd_ns, NsPerChunk(simd.token_chain, tokens, 2));
+    simd_ns = std::min(simd_ns, NsPerChunk(simd, tokens, 2));
     portable_ns = std::min(portable_ns, NsPerChunk(TokenChainPortable, tokens, 2));
   }
-  c.chosen_ns_per_chunk = simd_ns;
-  c.other_ns_per_chunk = portable_ns;
-  // The SIMD kernel unless the portable one is clearly (5%) faster.
-  if (portable_ns < 0.95 * simd_ns) {
-    c.kernel = TokenChainPortable;
-    c.name = "portable";
-    std::swap(c.chosen_ns_per_chunk, c.other_ns_per_chunk);
-  }
-  return c;
+  if (portable_ns < 0.95 * simd_ns) return {TokenChainPortable, "portable", portable_ns, simd_ns};
+  return {simd, simd == TokenChainSse41 ? "sse4.1" : "simd", simd_ns, portable_ns};
 }
 
-// The best backend, with the one-chain kernel that was faster on this CPU. Made once.
-const Blake3Backend* AutoBackend() {
-  static const Blake3Backend backend = [] {
-    Blake3Backend b = *BackendFor(BestImpl());
-    b.token_chain = AutoOneChainChoice().kernel;
-    return b;
+// The best backend with the one-chain kernel that was faster on this CPU, and that choice.
+// Made once, on first use.
+struct AutoSelection {
+  Blake3Backend backend;
+  OneChainChoice choice;
+};
+const AutoSelection& Auto() {
+  static const AutoSelection selection = [] {
+    AutoSelection a{*BackendFor(BestImpl()), {}};
+    a.choice = TimeOneChainKernels(a.backend.token_chain);
+    a.backend.token_chain = a.choice.kernel;
+    return a;
   }();
-  return &backend;
+  return selection;
 }
 
 }  // namespace
 
-const OneChainChoice& AutoOneChainChoice() {
-  static const OneChainChoice choice = TimeOneChainKernels(*BackendFor(BestImpl()));
-  return choice;
-}
+const OneChainChoice& AutoOneChainChoice() { return Auto().choice; }
 
 const Blake3Backend* ActiveBackend() {
   const Blake3Impl forced = g_forced_impl.load(std::memory_order_relaxed);
-  return forced == Blake3Impl::kAuto ? AutoBackend() : BackendFor(forced);
+  return forced == Blake3Impl::kAuto ? &Auto().backend : BackendFor(forced);
 }
 
 }  // namespace internal

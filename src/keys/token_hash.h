@@ -58,7 +58,7 @@ size_t TokenChainLanes();
 
 // One line for the startup log: the backend and which kernel hashes one chain, with the
 // timings that chose it, e.g. "avx2; one chain: portable, 1530 ns per 256-token chunk
-// (avx2's: 2021 ns)". The first call times the kernels (~5 ms).
+// (the other kernel: 2021 ns)". The first call times the kernels (~6 ms).
 std::string TokenChainDescription();
 
 }  // namespace kvd::keys

@@ -349,11 +349,11 @@ struct ZmqServer::Impl {
     for (size_t i = 3; i < frames.size(); ++i) payload_bytes += frames[i].size();
     wire::Dispatch dispatch = info.dispatch;
     if (dispatch == wire::Dispatch::kInlineUnlessLong) {
-      const bool alone = payload_bytes <= kInlineWhenAlonePayloadBytes && !router.HasMessages();
-      dispatch = payload_bytes <= kInlinePayloadBytes || alone ? wire::Dispatch::kInline
-                                                               : wire::Dispatch::kPool;
-      // Replies already made leave before a long inline request starts.
-      if (dispatch == wire::Dispatch::kInline && payload_bytes > kInlinePayloadBytes) SendAll();
+      const bool long_request = payload_bytes > kInlinePayloadBytes;
+      const bool run_here = !long_request || (payload_bytes <= kInlineWhenAlonePayloadBytes &&
+                                              !router.HasMessages());
+      dispatch = run_here ? wire::Dispatch::kInline : wire::Dispatch::kPool;
+      if (run_here && long_request) SendAll();  // replies already made leave first
     }
     const int64_t began = metrics->Begin(info.op);
     if (info.op == wire::Op::kSubscribeKvEvents) {  // a stream, not one reply
