@@ -225,6 +225,10 @@ class Shard final : public eviction::HookArena {
   Mutex mu;
   std::unique_ptr<eviction::EvictionPolicy> policy KVD_PT_GUARDED_BY(mu);
   std::unordered_map<uint64_t, StagingRec> staging KVD_GUARDED_BY(mu);
+  // Lookup holds past EntryLocks::kMax on one entry, by local ref: a hot chunk that more
+  // lookups hold at once than 16 bits count. The entry's own count stays at kMax while it has
+  // any here. Bounded by the read-lock bound (L1Cache::Locks).
+  std::unordered_map<uint32_t, uint32_t> extra_holds KVD_GUARDED_BY(mu);
   ShardCounters counters;
   std::atomic<uint64_t> candidate{kNoCandidate};
 

@@ -257,6 +257,20 @@ void L1Cache::PublishCandidateLocked(Shard& sh) {
 
 bool L1Cache::ApplyLock(Shard& sh, uint32_t local, LockEvent event) {
   EntryRec* e = sh.Rec(local);
+  // Holds beyond the entry's 16-bit count go beside it; it keeps kMax (locked) until they
+  // are gone. Other locks (writers, pins) are refused at kMax instead.
+  if (e->locks.holders == EntryLocks::kMax) {
+    if (event == LockEvent::kHoldBegin) {
+      ++sh.extra_holds[local];
+      return true;
+    }
+    if (event == LockEvent::kHoldEnd) {
+      if (auto it = sh.extra_holds.find(local); it != sh.extra_holds.end()) {
+        if (--it->second == 0) sh.extra_holds.erase(it);
+        return true;
+      }
+    }
+  }
   auto change = e->locks.Apply(event);
   if (!change) return false;
   if (e->in_table()) {
@@ -623,6 +637,9 @@ std::optional<SlotInfo> L1Cache::DescribeSlot(const ChunkKey& key, uint32_t slot
     info.size = alloc_->ClassBytes(s.cls);
   }
   info.read_locks = e->locks.holders;
+  if (auto it = sh.extra_holds.find(local); it != sh.extra_holds.end()) {
+    info.read_locks += it->second;
+  }
   info.pins = e->locks.pins;
   auto it = sh.staging.find(StagingKey(local, slot));
   info.write_lock_live = s.state == SlotState::kStaging && it != sh.staging.end() &&

@@ -33,7 +33,9 @@
 //   writers   slots STAGING under a write reservation (live, or expired and not yet reclaimed)
 //   holders   lookup requests that read-locked the chunk (LOOKUP). Owned by the request:
 //             released only by that request's RETRIEVE / FREE_LOOKUP_LOCKS, its next LOOKUP,
-//             or its read TTL.
+//             or its read TTL. Holds past kMax (a hot chunk under a flood of lookups) are
+//             counted beside the entry by its shard (Shard::extra_holds) while this count
+//             stays at kMax; a hold is never refused for the count.
 //   pins      ReadPins: copies out of the entry's RESIDENT slots in flight.
 //
 //                          first lock (WriteBegin, HoldBegin, PinBegin)

@@ -354,6 +354,36 @@ TEST_F(L1CacheTest, ReadLocksBelongToTheLookupThatTookThem) {
   EXPECT_FALSE(cache->IsResident(k, 0));
 }
 
+// Regression: an entry counts its lookup holds in 16 bits. The 65,536th lookup that held a
+// hot chunk (a shared prefix under many lookups that are not retrieved, e.g. a client that
+// looks up and ends sessions; kvd-bench's 8- and 64-client hit cases) was refused its lock
+// and answered a miss, for every client, until holds expired 300 s later.
+TEST_F(L1CacheTest, AHotChunkStillHitsPastSixtyFiveThousandHolds) {
+  auto cache = Make(4);
+  const ChunkKey k = Key(1);
+  ASSERT_TRUE(WriteObject(*cache, k, 1, 0, kPage).ok());
+  constexpr int kOwners = EntryLocks::kMax + 1000;
+  for (int i = 0; i < kOwners; ++i) {
+    ASSERT_EQ(Lookup(*cache, {k}, 1, 1, std::string("r") + std::to_string(i)), 1u) << "lookup " << i;
+  }
+  EXPECT_EQ(cache->DescribeSlot(k, 0)->read_locks, static_cast<uint32_t>(kOwners));
+  EXPECT_EQ(cache->stats().lookup_locks, static_cast<uint64_t>(kOwners));
+  // A transient lookup (no readers) still hits and leaves the count as it was.
+  EXPECT_EQ(Lookup(*cache, {k}, 1, 0, "peek"), 1u);
+  EXPECT_EQ(cache->DescribeSlot(k, 0)->read_locks, static_cast<uint32_t>(kOwners));
+  // Every hold, counted in the entry or beside it, keeps the entry: only after the last
+  // release can it be evicted.
+  for (int i = 0; i < kOwners - 1; ++i) cache->ReleaseLocks(std::string("r") + std::to_string(i), 0, 1, 0);
+  EXPECT_EQ(cache->DescribeSlot(k, 0)->read_locks, 1u);
+  for (int i = 2; i < 6; ++i) ASSERT_TRUE(WriteObject(*cache, Key(i), 1, 0, kPage).ok());
+  EXPECT_TRUE(cache->IsResident(k, 0));
+  cache->ReleaseLocks(std::string("r") + std::to_string(kOwners - 1), 0, 1, 0);
+  EXPECT_EQ(cache->stats().locked_entries, 0u);
+  EXPECT_EQ(cache->stats().lookup_locks, 0u);
+  for (int i = 6; i < 10; ++i) ASSERT_TRUE(WriteObject(*cache, Key(i), 1, 0, kPage).ok());
+  EXPECT_FALSE(cache->IsResident(k, 0));
+}
+
 TEST_F(L1CacheTest, EachReaderOfASlotReleasesOnce) {
   // An MLA object read by three TP ranks: three readers of slot 0.
   auto cache = Make(4);
