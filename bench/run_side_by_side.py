@@ -593,11 +593,15 @@ def main() -> int:
     result, md = compare(docs.get("kvd_main", {}), docs.get("lmcache_main", {}),
                          docs.get("kvd_scale", {}), docs.get("lmcache_scale", {}),
                          startup_docs, notes, lm_hash)
+    # Failed requests and wrong replies (e.g. a hit case answered with fewer hits) make a
+    # case's figures meaningless: they head the summary, not only the JSON.
+    warnings = []
     for who in ("kvd", "lmcache"):
-        errs = [f"{r['case']}@{r['concurrency']}" for r in result["control"]
+        errs = [f"{r['case']}@{r['concurrency']} ({r[f'{who}_errors']})" for r in result["control"]
                 if (r.get(f"{who}_errors") or 0) > 0]
         if errs:
-            notes.append(f"{who}: failed requests or unexpected replies in " + ", ".join(errs))
+            warnings.append(f"{who}: failed requests or unexpected replies in " + ", ".join(errs))
+    notes.extend(warnings)
     machine["loadavg_at_end"] = Path("/proc/loadavg").read_text().strip()
     result["machine"] = machine
     result["wall_seconds"] = time.monotonic() - t_start
@@ -605,6 +609,7 @@ def main() -> int:
     (out / "side_by_side.json").write_text(json.dumps(result, indent=2) + "\n")
     header = (f"Machine: {nproc} CPUs, load {machine['loadavg_at_start']} → "
               f"{machine['loadavg_at_end']}; wall time {result['wall_seconds']:.0f} s.\n\n")
+    header += "".join(f"**WARNING: {w}**\n\n" for w in warnings)
     (out / "summary.md").write_text(header + md)
     print()
     print(header + md)

@@ -322,7 +322,8 @@ class ServiceStats final : public kvd::http::StatsSource {
     const kvd::l1::L1Stats l1 = svc_->l1_stats();
     s.l1 = {l1.capacity_bytes, l1.used_bytes,      l1.entries,    l1.locked_entries,
             l1.resident_objects, l1.staging_objects, l1.pinned_objects, l1.evictions,
-            l1.evicted_bytes, l1.populated_bytes, kvd::l1::PageKindName(svc_->l1().page_kind())};
+            l1.evicted_bytes, l1.populated_bytes, kvd::l1::PageKindName(svc_->l1().page_kind()),
+            l1.lookup_locks, l1.shed_lookup_locks};
     const auto& c = svc_->counters();
     CopyLabelledCounters(c, static_cast<uint64_t>(cfg_.chunk_size), &s);
     if (const kvd::l2::TierSet* tiers = svc_->tiers()) {

@@ -378,6 +378,12 @@ std::string RenderPrometheus(const Snapshot& s, const std::string& version) {
   w.Gauge("kvd_l1_pinned_objects", "L1 objects pinned by in-flight copies.",
           s.l1.pinned_objects);
   w.Counter("kvd_l1_evicted_bytes_total", "Bytes freed by L1 eviction.", s.l1.evicted_bytes);
+  w.Gauge("kvd_l1_lookup_locks", "Lookup requests holding read locks on L1 chunks.",
+          s.l1.lookup_locks);
+  w.Counter("kvd_l1_lookup_locks_shed_total",
+            "Lookup read locks released before their TTL because the read-lock bound was "
+            "reached (the oldest first).",
+            s.l1.shed_lookup_locks);
   w.Gauge("kvd_l1_populated_bytes",
           "L1 bytes whose pages are populated ahead of use (--l1-populate).",
           s.l1.populated_bytes);

@@ -35,6 +35,8 @@ struct L1View {
   uint64_t evicted_bytes = 0;
   uint64_t populated_bytes = 0;   // pool bytes populated ahead of use (--l1-populate)
   std::string page_kind = "regular";  // "regular", "hugetlb" or "thp" (--l1-use-hugepages)
+  uint64_t lookup_locks = 0;      // lookup requests holding read locks
+  uint64_t shed_lookup_locks = 0; // holds released early at the read-lock bound (since start)
 };
 
 // Monotonic counters since the process started (the lookup ones: every label set summed).

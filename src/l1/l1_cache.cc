@@ -2,6 +2,7 @@
 // Clear are in l1_cache_evict.cc, lookup locks and their expiry in l1_cache_locks.cc.
 #include "l1/l1_cache.h"
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <utility>
@@ -221,7 +222,7 @@ L1Cache::L1Cache(const L1CacheOptions& options, std::unique_ptr<MemoryPool> pool
       alloc_(std::move(alloc)),
       quotas_(options.eviction_watermark, options.eviction_ratio),
       policy_shared_(eviction::MakeSharedState(policy_name_)),
-      locks_(std::make_unique<Locks>()) {
+      locks_(std::make_unique<Locks>(std::max<uint64_t>(1, options.max_read_lock_slots))) {
   shards_.reserve(detail::kShards);
   for (uint32_t i = 0; i < detail::kShards; ++i) {
     auto sh = std::make_unique<Shard>(i, seed_);
@@ -725,6 +726,7 @@ L1Stats L1Cache::stats() const {
   st.lookup_keys = lookup_keys_.load(std::memory_order_relaxed);
   st.lookup_hits = lookup_hits_.load(std::memory_order_relaxed);
   st.lookup_locks = locks_->owners.load(std::memory_order_relaxed);
+  st.shed_lookup_locks = locks_->shed.load(std::memory_order_relaxed);
   return st;
 }
 

@@ -79,6 +79,9 @@ struct L1CacheOptions {
   PopulatorOptions populate{.mode = PopulateMode::kOff};
   std::string eviction_policy = "LRU";  // a name eviction::MakePolicy accepts
   double read_ttl_seconds = 300;
+  // Bound on lookup read-lock counters (chunk x slot) held at once; at the bound the oldest
+  // holds are released early (l1_cache_locks.h). 2^24: ~100 MB of hold records.
+  uint64_t max_read_lock_slots = uint64_t{1} << 24;
   double write_ttl_seconds = 600;
   double eviction_watermark = 0.8;  // EvictToWatermark acts when used/capacity >= this
   double eviction_ratio = 0.2;      // ... and then frees about this fraction of capacity
@@ -108,6 +111,7 @@ struct L1Stats {
   uint64_t locked_entries = 0;     // entries off the evictable list (written, locked, pinned)
   uint64_t pinned_objects = 0;     // live ReadPins
   uint64_t lookup_locks = 0;       // lookup requests holding read locks
+  uint64_t shed_lookup_locks = 0;  // of those, released early at the read-lock bound
   uint64_t evictions = 0;          // entries evicted since creation
   uint64_t evicted_bytes = 0;
   uint64_t lookup_keys = 0;        // keys examined by LookupAndLock
@@ -355,6 +359,13 @@ class L1Cache {
   bool CommitWrite(uint32_t gref, uint32_t slot, uint64_t token);
   // Ends one lookup hold on the entry `gref` (takes the shard's mutex).
   void EndHold(uint32_t gref);
+  // Releases every hold whose deadline is at or before `cutoff_ns` (takes each LockShard
+  // mutex in turn; none may be held). Returns the chunks released and counts the holds.
+  size_t ReleaseHoldsDueBy(int64_t cutoff_ns, uint64_t* holds);
+  // At the read-lock bound: releases the oldest holds until `need` more counters fit and at
+  // most 3/4 of the bound is used (l1_cache_locks.h). No LockShard mutex may be held.
+  void ShedOldestHolds(uint64_t need);
+  void ShedOldestHoldsOnce(uint64_t need);  // ShedOldestHolds' work, with shed_mu held
   void AbortWrite(uint32_t gref, uint32_t slot, uint64_t token);
   bool MarkCopyInFlight(uint32_t gref, uint32_t slot, uint64_t token);
   void Unpin(uint32_t gref);

@@ -55,10 +55,87 @@ void ReleaseRange(Hold& h, uint64_t lo, uint64_t hi, std::optional<uint32_t> slo
 
 }  // namespace
 
+size_t L1Cache::ReleaseHoldsDueBy(int64_t cutoff_ns, uint64_t* holds) {
+  size_t released = 0;
+  for (auto& ls : locks_->shards) {
+    MutexLock owner_lock(&ls.mu);
+    for (auto it = ls.holds.begin(); it != ls.holds.end();) {
+      if (it->second.deadline_ns > cutoff_ns) {
+        ++it;
+        continue;
+      }
+      released += it->second.live;
+      ReleaseRange(it->second, 0, it->second.grefs.size(), std::nullopt, &locks_->held_slots,
+                   [this](uint32_t gref) { EndHold(gref); });
+      it = ls.holds.erase(it);
+      locks_->owners.fetch_sub(1, std::memory_order_relaxed);
+      ++*holds;
+    }
+  }
+  return released;
+}
+
+void L1Cache::ShedOldestHolds(uint64_t need) {
+  if (!locks_->shed_mu.TryLock()) return;  // another lookup is making room
+  ShedOldestHoldsOnce(need);
+  locks_->shed_mu.Unlock();
+}
+
+void L1Cache::ShedOldestHoldsOnce(uint64_t need) {
+  const uint64_t max = locks_->max_held_slots;
+  const uint64_t used = locks_->held_slots.load(std::memory_order_relaxed);
+  // Room for this lookup, and a quarter of the bound for the next ones; a single lookup never
+  // sheds more than half of the bound.
+  const uint64_t target = max - std::max(max / 4, std::min(need, max / 2));
+  if (used <= target) return;
+  // Deadlines are the take time plus the read TTL, so the oldest holds have the earliest.
+  // Counters per deadline bucket (1/256 of the TTL from the earliest), then a cutoff at the
+  // bucket that frees enough: one pass to count, one to release, no sort.
+  constexpr int kBuckets = 256;
+  std::array<uint64_t, kBuckets> slots_in{};
+  int64_t earliest = INT64_MAX;
+  for (auto& ls : locks_->shards) {
+    MutexLock owner_lock(&ls.mu);
+    for (const auto& [owner, h] : ls.holds) earliest = std::min(earliest, h.deadline_ns);
+  }
+  if (earliest == INT64_MAX) return;
+  const int64_t width = std::max<int64_t>(1, read_ttl_ns_ / kBuckets + 1);
+  for (auto& ls : locks_->shards) {
+    MutexLock owner_lock(&ls.mu);
+    for (const auto& [owner, h] : ls.holds) {
+      const int64_t b = std::min<int64_t>((h.deadline_ns - earliest) / width, kBuckets - 1);
+      slots_in[static_cast<size_t>(b)] += uint64_t{h.live} * h.num_slots;
+    }
+  }
+  uint64_t freed = 0;
+  int64_t cutoff = earliest;
+  for (int b = 0; b < kBuckets && used - std::min(freed, used) > target; ++b) {
+    freed += slots_in[static_cast<size_t>(b)];
+    cutoff = b == kBuckets - 1 ? INT64_MAX : earliest + (b + 1) * width - 1;
+  }
+  uint64_t holds = 0;
+  const size_t chunks = ReleaseHoldsDueBy(cutoff, &holds);
+  locks_->shed.fetch_add(holds, std::memory_order_relaxed);
+  const int64_t now = clock_->NowNanos();
+  const double min_age_s =
+      cutoff == INT64_MAX ? 0.0
+                          : static_cast<double>(std::max<int64_t>(0, now - (cutoff - read_ttl_ns_))) / 1e9;
+  spdlog::warn("l1: {} of {} read-lock counters in use (lookups that are never retrieved or "
+               "freed?): released the {} oldest lookup holds early ({} chunks, each taken at least "
+               "{:.1f} s ago; the read TTL is {:.0f} s)",
+               used, max, holds, chunks, min_age_s, static_cast<double>(read_ttl_ns_) / 1e9);
+}
+
 size_t L1Cache::LookupAndLock(std::string_view owner, uint64_t first_chunk,
                               std::span<const ChunkKey> keys, uint32_t num_slots,
                               uint32_t readers_per_slot) {
   const uint16_t readers = static_cast<uint16_t>(std::min<uint32_t>(readers_per_slot, 0xFFFF));
+  if (readers > 0 && num_slots > 0) {
+    const uint64_t need = uint64_t{keys.size()} * num_slots;
+    if (locks_->held_slots.load(std::memory_order_relaxed) + need > locks_->max_held_slots) {
+      ShedOldestHolds(need);
+    }
+  }
   Locks::LockShard& ls = locks_->For(owner);
   MutexLock owner_lock(&ls.mu);
   auto end_hold = [this](uint32_t gref) { EndHold(gref); };
@@ -71,7 +148,7 @@ size_t L1Cache::LookupAndLock(std::string_view owner, uint64_t first_chunk,
   size_t allowed = keys.size();
   if (readers > 0 && num_slots > 0) {
     const uint64_t used = locks_->held_slots.load(std::memory_order_relaxed);
-    const uint64_t room = used >= Locks::kMaxHeldSlots ? 0 : Locks::kMaxHeldSlots - used;
+    const uint64_t room = used >= locks_->max_held_slots ? 0 : locks_->max_held_slots - used;
     allowed = std::min<uint64_t>(allowed, room / num_slots);
     if (allowed < keys.size()) {
       spdlog::warn("l1: {} read-lock counters in use; lookup '{}' locks at most {} of {} chunks",
@@ -168,21 +245,8 @@ void L1Cache::ReleaseAllLocks(std::string_view owner) {
 
 size_t L1Cache::ExpireLocks() {
   const int64_t now = clock_->NowNanos();
-  size_t released = 0;
-  for (auto& ls : locks_->shards) {
-    MutexLock owner_lock(&ls.mu);
-    for (auto it = ls.holds.begin(); it != ls.holds.end();) {
-      if (now < it->second.deadline_ns) {
-        ++it;
-        continue;
-      }
-      released += it->second.live;
-      ReleaseRange(it->second, 0, it->second.grefs.size(), std::nullopt, &locks_->held_slots,
-                   [this](uint32_t gref) { EndHold(gref); });
-      it = ls.holds.erase(it);
-      locks_->owners.fetch_sub(1, std::memory_order_relaxed);
-    }
-  }
+  uint64_t holds = 0;
+  size_t released = ReleaseHoldsDueBy(now, &holds);
   for (auto& shp : shards_) {
     Shard& sh = *shp;
     MutexLock lock(&sh.mu);

@@ -5,12 +5,19 @@
 // unlocked (EntryLocks::holders - 1) when all its readers are done or the hold is dropped.
 // Holds are kept in 64 shards by owner, each with its own mutex.
 //
-// Bound: at most kMaxHeldSlots (chunk x slot) reader counters across all holds; a lookup that
-// would exceed it locks, and reports, only the prefix that fits (it never drops another
-// owner's locks to make room).
+// Bound: at most max_held_slots (chunk x slot) reader counters across all holds
+// (L1CacheOptions::max_read_lock_slots). A lookup that would pass it first releases the
+// oldest holds early (ShedOldestHolds: down to 3/4 of the bound, or the room it needs): a
+// client that looks up and never retrieves fills the bound in seconds, and refusing new locks
+// instead would make every client's lookups miss until those holds expired (the read TTL,
+// 300 s). The owners of shed holds lose only the guarantee: their chunks stay in L1 until
+// evicted and their RETRIEVEs still read them meanwhile. If shedding cannot make room (another
+// thread is shedding), the lookup locks, and reports, only the prefix that fits.
 //
 // Lock order: a LockShard's mutex, then cache shard mutexes one at a time. The allocation
-// path never takes a LockShard mutex while it holds a cache shard mutex.
+// path never takes a LockShard mutex while it holds a cache shard mutex. Shedding holds
+// shed_mu, then LockShard mutexes one at a time; it is never called with a LockShard mutex
+// held.
 #pragma once
 
 #include <array>
@@ -27,7 +34,7 @@
 namespace kvd::l1 {
 
 struct L1Cache::Locks {
-  static constexpr uint64_t kMaxHeldSlots = uint64_t{1} << 24;
+  explicit Locks(uint64_t max_held) : max_held_slots(max_held) {}
 
   struct Hold {
     uint64_t first_chunk = 0;
@@ -46,9 +53,12 @@ struct L1Cache::Locks {
     return shards[Mix64(std::hash<std::string_view>{}(owner)) >> 58];
   }
 
+  const uint64_t max_held_slots;
   std::array<LockShard, 64> shards;
   std::atomic<uint64_t> held_slots{0};  // reader counters in use, for the bound
   std::atomic<uint64_t> owners{0};      // holds in use (stats)
+  std::atomic<uint64_t> shed{0};        // holds released early by ShedOldestHolds (stats)
+  Mutex shed_mu;                        // one shedder at a time (guards no data)
 };
 
 }  // namespace kvd::l1

@@ -384,6 +384,40 @@ TEST_F(L1CacheTest, AHotChunkStillHitsPastSixtyFiveThousandHolds) {
   EXPECT_FALSE(cache->IsResident(k, 0));
 }
 
+// Regression: at the bound on read-lock counters a lookup used to lock (and report) only what
+// still fit, so a client that looked up without retrieving made every other client's lookups
+// miss until its holds expired. Now the oldest holds are released early instead.
+TEST_F(L1CacheTest, AtTheReadLockBoundTheOldestHoldsAreReleasedEarly) {
+  L1CacheOptions options;
+  options.capacity_bytes = 16 * kPage;
+  options.max_read_lock_slots = 40;
+  options.clock = &clock_;
+  auto made = L1Cache::Create(options);
+  ASSERT_TRUE(made.ok()) << made.status().ToString();
+  L1Cache& cache = **made;
+  ASSERT_EQ(Ns(cache), 0u);  // Key(i)'s namespace
+  std::vector<ChunkKey> keys;
+  for (int i = 0; i < 10; ++i) {
+    keys.push_back(Key(i));
+    ASSERT_TRUE(WriteObject(cache, keys.back(), 1, 0, kPage).ok());
+  }
+  for (int i = 0; i < 4; ++i) {  // 4 x 10 counters: the bound; old0 the oldest
+    ASSERT_EQ(cache.LookupAndLock(std::string("old") + std::to_string(i), 0, keys, 1, 1), 10u);
+    clock_.AdvanceSeconds(10);
+  }
+  EXPECT_EQ(cache.stats().shed_lookup_locks, 0u);
+  EXPECT_EQ(cache.LookupAndLock("new", 0, keys, 1, 1), 10u);  // was 0
+  L1Stats st = cache.stats();
+  EXPECT_EQ(st.shed_lookup_locks, 1u);  // old0 only: 30 of 40 counters leave room for 10
+  EXPECT_EQ(st.lookup_locks, 4u);
+  EXPECT_EQ(cache.DescribeSlot(keys[0], 0)->read_locks, 4u);
+  cache.ReleaseAllLocks("old0");  // gone already: changes nothing
+  EXPECT_EQ(cache.DescribeSlot(keys[0], 0)->read_locks, 4u);
+  for (const char* owner : {"old1", "old2", "old3", "new"}) cache.ReleaseAllLocks(owner);
+  EXPECT_EQ(cache.stats().lookup_locks, 0u);
+  EXPECT_EQ(cache.stats().locked_entries, 0u);
+}
+
 TEST_F(L1CacheTest, EachReaderOfASlotReleasesOnce) {
   // An MLA object read by three TP ranks: three readers of slot 0.
   auto cache = Make(4);
