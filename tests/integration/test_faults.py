@@ -11,6 +11,8 @@ frames; child processes are faults_worker.py / faults_flood.py.
    CpuShm tensors): the prompt is either wholly there with the right bytes or not at all.
 3. A scheduler that looks up (read-locking the hits) and never retrieves: the locks keep
    the chunks from eviction only until the read TTL.
+3b. A client flooding lookups of a stored prefix without retrieving (past 65,535 holds of
+   one chunk): another client's lookup of that prefix still hits and its retrieve loads it.
 4. kvd SIGKILLed and restarted on the same port: clients fail (degraded mode) while it is
    down, then re-register through their heartbeat and work again.
 5. One client flooding kvd (4 sockets x 512 requests in flight): another client's lookups
@@ -205,6 +207,43 @@ def test_lookup_without_retrieve_pins_nothing_past_read_ttl(tmp_path):
             if srv.l1() is not None:
                 assert F.wait_until(lambda: srv.l1()["locked_entries"] == 0, 10), srv.l1()
         finally:
+            c.close()
+        assert srv.alive(), srv.log()[-3000:]
+
+
+def test_lookup_flood_on_a_hot_prefix_costs_other_clients_no_hits(tmp_path):
+    """Regression: an entry counted its lookup holds in 16 bits, so once 65,535 lookups that
+    were never retrieved held a hot chunk (a client that looks up and ends sessions; the
+    bench's 8- and 64-client hit cases), every client's lookup of that prefix was answered
+    as a miss until the holds expired (300 s)."""
+    model = "faults-hot"
+    with F.kvd_server(tmp_path, l1_gb=8 * OBJ / (1 << 30)) as srv:
+        c = H.TPCluster(srv.url, "lmcache_driven", model, tp=1, shape=SHAPE)
+        flood = None
+        try:
+            toks = [(i * 7) % 50_000 + 1 for i in range(CHUNK)]  # faults_flood.py's prompt
+            assert c.store(F.rid("hot"), toks, list(range(c.blocks_per_chunk))) == [True]
+            assert c.lookup(F.rid("before"), toks) == CHUNK
+            flood = subprocess.Popen(
+                [sys.executable, str(HERE / "faults_flood.py"), srv.url, model, "240", "2",
+                 "600", str(CHUNK)],
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                start_new_session=True)
+            held = lambda: (srv.l1() or {}).get("lookup_locks", 0)  # noqa: E731
+            assert F.wait_until(lambda: held() > 66_000, 200, step=0.5), \
+                f"the flood held only {held()} lookups"
+            os.killpg(flood.pid, 9)
+            flood.communicate()
+            flood = None
+            assert held() > 65_535  # the holds stay (read TTL 300 s)
+            victim = F.rid("victim")
+            assert c.lookup(victim, toks) == CHUNK, "a flooded hot prefix missed"
+            blocks = list(range(LOAD, LOAD + c.blocks_per_chunk))
+            assert c.retrieve(victim, toks, blocks, end=CHUNK) == [True]
+        finally:
+            if flood is not None:
+                os.killpg(flood.pid, 9)
+                flood.communicate()
             c.close()
         assert srv.alive(), srv.log()[-3000:]
 
