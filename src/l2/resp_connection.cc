@@ -3,7 +3,9 @@
 #include <hiredis/hiredis.h>
 #include <sys/time.h>
 #include <sys/uio.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <string>
@@ -150,9 +152,100 @@ Result<ReplyPtr> RespConnection::GetReply() {
   return ReplyPtr(static_cast<redisReply*>(reply));
 }
 
-Result<ReplyPtr> RespConnection::Command(const std::vector<RespArg>& args) {
+Result<ReplyPtr> RespConnection::Command(const std::vector<RespArg>& args, BulkSink* sink) {
   if (Status st = Append(args); !st.ok()) return st;
-  return GetReply();
+  if (sink == nullptr) return GetReply();
+  return GetReplyInto(*sink);
+}
+
+Result<size_t> RespConnection::ReadSome(void* dst, size_t len) {
+  while (true) {
+    const ssize_t n = ::read(ctx_->fd, dst, len);
+    if (n > 0) return static_cast<size_t>(n);
+    if (n < 0 && errno == EINTR) continue;
+    broken_ = true;
+    const char* why = n == 0                                        ? "connection closed"
+                      : (errno == EAGAIN || errno == EWOULDBLOCK) ? "timed out"
+                                                                  : std::strerror(errno);
+    return Status::Unavailable(endpoint_.ToString() + ": reply: " + why);
+  }
+}
+
+Result<ReplyPtr> RespConnection::GetReplyInto(BulkSink& sink) {
+  sink.filled = false;
+  sink.size = 0;
+  if (broken_) return Status::Unavailable(endpoint_.ToString() + ": connection is broken");
+  redisReader* reader = ctx_->reader;
+  // Bytes hiredis already read belong to a reply before this one: let it parse them all.
+  if (reader->len > reader->pos || reader->ridx != -1) return GetReply();
+  int done = 0;
+  while (!done) {
+    if (redisBufferWrite(ctx_, &done) != REDIS_OK) return IoError("write");
+  }
+  // The reply's first line ("$<length>\r\n" for a value), and whatever arrived with it.
+  scratch_.resize(kScratchBytes);
+  size_t have = 0, line_end = 0;
+  bool line = false;
+  while (!line) {
+    if (have == scratch_.size()) break;  // no first line is that long: hiredis will say why
+    auto n = ReadSome(scratch_.data() + have, scratch_.size() - have);
+    if (!n.ok()) return n.status();
+    const size_t from = have > 0 ? have - 1 : 0;
+    have += *n;
+    for (size_t i = from; i + 1 < have; ++i) {
+      if (scratch_[i] == '\r' && scratch_[i + 1] == '\n') {
+        line = true;
+        line_end = i;
+        break;
+      }
+    }
+  }
+  // A value: "$" and 1 to 18 digits (no sign: "$-1" is RESP2's nil).
+  uint64_t len = 0;
+  bool value = line && scratch_[0] == '$' && line_end >= 2 && line_end <= 19;
+  for (size_t i = 1; value && i < line_end; ++i) {
+    const char c = scratch_[i];
+    if (c < '0' || c > '9') value = false;
+    len = len * 10 + static_cast<uint64_t>(c - '0');
+  }
+  if (!value || len > sink.capacity) {
+    // Everything else goes through hiredis's parser, from the bytes read so far.
+    if (redisReaderFeed(reader, scratch_.data(), have) != REDIS_OK) return IoError("reply");
+    return GetReply();
+  }
+  const size_t body = line_end + 2;
+  const size_t buffered = have - body;
+  const size_t first = static_cast<size_t>(std::min<uint64_t>(buffered, len));
+  if (first > 0) std::memcpy(sink.dst, scratch_.data() + body, first);
+  uint64_t got = first;
+  while (got < len) {
+    auto n = ReadSome(sink.dst + got, static_cast<size_t>(len - got));
+    if (!n.ok()) return n.status();
+    got += *n;
+  }
+  // The value's closing CRLF; bytes after it (none while commands go one at a time) are
+  // handed to hiredis so that the next reply starts where it should.
+  const char* tail = scratch_.data() + body + first;
+  const size_t tail_len = buffered - first;
+  char crlf[2];
+  size_t crlf_have = std::min<size_t>(tail_len, 2);
+  std::memcpy(crlf, tail, crlf_have);
+  while (crlf_have < 2) {
+    auto n = ReadSome(crlf + crlf_have, 2 - crlf_have);
+    if (!n.ok()) return n.status();
+    crlf_have += *n;
+  }
+  if (crlf[0] != '\r' || crlf[1] != '\n') {
+    broken_ = true;
+    return Status::Unavailable(endpoint_.ToString() + ": reply: a value of " +
+                               std::to_string(len) + " bytes does not end in CRLF");
+  }
+  if (tail_len > 2 && redisReaderFeed(reader, tail + 2, tail_len - 2) != REDIS_OK) {
+    return IoError("reply");
+  }
+  sink.filled = true;
+  sink.size = len;
+  return ReplyPtr();
 }
 
 }  // namespace kvd::l2

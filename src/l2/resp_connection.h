@@ -7,6 +7,7 @@
 // break it.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -43,6 +44,16 @@ using ReplyPtr = std::unique_ptr<redisReply, ReplyDeleter>;
 // One argument of a command: bytes borrowed for the call.
 using RespArg = std::string_view;
 
+// Where a command's bulk-string reply (a GET's value) goes instead of a reply object: read
+// from the socket straight into `dst` when it is at most `capacity` bytes. Any other reply
+// (an error, nil, another type, a longer value) is returned as a reply object as usual.
+struct BulkSink {
+  uint8_t* dst = nullptr;
+  uint64_t capacity = 0;
+  bool filled = false;  // set by the command: the value is in dst[0, size)
+  uint64_t size = 0;
+};
+
 class RespConnection {
  public:
   // Connects and authenticates. Unavailable when the server cannot be reached, Unavailable or
@@ -55,7 +66,10 @@ class RespConnection {
 
   // Sends one command and waits for its reply. Unavailable on I/O errors (and the
   // connection is then broken); a server error reply is returned as a reply, not a Status.
-  Result<ReplyPtr> Command(const std::vector<RespArg>& args);
+  // With a sink, a bulk-string reply that fits is read into it (sink->filled; the returned
+  // reply is then null) without passing through hiredis's reader and a reply object: one
+  // copy fewer of a multi-megabyte object. Not with replies still pending (pipelining).
+  Result<ReplyPtr> Command(const std::vector<RespArg>& args, BulkSink* sink = nullptr);
   // Pipelining: Append queues commands, then GetReply returns their replies in order.
   // A command with an argument of kDirectArgBytes or more (a SET of an object) is written at
   // once with writev from the caller's bytes, not copied into hiredis's output buffer.
@@ -69,8 +83,14 @@ class RespConnection {
   RespConnection(redisContext* c, RespEndpoint endpoint) : ctx_(c), endpoint_(std::move(endpoint)) {}
   Status IoError(const char* what);
   Status WriteDirect(const std::vector<RespArg>& args);
+  Result<ReplyPtr> GetReplyInto(BulkSink& sink);
+  // read(2) on the socket with EINTR retried; an error or EOF breaks the connection.
+  Result<size_t> ReadSome(void* dst, size_t len);
 
   static constexpr size_t kDirectArgBytes = 16 * 1024;
+  static constexpr size_t kScratchBytes = 64 * 1024;  // a reply's first line and what follows
+
+  std::vector<char> scratch_;  // GetReplyInto's first read
 
   redisContext* ctx_ = nullptr;
   RespEndpoint endpoint_;

@@ -282,7 +282,8 @@ void RespTier::RefreshMap(Worker& w, bool force) {
   map_read_ns_ = NowNs();
 }
 
-Result<ReplyPtr> RespTier::Run(Worker& w, std::string_view key, const std::vector<RespArg>& args) {
+Result<ReplyPtr> RespTier::Run(Worker& w, std::string_view key, const std::vector<RespArg>& args,
+                               BulkSink* sink) {
   std::optional<RespEndpoint> target;
   bool asking = false;
   Status last = Status::Unavailable(Describe() + ": no node serves this key");
@@ -315,7 +316,7 @@ Result<ReplyPtr> RespTier::Run(Worker& w, std::string_view key, const std::vecto
         continue;
       }
     }
-    auto r = (*c)->Command(args);
+    auto r = (*c)->Command(args, sink);
     if (!r.ok()) {
       // The connection broke (server restarted, failed over): one fresh try, then re-route.
       DropConn(w, *target, r.status());
@@ -381,8 +382,17 @@ ItemResult RespTier::StoreOne(Worker& w, const StoreItem& item) {
 ItemResult RespTier::LoadOne(Worker& w, const LoadItem& item) {
   if (Status st = ValidateObjectKey(item.key); !st.ok()) return {st, 0};
   const std::string key = RespKey(item.key, options_.key_prefix);
-  auto r = Run(w, key, {"GET", key});
+  // The value is read from the socket straight into the destination when it fits there.
+  BulkSink sink{item.dst, item.size};
+  auto r = Run(w, key, {"GET", key}, &sink);
   if (!r.ok()) return {r.status(), 0};
+  if (sink.filled) {
+    if (!item.size_is_capacity && sink.size != item.size) {
+      return {Status::Internal(key + ": " + std::to_string(sink.size) + " bytes, expected " +
+                               std::to_string(item.size) + " (truncated or not this layout)"), 0};
+    }
+    return {Status::Ok(), sink.size};
+  }
   const redisReply* rep = r->get();
   if (IsError(rep)) return {Status::Internal(std::string(ReplyString(rep))), 0};
   if (IsNil(rep)) return {Status::NotFound(key), 0};

@@ -11,7 +11,8 @@
 //
 // COMMANDS. Store: SET key value NX [EX ttl_seconds] (objects are immutable: an existing key
 // answers OK with 0 bytes). Exists: EXISTS, pipelined per node. Load: GET, exactly the
-// expected size or Internal. Delete: STRLEN + DEL. Scan: SCAN over every master, then STRLEN.
+// expected size or Internal; the value is read from the socket into the destination (no
+// reply object, no second copy) and the value of a SET is written from the caller's bytes. Delete: STRLEN + DEL. Scan: SCAN over every master, then STRLEN.
 //
 // THREADS. num_workers threads, each owning one connection per node it talks to; store and
 // load items of one batch are spread over them, an exists batch runs on one. Nothing blocks
@@ -81,7 +82,9 @@ class RespTier final : public Tier {
 
   // One command on the node that owns `key` (cluster) or the server, following redirects,
   // reconnecting and re-reading the slot map as needed.
-  Result<ReplyPtr> Run(Worker& w, std::string_view key, const std::vector<RespArg>& args);
+  // `sink`: see RespConnection::Command (a GET read into its destination).
+  Result<ReplyPtr> Run(Worker& w, std::string_view key, const std::vector<RespArg>& args,
+                       BulkSink* sink = nullptr);
   Result<RespConnection*> Conn(Worker& w, const RespEndpoint& ep);
   void DropConn(Worker& w, const RespEndpoint& ep, const Status& why);
   std::optional<RespEndpoint> Route(std::string_view key);

@@ -3,6 +3,7 @@
 // the middle (its keys answer Unavailable at once, the other masters keep serving, nothing
 // wrong is ever returned) and restarted (the tier reconnects). And the resp adapter against
 // a standalone server that restarts.
+#include <algorithm>
 #include <chrono>
 #include <set>
 #include <thread>
@@ -167,6 +168,73 @@ TEST(RespStandaloneTest, ServerRestartIsReconnectedAndUnreachableAnswersFast) {
   EXPECT_TRUE(ok);
   EXPECT_GE((*t)->reconnects(), 1u);
   EXPECT_EQ(LoadOne(**t, Key(1), &out, 1000).status.code(), StatusCode::kNotFound);  // data gone
+}
+
+// A GET's value read from the socket into the caller's buffer (BulkSink): every size around
+// the connection's first read (64 KiB), the empty value, and the replies that are not a value
+// that fits (nil, an error, a longer value), each followed by ordinary and pipelined commands
+// on the same connection, which must still line up with their replies.
+TEST(RespStandaloneTest, ValuesAreReadIntoTheDestinationAndTheConnectionStaysInStep) {
+  RedisProcess r;
+  ASSERT_TRUE(r.Start().ok());
+  auto made = RespConnection::Connect(r.endpoint(), RespConnectOptions{});
+  ASSERT_TRUE(made.ok()) << made.status().ToString();
+  RespConnection& c = **made;
+  const size_t kFirstRead = 64 * 1024;
+  for (size_t size : {size_t{0}, size_t{1}, kFirstRead - 8, kFirstRead - 5, kFirstRead - 4,
+                      kFirstRead, kFirstRead + 1, size_t{1} << 20, (size_t{11} << 20) + 3}) {
+    SCOPED_TRACE(size);
+    const std::vector<uint8_t> v = Bytes(size, static_cast<uint8_t>(size));
+    const std::string key = "direct:" + std::to_string(size);
+    auto set = c.Command({"SET", key, std::string_view(reinterpret_cast<const char*>(v.data()),
+                                                         v.size())});
+    ASSERT_TRUE(set.ok()) << set.status().ToString();
+    std::vector<uint8_t> out(size + 16, 0xEE);
+    BulkSink sink{out.data(), out.size()};
+    auto get = c.Command({"GET", key}, &sink);
+    ASSERT_TRUE(get.ok()) << get.status().ToString();
+    ASSERT_TRUE(sink.filled);
+    EXPECT_EQ(*get, nullptr);
+    ASSERT_EQ(sink.size, size);
+    EXPECT_TRUE(std::equal(v.begin(), v.end(), out.begin()));
+    EXPECT_EQ(out[size], 0xEE);  // nothing past the value
+    // Exactly the capacity still fits; one byte less is a reply object.
+    BulkSink exact{out.data(), size};
+    ASSERT_TRUE(c.Command({"GET", key}, &exact).ok());
+    EXPECT_TRUE(exact.filled);
+    if (size > 0) {
+      BulkSink small{out.data(), size - 1};
+      auto longer = c.Command({"GET", key}, &small);
+      ASSERT_TRUE(longer.ok());
+      EXPECT_FALSE(small.filled);
+      ASSERT_NE(*longer, nullptr);
+      EXPECT_EQ(ReplyString(longer->get()).size(), size);
+    }
+    // Pipelined commands after it get their own replies, in order.
+    ASSERT_TRUE(c.Append({"EXISTS", key}).ok());
+    ASSERT_TRUE(c.Append({"STRLEN", key}).ok());
+    auto e = c.GetReply();
+    auto l = c.GetReply();
+    ASSERT_TRUE(e.ok() && l.ok());
+    EXPECT_EQ(ReplyInteger(e->get()), 1);
+    EXPECT_EQ(ReplyInteger(l->get()), static_cast<long long>(size));
+  }
+  std::vector<uint8_t> out(4096);
+  BulkSink sink{out.data(), out.size()};
+  auto nil = c.Command({"GET", "direct:absent"}, &sink);
+  ASSERT_TRUE(nil.ok());
+  EXPECT_FALSE(sink.filled);
+  EXPECT_TRUE(IsNil(nil->get()));
+  ASSERT_TRUE(c.Command({"RPUSH", "direct:list", "x"}).ok());
+  auto wrong = c.Command({"GET", "direct:list"}, &sink);
+  ASSERT_TRUE(wrong.ok());
+  EXPECT_FALSE(sink.filled);
+  EXPECT_TRUE(IsError(wrong->get()));
+  EXPECT_NE(ReplyString(wrong->get()).find("WRONGTYPE"), std::string_view::npos);
+  auto ping = c.Command({"PING"});
+  ASSERT_TRUE(ping.ok());
+  EXPECT_EQ(ReplyString(ping->get()), "PONG");
+  EXPECT_FALSE(c.broken());
 }
 
 TEST(RespStandaloneTest, AuthWithUserAndPassword) {
