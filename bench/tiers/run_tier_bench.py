@@ -90,6 +90,12 @@ def redis_benchmark(port: int, n: int, size: int, workers: int) -> list[dict]:
     return rows
 
 
+def proc_cpu_seconds(pid: int) -> float:
+    """utime + stime of a process, in seconds (/proc/PID/stat)."""
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--build-dir", default="build")
@@ -120,15 +126,21 @@ def main() -> int:
                 break
             time.sleep(0.05)
         bench = os.path.join(a.build_dir, "kvd-tier-bench")
+        # redis-server's CPU over each client's Redis store + load: how close to its one
+        # thread's limit each client drives it.
+        cpu0 = proc_cpu_seconds(redis.pid)
         rows += run_json([bench, "--dir", work, "--redis", f"127.0.0.1:{port}", "--objects", str(n),
                           "--object-mib", str(size / (1 << 20)), "--workers", str(w)])
+        redis_cpu = {"kvd": proc_cpu_seconds(redis.pid) - cpu0}
         subprocess.run(["redis-cli", "-p", str(port), "FLUSHALL"], capture_output=True)
         env = dict(os.environ, LMCACHE_LOG_LEVEL="ERROR", LMCACHE_TRACK_USAGE="false",
                    LMCACHE_DISABLE_BANNER="1")
         lmdir = os.path.join(work, "lmcache")
         os.makedirs(lmdir)
         rows += run_json([py, "-c", LMCACHE_SNIPPET, "fs_native", lmdir, str(n), str(size), str(w)], env)
+        cpu0 = proc_cpu_seconds(redis.pid)
         rows += run_json([py, "-c", LMCACHE_SNIPPET, "resp", f"127.0.0.1:{port}", str(n), str(size), str(w)], env)
+        redis_cpu["lmcache"] = proc_cpu_seconds(redis.pid) - cpu0
         subprocess.run(["redis-cli", "-p", str(port), "FLUSHALL"], capture_output=True)
         rows += redis_benchmark(port, n, size, w)
     finally:
@@ -151,6 +163,14 @@ def main() -> int:
     print(line("disk prefetch (fs)", "kvd_fs_load", "raw_sequential_read", "lmcache_fs_native_load"))
     print(line("redis store (resp)", "kvd_resp_store", "redis_benchmark_set", "lmcache_resp_store"))
     print(line("redis prefetch (resp)", "kvd_resp_load", "redis_benchmark_get", "lmcache_resp_load"))
+    secs = {r["what"]: r["seconds"] for r in rows}
+    print()
+    for who in ("kvd", "lmcache"):
+        busy = secs[f"{who}_resp_store"] + secs[f"{who}_resp_load"]
+        print(f"redis-server CPU during {who}'s Redis store + load: {redis_cpu[who]:.2f} s in "
+              f"{busy:.2f} s = {redis_cpu[who] / busy:.0%} of its one thread")
+        rows.append({"what": f"redis_server_cpu_during_{who}", "cpu_seconds": redis_cpu[who],
+                     "busy_seconds": busy})
     if a.json:
         with open(a.json, "w") as f:
             json.dump(rows, f, indent=1)
