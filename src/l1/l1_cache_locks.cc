@@ -103,7 +103,8 @@ void L1Cache::ShedOldestHoldsOnce(uint64_t need) {
   for (auto& ls : locks_->shards) {
     MutexLock owner_lock(&ls.mu);
     for (const auto& [owner, h] : ls.holds) {
-      const int64_t b = std::min<int64_t>((h.deadline_ns - earliest) / width, kBuckets - 1);
+      // Clamped: holds taken since the first pass are later, but an index must never depend on it.
+      const int64_t b = std::clamp<int64_t>((h.deadline_ns - earliest) / width, 0, kBuckets - 1);
       slots_in[static_cast<size_t>(b)] += uint64_t{h.live} * h.num_slots;
     }
   }
