@@ -19,7 +19,9 @@
 //     (not even Clear frees them earlier). Pins never expire.
 //   * LookupAndLock: the prefix of keys that is resident, read-locked for `owner` (a lookup
 //     request id). Locks belong to that owner alone: only its ReleaseLocks /
-//     ReleaseAllLocks, its next LookupAndLock, Clear or the read TTL release them.
+//     ReleaseAllLocks, its next LookupAndLock, Clear, the read TTL or - oldest first, when
+//     max_read_lock_slots counters are in use - the read-lock bound release them. A lookup is
+//     never refused a lock because many others hold the same chunk.
 //   * Locked (pinned, read-locked, being written) entries are never evicted, and are not on
 //     the policy's candidate list.
 //   * Recency of a batch (Touch, the locks of one lookup, CommitInReverse) is applied last key
