@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <charconv>
 #include <cstring>
 #include <string>
 
@@ -200,13 +201,13 @@ Result<ReplyPtr> RespConnection::GetReplyInto(BulkSink& sink) {
       }
     }
   }
-  // A value: "$" and 1 to 18 digits (no sign: "$-1" is RESP2's nil).
+  // A value: "$" and its length, digits only (no sign: "$-1" is RESP2's nil).
   uint64_t len = 0;
-  bool value = line && scratch_[0] == '$' && line_end >= 2 && line_end <= 19;
-  for (size_t i = 1; value && i < line_end; ++i) {
-    const char c = scratch_[i];
-    if (c < '0' || c > '9') value = false;
-    len = len * 10 + static_cast<uint64_t>(c - '0');
+  bool value = line && scratch_[0] == '$';
+  if (value) {
+    const char* end = scratch_.data() + line_end;
+    const auto [ptr, ec] = std::from_chars(scratch_.data() + 1, end, len);
+    value = ec == std::errc() && ptr == end;
   }
   if (!value || len > sink.capacity) {
     // Everything else goes through hiredis's parser, from the bytes read so far.

@@ -382,27 +382,23 @@ ItemResult RespTier::StoreOne(Worker& w, const StoreItem& item) {
 ItemResult RespTier::LoadOne(Worker& w, const LoadItem& item) {
   if (Status st = ValidateObjectKey(item.key); !st.ok()) return {st, 0};
   const std::string key = RespKey(item.key, options_.key_prefix);
-  // The value is read from the socket straight into the destination when it fits there.
+  // The value is read from the socket straight into the destination when it fits there;
+  // otherwise (a longer value) it comes as a reply object and is checked the same way.
   BulkSink sink{item.dst, item.size};
   auto r = Run(w, key, {"GET", key}, &sink);
   if (!r.ok()) return {r.status(), 0};
-  if (sink.filled) {
-    if (!item.size_is_capacity && sink.size != item.size) {
-      return {Status::Internal(key + ": " + std::to_string(sink.size) + " bytes, expected " +
-                               std::to_string(item.size) + " (truncated or not this layout)"), 0};
-    }
-    return {Status::Ok(), sink.size};
-  }
   const redisReply* rep = r->get();
-  if (IsError(rep)) return {Status::Internal(std::string(ReplyString(rep))), 0};
-  if (IsNil(rep)) return {Status::NotFound(key), 0};
-  if (rep->type != REDIS_REPLY_STRING) return {Status::Internal(key + ": not a string value"), 0};
-  const uint64_t n = rep->len;
+  if (!sink.filled) {
+    if (IsError(rep)) return {Status::Internal(std::string(ReplyString(rep))), 0};
+    if (IsNil(rep)) return {Status::NotFound(key), 0};
+    if (rep->type != REDIS_REPLY_STRING) return {Status::Internal(key + ": not a string value"), 0};
+  }
+  const uint64_t n = sink.filled ? sink.size : rep->len;
   if (item.size_is_capacity ? n > item.size : n != item.size) {
     return {Status::Internal(key + ": " + std::to_string(n) + " bytes, expected " +
                              std::to_string(item.size) + " (truncated or not this layout)"), 0};
   }
-  std::memcpy(item.dst, rep->str, n);
+  if (!sink.filled) std::memcpy(item.dst, rep->str, n);
   return {Status::Ok(), n};
 }
 
