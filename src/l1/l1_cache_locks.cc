@@ -88,36 +88,30 @@ void L1Cache::ShedOldestHoldsOnce(uint64_t need) {
   // sheds more than half of the bound.
   const uint64_t target = max - std::max(max / 4, std::min(need, max / 2));
   if (used <= target) return;
-  // Deadlines are the take time plus the read TTL, so the oldest holds have the earliest.
-  // Counters per deadline bucket (1/256 of the TTL from the earliest), then a cutoff at the
-  // bucket that frees enough: one pass to count, one to release, no sort.
+  // Deadlines are the take time plus the read TTL, so the oldest holds have the earliest; all
+  // lie within one TTL from now (an expired one the sweep has not reached counts as now).
+  // Counters per deadline bucket (1/256 of the TTL), then a cutoff at the bucket that frees
+  // enough: one pass to count, one to release, no sort.
   constexpr int kBuckets = 256;
   std::array<uint64_t, kBuckets> slots_in{};
-  int64_t earliest = INT64_MAX;
-  for (auto& ls : locks_->shards) {
-    MutexLock owner_lock(&ls.mu);
-    for (const auto& [owner, h] : ls.holds) earliest = std::min(earliest, h.deadline_ns);
-  }
-  if (earliest == INT64_MAX) return;
-  const int64_t width = std::max<int64_t>(1, read_ttl_ns_ / kBuckets + 1);
+  const int64_t now = clock_->NowNanos();
+  const int64_t width = read_ttl_ns_ / kBuckets + 1;
   for (auto& ls : locks_->shards) {
     MutexLock owner_lock(&ls.mu);
     for (const auto& [owner, h] : ls.holds) {
-      // Clamped: holds taken since the first pass are later, but an index must never depend on it.
-      const int64_t b = std::clamp<int64_t>((h.deadline_ns - earliest) / width, 0, kBuckets - 1);
+      const int64_t b = std::clamp<int64_t>((h.deadline_ns - now) / width, 0, kBuckets - 1);
       slots_in[static_cast<size_t>(b)] += uint64_t{h.live} * h.num_slots;
     }
   }
   uint64_t freed = 0;
-  int64_t cutoff = earliest;
+  int64_t cutoff = now;
   for (int b = 0; b < kBuckets && used - std::min(freed, used) > target; ++b) {
     freed += slots_in[static_cast<size_t>(b)];
-    cutoff = b == kBuckets - 1 ? INT64_MAX : earliest + (b + 1) * width - 1;
+    cutoff = b == kBuckets - 1 ? INT64_MAX : now + (b + 1) * width - 1;
   }
   uint64_t holds = 0;
   const size_t chunks = ReleaseHoldsDueBy(cutoff, &holds);
   locks_->shed.fetch_add(holds, std::memory_order_relaxed);
-  const int64_t now = clock_->NowNanos();
   const double min_age_s =
       cutoff == INT64_MAX ? 0.0
                           : static_cast<double>(std::max<int64_t>(0, now - (cutoff - read_ttl_ns_))) / 1e9;
