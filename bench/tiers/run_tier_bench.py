@@ -126,12 +126,6 @@ def main() -> int:
                 break
             time.sleep(0.05)
         bench = os.path.join(a.build_dir, "kvd-tier-bench")
-        # Warm-up, not measured: the first client to fill a fresh redis-server pays for its
-        # memory's first touch (page faults in redis-server, ~20% more of its CPU); both
-        # measured clients then find the same memory freed by FLUSHALL.
-        run_json([bench, "--redis", f"127.0.0.1:{port}", "--objects", str(n),
-                  "--object-mib", str(size / (1 << 20)), "--workers", str(w)])
-        subprocess.run(["redis-cli", "-p", str(port), "FLUSHALL"], capture_output=True)
         # redis-server's CPU over each client's Redis store + load: how close to its one
         # thread's limit each client drives it.
         cpu0 = proc_cpu_seconds(redis.pid)

@@ -82,7 +82,8 @@ struct L1CacheOptions {
   std::string eviction_policy = "LRU";  // a name eviction::MakePolicy accepts
   double read_ttl_seconds = 300;
   // Bound on lookup read-lock counters (chunk x slot) held at once; at the bound the oldest
-  // holds are released early (l1_cache_locks.h). 2^24: ~100 MB of hold records.
+  // holds are released early (l1_cache_locks.h). 2^24: at most ~100 MB of hold records
+  // (2 B per counter + 4 B per chunk).
   uint64_t max_read_lock_slots = uint64_t{1} << 24;
   double write_ttl_seconds = 600;
   double eviction_watermark = 0.8;  // EvictToWatermark acts when used/capacity >= this
