@@ -84,7 +84,8 @@ class HookArena {
 // (LRU, ARC, S3-FIFO, IsolatedLRU, noop) behave the same whatever it says.
 struct UseInfo {
   uint32_t position = 0;  // the chunk's index in its request (0: the first chunk)
-  uint32_t chunks = 0;    // chunks in the request; 0: unknown (then `position` means nothing)
+  uint32_t chunks = 0;    // chunks the request's lookup named (a lookup without tiers names
+                          // those up to a miss, not always the whole prompt); 0: unknown
   uint32_t hits = 0;      // leading chunks of the request that were cached when it looked up
   bool last() const { return chunks != 0 && position + 1 == chunks; }
 };

@@ -20,25 +20,44 @@ void KeyModelNameInto(std::string* out, const std::string& model, const std::str
   }
 }
 
-Result<RequestChunks> RequestChunkKeys(SessionTable& sessions, l1::Namespaces& namespaces,
-                                       int64_t chunk_size, const wire::CacheKey& key,
-                                       bool create_namespace, const std::string& key_namespace,
-                                       SessionUse use) {
-  const int64_t c = chunk_size;
+namespace {
+
+Status CheckAligned(const wire::CacheKey& key, int64_t c) {
   if (key.start % c != 0 || key.end % c != 0) {
     return Status::InvalidArgument("token range [" + std::to_string(key.start) + ", " +
                                    std::to_string(key.end) + ") is not aligned to chunk size " +
                                    std::to_string(c));
   }
+  return Status::Ok();
+}
+
+// Keys of chunks [start/C, hashes.size()) in `ns` (none when hashing stopped before start/C).
+RequestChunks KeysOf(const wire::CacheKey& key, int64_t c, const std::vector<keys::Hash32>& hashes,
+                     l1::NamespaceId ns) {
+  RequestChunks out;
+  out.first_chunk = static_cast<uint64_t>(key.start / c);
+  if (out.first_chunk > 0 && out.first_chunk <= hashes.size()) {
+    out.parent_hash = hashes[out.first_chunk - 1];
+  }
+  if (hashes.size() > out.first_chunk) out.keys.reserve(hashes.size() - out.first_chunk);
+  for (size_t i = out.first_chunk; i < hashes.size(); ++i) out.keys.push_back({ns, hashes[i]});
+  return out;
+}
+
+}  // namespace
+
+Result<RequestChunks> RequestChunkKeys(SessionTable& sessions, l1::Namespaces& namespaces,
+                                       int64_t chunk_size, const wire::CacheKey& key,
+                                       bool create_namespace, const std::string& key_namespace,
+                                       SessionUse use) {
+  const int64_t c = chunk_size;
+  if (Status st = CheckAligned(key, c); !st.ok()) return st;
   std::optional<ScopedPhase> hash_phase(std::in_place, Phase::kHash);
   auto hashes = sessions.ChunkHashes(
       key.request_id, key.token_ids, static_cast<size_t>(key.end / c),
       SessionIdentity{key.model_name, key.world_size, key.cache_salt, key_namespace}, use);
   hash_phase.reset();
   if (!hashes.ok()) return hashes.status();
-  RequestChunks out;
-  out.first_chunk = static_cast<uint64_t>(key.start / c);
-  if (out.first_chunk > 0) out.parent_hash = (*hashes)[out.first_chunk - 1];
   const std::string model = KeyModelName(key.model_name, key_namespace);
   const int32_t ws = static_cast<int32_t>(key.world_size);
   std::optional<l1::NamespaceId> ns;
@@ -50,12 +69,47 @@ Result<RequestChunks> RequestChunkKeys(SessionTable& sessions, l1::Namespaces& n
     ns = namespaces.Find(model, ws, key.cache_salt);
   }
   if (!ns) {
+    RequestChunks out;
+    out.first_chunk = static_cast<uint64_t>(key.start / c);
+    if (out.first_chunk > 0) out.parent_hash = (*hashes)[out.first_chunk - 1];
     out.namespace_known = false;
     return out;
   }
-  out.keys.reserve(static_cast<size_t>((key.end - key.start) / c));
-  for (int64_t i = key.start / c; i < key.end / c; ++i) out.keys.push_back({*ns, (*hashes)[i]});
-  return out;
+  return KeysOf(key, c, *hashes, *ns);
+}
+
+Result<RequestChunks> LookupChunkKeys(SessionTable& sessions, l1::Namespaces& namespaces,
+                                      int64_t chunk_size, const wire::CacheKey& key,
+                                      const std::string& key_namespace,
+                                      const ChunkInCache& in_cache) {
+  const int64_t c = chunk_size;
+  if (Status st = CheckAligned(key, c); !st.ok()) return st;
+  const size_t num_chunks = static_cast<size_t>(key.end / c);
+  const auto ns = namespaces.Find(KeyModelName(key.model_name, key_namespace),
+                                  static_cast<int32_t>(key.world_size), key.cache_salt);
+  if (!ns) {
+    // Nothing of this namespace is cached: nothing to hash, but the same errors.
+    if (Status st = SessionTable::CheckTokens(key.token_ids, num_chunks,
+                                              static_cast<uint32_t>(c));
+        !st.ok()) {
+      return st;
+    }
+    RequestChunks out;
+    out.first_chunk = static_cast<uint64_t>(key.start / c);
+    out.namespace_known = false;
+    return out;
+  }
+  const size_t first = static_cast<size_t>(key.start / c);
+  std::optional<ScopedPhase> hash_phase(std::in_place, Phase::kHash);
+  auto hashes = sessions.ChunkHashesWhilePresent(
+      key.request_id, key.token_ids, num_chunks,
+      SessionIdentity{key.model_name, key.world_size, key.cache_salt, key_namespace},
+      [&](size_t chunk, const keys::Hash32& hash) {
+        return chunk < first || in_cache(l1::ChunkKey{*ns, hash});
+      });
+  hash_phase.reset();
+  if (!hashes.ok()) return hashes.status();
+  return KeysOf(key, c, *hashes, *ns);
 }
 
 void BindStoredChunks(KvEventLog* events, const wire::CacheKey& key, const RequestChunks& chunks,

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -47,6 +48,19 @@ Result<RequestChunks> RequestChunkKeys(SessionTable& sessions, l1::Namespaces& n
                                        bool create_namespace,
                                        const std::string& key_namespace = "",
                                        SessionUse use = SessionUse::kCreate);
+
+// Whether L1 holds a chunk (a hint: LookupAndLock decides what hits).
+using ChunkInCache = std::function<bool(const l1::ChunkKey&)>;
+// For a LOOKUP that can hit only in L1 (no tiers): as RequestChunkKeys (kCreate, the
+// namespace looked up, not interned), but hashing stops after the first chunk `in_cache`
+// says is absent (SessionTable::ChunkHashesWhilePresent), so `keys` may end before end/C:
+// a new prompt costs one chunk's hash, not the whole prompt's. Nothing is hashed when the
+// namespace is unknown (namespace_known false). The same errors as RequestChunkKeys, for the
+// whole range [0, end).
+Result<RequestChunks> LookupChunkKeys(SessionTable& sessions, l1::Namespaces& namespaces,
+                                      int64_t chunk_size, const wire::CacheKey& key,
+                                      const std::string& key_namespace,
+                                      const ChunkInCache& in_cache);
 
 // Binds the tokens of the chunks a store is about to write (`chunks`, from RequestChunkKeys
 // for `key`) in the KV-event log, for the "stored" records their commits produce. Call before

@@ -58,9 +58,17 @@ Status Lookups::Lookup(const wire::LookupRequest& req) {
     prefetch_changes_.fetch_add(1, std::memory_order_acq_rel);
     return Status::Ok();
   }
-  // With tiers, a namespace L1 has not seen yet (a restart) may still have objects in them.
-  auto chunks = RequestChunkKeys(*sessions_, l1_->namespaces(), config_.chunk_size, key,
-                                 /*create_namespace=*/tiers_ != nullptr, ns.key_namespace);
+  // Without tiers only L1 can hit: hashing stops after the first chunk L1 lacks (the
+  // request's stores hash the rest, once). With tiers every chunk is hashed (the prefix may
+  // continue in them), and a namespace L1 has not seen yet (a restart) may still have
+  // objects there.
+  auto chunks =
+      tiers_ == nullptr
+          ? LookupChunkKeys(*sessions_, l1_->namespaces(), config_.chunk_size, key,
+                            ns.key_namespace,
+                            [this](const l1::ChunkKey& k) { return l1_->IsResident(k, 0); })
+          : RequestChunkKeys(*sessions_, l1_->namespaces(), config_.chunk_size, key,
+                             /*create_namespace=*/true, ns.key_namespace);
   if (!chunks.ok()) {
     l1_->ReleaseAllLocks(key.request_id);
     sessions_->SetLookupResult(key.request_id, 0);

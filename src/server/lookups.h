@@ -3,6 +3,9 @@
 // QUERY_PREFETCH_STATUS; FREE_LOOKUP_LOCKS gives locks back; END_SESSION forgets the
 // request's hashes and refreshes its chunks' recency.
 //
+// Without tiers a LOOKUP hashes the prompt only as far as L1 can hit (LookupChunkKeys: in
+// batches, up to the first chunk L1 lacks); the request's STOREs hash the rest, once.
+//
 // With tiers, a prefix that continues past L1 is prefetched: the lookup read-locks its L1
 // prefix, asks the tiers for the rest (l2::TierSet::Prefetch) and answers at once;
 // QUERY_PREFETCH_STATUS answers "running" (nil) until the loaded chunks are in L1 and

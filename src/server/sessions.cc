@@ -90,12 +90,9 @@ void HashFrom(keys::ChunkKeyMemo& memo, uint64_t domain, const keys::Hash32& pre
 
 }  // namespace
 
-Result<std::vector<keys::Hash32>> SessionTable::ChunkHashes(std::string_view request_id,
-                                                            const wire::TokenIds& tokens,
-                                                            size_t num_chunks,
-                                                            const SessionIdentity& identity,
-                                                            SessionUse use) {
-  const size_t n = num_chunks * chunk_size_;
+Status SessionTable::CheckTokens(const wire::TokenIds& tokens, size_t num_chunks,
+                                uint32_t chunk_size) {
+  const size_t n = num_chunks * chunk_size;
   if (n > tokens.size()) {
     return Status::InvalidArgument("need " + std::to_string(n) + " tokens for " +
                                    std::to_string(num_chunks) + " chunks, got " +
@@ -104,6 +101,30 @@ Result<std::vector<keys::Hash32>> SessionTable::ChunkHashes(std::string_view req
   if (const auto& bad = tokens.first_out_of_range(); bad && bad->index < n) {
     return keys::TokenOutOfRange(bad->index, bad->value);
   }
+  return Status::Ok();
+}
+
+Result<std::vector<keys::Hash32>> SessionTable::ChunkHashes(std::string_view request_id,
+                                                            const wire::TokenIds& tokens,
+                                                            size_t num_chunks,
+                                                            const SessionIdentity& identity,
+                                                            SessionUse use) {
+  return Hashes(request_id, tokens, num_chunks, identity, use, nullptr);
+}
+
+Result<std::vector<keys::Hash32>> SessionTable::ChunkHashesWhilePresent(
+    std::string_view request_id, const wire::TokenIds& tokens, size_t num_chunks,
+    const SessionIdentity& identity, const ChunkPresent& present) {
+  return Hashes(request_id, tokens, num_chunks, identity, SessionUse::kCreate, &present);
+}
+
+Result<std::vector<keys::Hash32>> SessionTable::Hashes(std::string_view request_id,
+                                                       const wire::TokenIds& tokens,
+                                                       size_t num_chunks,
+                                                       const SessionIdentity& identity,
+                                                       SessionUse use,
+                                                       const ChunkPresent* present) {
+  if (Status st = CheckTokens(tokens, num_chunks, chunk_size_); !st.ok()) return st;
   auto s = Get(request_id, use == SessionUse::kCreate);
   if (!s) {  // no session and none to create: compute, keep nothing
     std::vector<keys::Hash32> hashes;
@@ -121,16 +142,24 @@ Result<std::vector<keys::Hash32>> SessionTable::ChunkHashes(std::string_view req
     s->hashes.clear();
     s->tokens.clear();
   }
-  if (s->hashes.size() < num_chunks) {
-    const size_t first = s->hashes.size();
-    // Copy the chain's start before growing the vector it lives in.
-    const keys::Hash32 prev = first == 0 ? keys::NoneHash() : s->hashes.back();
-    HashFrom(memo_, memo_.Domain(identity.cache_salt), prev, tokens, first, num_chunks,
-             chunk_size_, s->hashes, hashed_chunks_);
+  // Chunks [0, done) are hashed; with `present`, in growing batches while it answers true.
+  size_t done = std::min(s->hashes.size(), num_chunks);
+  if (done < num_chunks) {
+    const size_t first = done;
+    const uint64_t domain = memo_.Domain(identity.cache_salt);
+    for (size_t batch = 1; done < num_chunks; batch *= 2) {
+      if (present && done > 0 && !(*present)(done - 1, s->hashes[done - 1])) break;
+      const size_t end = present ? std::min(num_chunks, done + batch) : num_chunks;
+      // Copy the chain's start before growing the vector it lives in.
+      const keys::Hash32 prev = done == 0 ? keys::NoneHash() : s->hashes[done - 1];
+      HashFrom(memo_, domain, prev, tokens, done, end, chunk_size_, s->hashes, hashed_chunks_);
+      done = end;
+    }
     s->tokens.resize(first * chunk_size_);
-    s->tokens.insert(s->tokens.end(), tokens.data() + first * chunk_size_, tokens.data() + n);
+    s->tokens.insert(s->tokens.end(), tokens.data() + first * chunk_size_,
+                     tokens.data() + done * chunk_size_);
   }
-  std::vector<keys::Hash32> out(s->hashes.begin(), s->hashes.begin() + num_chunks);
+  std::vector<keys::Hash32> out(s->hashes.begin(), s->hashes.begin() + done);
   uint64_t bytes = SessionBytes(*s, request_id.size());
   if (bytes > limits_.max_bytes) {
     // Alone larger than the bound: keep nothing (the next call hashes again).

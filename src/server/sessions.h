@@ -18,6 +18,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <list>
 #include <memory>
 #include <mutex>
@@ -75,6 +76,26 @@ class SessionTable {
                                                 const SessionIdentity& identity = {},
                                                 SessionUse use = SessionUse::kCreate);
 
+  // Whether the cache holds chunk `chunk` of the request, whose hash is `hash` (a hint for
+  // how far a lookup can hit; see ChunkHashesWhilePresent).
+  using ChunkPresent = std::function<bool(size_t chunk, const keys::Hash32& hash)>;
+  // For a LOOKUP, which can hit only a prefix: as ChunkHashes (kCreate), but the chunks not
+  // hashed yet are hashed in batches of 1, 2, 4, ... chunks, and before each batch `present`
+  // is asked about the last chunk hashed so far; hashing stops when it answers false (no
+  // chunk past an absent one can hit). Returns the hashes of chunks [0, k), 1 <= k <=
+  // num_chunks for num_chunks >= 1 (k == num_chunks when every answer was true). The rest is
+  // hashed by a later call (a STORE of the request). `present` runs under the session's
+  // lock: it must not call into this table.
+  Result<std::vector<keys::Hash32>> ChunkHashesWhilePresent(std::string_view request_id,
+                                                            const wire::TokenIds& tokens,
+                                                            size_t num_chunks,
+                                                            const SessionIdentity& identity,
+                                                            const ChunkPresent& present);
+
+  // The checks ChunkHashes makes of the client's tokens for chunks [0, num_chunks):
+  // InvalidArgument when there are too few, or one is outside [0, 2^32).
+  static Status CheckTokens(const wire::TokenIds& tokens, size_t num_chunks, uint32_t chunk_size);
+
   // Lookup results: set by LOOKUP, taken (once) by QUERY_PREFETCH_STATUS.
   void SetLookupResult(std::string_view request_id, int64_t hit_chunks);
   // A lookup whose prefix is still being loaded from the tiers: until FinishLookup with the
@@ -125,6 +146,11 @@ class SessionTable {
   };
   using SessionPtr = std::shared_ptr<Session>;
   SessionPtr Get(std::string_view request_id, bool create);
+  // ChunkHashes and ChunkHashesWhilePresent (null `present`: hash all of them).
+  Result<std::vector<keys::Hash32>> Hashes(std::string_view request_id,
+                                           const wire::TokenIds& tokens, size_t num_chunks,
+                                           const SessionIdentity& identity, SessionUse use,
+                                           const ChunkPresent* present);
   // Bytes a session holds now (its mu held).
   static uint64_t SessionBytes(const Session& s, size_t id_size);
   // Sets the session's accounted size and evicts others (oldest first) while a bound is

@@ -342,6 +342,42 @@ TEST_F(KvServiceTest, EngineDrivenPrepareCommitRoundTrip) {
   munmap(pool, r->second);
 }
 
+// Without tiers a LOOKUP can hit only in L1: it hashes no further than the first chunk L1
+// lacks, so a new prompt costs one chunk's hash; the stores of the request hash the rest.
+TEST_F(KvServiceTest, ALookupHashesNoFurtherThanL1CanHit) {
+  FakeWorker w0("/kvd_test_w0");
+  w0.Fill(9);
+  ASSERT_TRUE(svc_->RegisterKvCache(w0.Registration(100, 1)).ok());
+  const int64_t bpc = kChunk / kBlock;  // the worker has 4 chunks' worth of blocks
+  // Nothing of the model is cached yet: nothing to hash.
+  uint64_t before = svc_->hashed_chunks();
+  EXPECT_EQ(LookupHits(Key(std::nullopt, 4 * kChunk, 0, 4 * kChunk, 1, "first")), 0);
+  EXPECT_EQ(svc_->hashed_chunks() - before, 0u);
+  // Store chunks 0-1 of a 4-chunk prompt.
+  wire::TransferRequest st{Key(0, 4 * kChunk, 0, 2 * kChunk, 1, "s"), 100, Blocks(0, 2 * bpc), "", 0};
+  ASSERT_TRUE(svc_->Store(st).ok());
+  // A prompt none of whose chunks is cached: one chunk hashed, not 4.
+  before = svc_->hashed_chunks();
+  EXPECT_EQ(LookupHits(Key(std::nullopt, 4 * kChunk, 0, 4 * kChunk, 1, "new", 7)), 0);
+  EXPECT_EQ(svc_->hashed_chunks() - before, 1u);
+  // The stored prefix: 2 hits, hashed in batches [0,1) and [1,3) (chunk 2 is absent): 3.
+  before = svc_->hashed_chunks();
+  EXPECT_EQ(LookupHits(Key(std::nullopt, 4 * kChunk, 0, 4 * kChunk, 1, "hit")), 2);
+  EXPECT_EQ(svc_->hashed_chunks() - before, 3u);
+  // The request's store hashes the last chunk only and stores chunks 2-3; a lookup hits all.
+  before = svc_->hashed_chunks();
+  wire::TransferRequest rest{Key(0, 4 * kChunk, 2 * kChunk, 4 * kChunk, 1, "hit"), 100,
+                             Blocks(2 * bpc, 2 * bpc), "", 0};
+  ASSERT_TRUE(svc_->Store(rest).ok());
+  EXPECT_EQ(svc_->hashed_chunks() - before, 1u);
+  EXPECT_EQ(LookupHits(Key(std::nullopt, 4 * kChunk, 0, 4 * kChunk, 1, "all")), 4);
+  // Bad tokens are refused over the whole range, whether or not they would be hashed.
+  wire::CacheKey bad = Key(std::nullopt, 4 * kChunk, 0, 4 * kChunk, 1, "bad", 7);
+  bad.token_ids = wire::TokenIds();
+  for (int64_t i = 0; i < 4 * kChunk; ++i) bad.token_ids.push_back(i == 1000 ? -5 : i);
+  EXPECT_FALSE(svc_->Lookup(wire::LookupRequest{bad, 1}).ok());
+}
+
 // Regression (a STORE without a session hashed its tokens twice with KV events on: once to
 // bind the chunks' tokens for the "stored" events, once for the chunk keys).
 TEST_F(KvServiceTest, StoreWithoutSessionHashesEachChunkOnceWithKvEventsOn) {

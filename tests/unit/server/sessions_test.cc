@@ -32,6 +32,56 @@ TEST(SessionTable, HashesMatchAFreshComputationAndGrowIncrementally) {
   EXPECT_EQ(*three, *want);
 }
 
+// A lookup hashes in batches of 1, 2, 4, ... chunks while the last chunk hashed is present,
+// and stops at the first absent one; a later call (a store) hashes the rest, once.
+TEST(SessionTable, HashingForALookupStopsAfterTheFirstAbsentChunk) {
+  FakeClock clock;
+  SessionTable s(&clock, 256, 600);
+  const auto t = Tokens(64 * 256, 3);
+  const auto want = *keys::ComputeChunkHashes(Ints(t), 256);
+  ASSERT_EQ(want.size(), 64u);
+  std::vector<size_t> asked;
+  auto cached_below = [&](size_t n) {
+    return [&asked, &want, n](size_t chunk, const keys::Hash32& h) {
+      asked.push_back(chunk);
+      EXPECT_EQ(h, want[chunk]);  // asked with the chunk's own hash
+      return chunk < n;
+    };
+  };
+  // Chunks 0-4 cached: [0,1) asked about 0, [1,3) about 2, [3,7) about 6: stop.
+  auto some = s.ChunkHashesWhilePresent("r", t, 64, {}, cached_below(5));
+  ASSERT_TRUE(some.ok());
+  EXPECT_EQ(*some, std::vector<keys::Hash32>(want.begin(), want.begin() + 7));
+  EXPECT_EQ(asked, (std::vector<size_t>{0, 2, 6}));
+  EXPECT_EQ(s.hashed_chunks(), 7u);
+  // The request's store hashes only the rest.
+  auto all = s.ChunkHashes("r", t, 64);
+  ASSERT_TRUE(all.ok());
+  EXPECT_EQ(*all, want);
+  EXPECT_EQ(s.hashed_chunks(), 64u);
+  // A new prompt: one chunk hashed. Everything cached: all of them, asked at 0, 2, 6, 14, 30, 62.
+  asked.clear();
+  auto one = s.ChunkHashesWhilePresent("new", t, 64, {}, cached_below(0));
+  ASSERT_TRUE(one.ok());
+  EXPECT_EQ(one->size(), 1u);
+  asked.clear();
+  auto every = s.ChunkHashesWhilePresent("hit", t, 64, {}, cached_below(64));
+  ASSERT_TRUE(every.ok());
+  EXPECT_EQ(*every, want);
+  EXPECT_EQ(asked, (std::vector<size_t>{0, 2, 6, 14, 30, 62}));
+  // A session that has hashes already is asked about its last one first.
+  asked.clear();
+  auto again = s.ChunkHashesWhilePresent("r", t, 64, {}, cached_below(0));
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(*again, want);  // all 64 were hashed by the store: nothing left to ask
+  EXPECT_TRUE(asked.empty());
+  // The tokens are checked over the whole range, as ChunkHashes checks them.
+  EXPECT_FALSE(s.ChunkHashesWhilePresent("bad", Tokens(64 * 256, 3, 5000, -1), 64, {},
+                                         cached_below(0))
+                   .ok());
+  EXPECT_FALSE(s.ChunkHashesWhilePresent("short", Tokens(300, 3), 2, {}, cached_below(0)).ok());
+}
+
 TEST(SessionTable, ReusedRequestIdWithOtherTokensIsRehashed) {
   FakeClock clock;
   SessionTable s(&clock, 256, 600);
