@@ -177,34 +177,6 @@ def test_finding11_flood_of_max_size_frames_keeps_rss_within_the_documented_boun
 
     frames = max_size_store_frames(4242)
     n = 10
-    with F.kvd_server(tmp_path) as srv:
-        ctx = zmq.Context()
-        s = ctx.socket(zmq.DEALER)
-        s.setsockopt(zmq.LINGER, 0)
-        s.connect(srv.url)
-        c = F.RawClient(srv.url, ctx)
-        try:
-            assert c.call("ping", None) is True
-            time.sleep(0.5)
-            rss0 = proc_status_kib(srv.pid, "VmRSS") * 1024
-            # VmHWM is the peak since start: reset it to the current RSS.
-            with open(f"/proc/{srv.pid}/clear_refs", "w") as f:
-                f.write("5")
-            enc = msgspec.msgpack.encode
-            for uid in range(n):
-                s.send_multipart([enc(uid), enc(6), *frames], copy=False)
-            replies = []
-            while len(replies) < n:
-                assert s.poll(120_000), f"only {len(replies)} of {n} replies"
-                replies.append(msgspec.msgpack.decode(s.recv_multipart()[-1]))
-            peak = proc_status_kib(srv.pid, "VmHWM") * 1024
-            assert c.call("ping", None) is True  # still serving
-            m = metrics(srv)
-        finally:
-            s.close(0)
-            c.close()
-            ctx.term()
-    growth = peak - rss0
     # docs/reliability.md: per connection, the requests queued (at most MAX_QUEUED bytes,
     # or one request), one message being received and one read but not yet queued, the
     # messages read and not yet taken, and the decoded tokens of each request being decoded
@@ -212,11 +184,50 @@ def test_finding11_flood_of_max_size_frames_keeps_rss_within_the_documented_boun
     threads = min(max(os.cpu_count() or 2, 2), 16)
     bound = MAX_QUEUED + 2 * MAX_MESSAGE + MAX_PENDING + threads * 4 * MAX_TOKENS
     assert n * len(frames[0]) > bound  # the flood is larger than what kvd may hold
-    refused = m.get('kvd_requests_refused_total{op="store"}', 0)
-    print(f"flood: {n} frames of {len(frames[0]) / 2**20:.0f} MiB; RSS grew {growth / 2**20:.0f} "
-          f"MiB (bound {bound / 2**20:.0f} MiB); {refused:.0f} refused")
-    assert all(r == [b"", False] for r in replies), replies
-    assert growth <= bound, (growth, bound)
+    # Whether one flood reaches the queue bound is a race between the loop reading the next
+    # 144 MiB message and the pool decoding the earlier ones, on the same CPUs (1-4 of 10
+    # refused in most runs, 0 in one CI run): floods are repeated, at most 4, until one is
+    # refused something. The RSS bound holds for every flood.
+    refused = 0.0
+    with F.kvd_server(tmp_path) as srv:
+        ctx = zmq.Context()
+        c = F.RawClient(srv.url, ctx)
+        try:
+            assert c.call("ping", None) is True
+            for flood in range(4):
+                s = ctx.socket(zmq.DEALER)
+                s.setsockopt(zmq.LINGER, 0)
+                s.connect(srv.url)
+                try:
+                    time.sleep(0.5)
+                    rss0 = proc_status_kib(srv.pid, "VmRSS") * 1024
+                    # VmHWM is the peak since start: reset it to the current RSS.
+                    with open(f"/proc/{srv.pid}/clear_refs", "w") as f:
+                        f.write("5")
+                    enc = msgspec.msgpack.encode
+                    for uid in range(n):
+                        s.send_multipart([enc(uid), enc(6), *frames], copy=False)
+                    replies = []
+                    while len(replies) < n:
+                        assert s.poll(120_000), f"only {len(replies)} of {n} replies"
+                        replies.append(msgspec.msgpack.decode(s.recv_multipart()[-1]))
+                    peak = proc_status_kib(srv.pid, "VmHWM") * 1024
+                finally:
+                    s.close(0)
+                assert c.call("ping", None) is True  # still serving
+                growth = peak - rss0
+                total = metrics(srv).get('kvd_requests_refused_total{op="store"}', 0)
+                print(f"flood {flood + 1}: {n} frames of {len(frames[0]) / 2**20:.0f} MiB; RSS grew "
+                      f"{growth / 2**20:.0f} MiB (bound {bound / 2**20:.0f} MiB); "
+                      f"{total - refused:.0f} refused")
+                refused = total
+                assert all(r == [b"", False] for r in replies), replies
+                assert growth <= bound, (growth, bound)
+                if refused >= 1:
+                    break
+        finally:
+            c.close()
+            ctx.term()
     assert refused >= 1  # the bound was reached and enforced
 
 
