@@ -31,17 +31,24 @@ Status CheckAligned(const wire::CacheKey& key, int64_t c) {
   return Status::Ok();
 }
 
-// Keys of chunks [start/C, hashes.size()) in `ns` (none when hashing stopped before start/C).
+// Keys of chunks [start/C, hashes.size()) in `ns` (none when hashing stopped before start/C);
+// without a namespace, none (namespace_known false).
 RequestChunks KeysOf(const wire::CacheKey& key, int64_t c, const std::vector<keys::Hash32>& hashes,
-                     l1::NamespaceId ns) {
+                     std::optional<l1::NamespaceId> ns) {
   RequestChunks out;
   out.first_chunk = static_cast<uint64_t>(key.start / c);
   if (out.first_chunk > 0 && out.first_chunk <= hashes.size()) {
     out.parent_hash = hashes[out.first_chunk - 1];
   }
+  out.namespace_known = ns.has_value();
+  if (!ns) return out;
   if (hashes.size() > out.first_chunk) out.keys.reserve(hashes.size() - out.first_chunk);
-  for (size_t i = out.first_chunk; i < hashes.size(); ++i) out.keys.push_back({ns, hashes[i]});
+  for (size_t i = out.first_chunk; i < hashes.size(); ++i) out.keys.push_back({*ns, hashes[i]});
   return out;
+}
+
+SessionIdentity IdentityOf(const wire::CacheKey& key, const std::string& key_namespace) {
+  return SessionIdentity{key.model_name, key.world_size, key.cache_salt, key_namespace};
 }
 
 }  // namespace
@@ -54,8 +61,8 @@ Result<RequestChunks> RequestChunkKeys(SessionTable& sessions, l1::Namespaces& n
   if (Status st = CheckAligned(key, c); !st.ok()) return st;
   std::optional<ScopedPhase> hash_phase(std::in_place, Phase::kHash);
   auto hashes = sessions.ChunkHashes(
-      key.request_id, key.token_ids, static_cast<size_t>(key.end / c),
-      SessionIdentity{key.model_name, key.world_size, key.cache_salt, key_namespace}, use);
+      key.request_id, key.token_ids, static_cast<size_t>(key.end / c), IdentityOf(key, key_namespace),
+      use);
   hash_phase.reset();
   if (!hashes.ok()) return hashes.status();
   const std::string model = KeyModelName(key.model_name, key_namespace);
@@ -68,14 +75,7 @@ Result<RequestChunks> RequestChunkKeys(SessionTable& sessions, l1::Namespaces& n
   } else {
     ns = namespaces.Find(model, ws, key.cache_salt);
   }
-  if (!ns) {
-    RequestChunks out;
-    out.first_chunk = static_cast<uint64_t>(key.start / c);
-    if (out.first_chunk > 0) out.parent_hash = (*hashes)[out.first_chunk - 1];
-    out.namespace_known = false;
-    return out;
-  }
-  return KeysOf(key, c, *hashes, *ns);
+  return KeysOf(key, c, *hashes, ns);
 }
 
 Result<RequestChunks> LookupChunkKeys(SessionTable& sessions, l1::Namespaces& namespaces,
@@ -94,22 +94,24 @@ Result<RequestChunks> LookupChunkKeys(SessionTable& sessions, l1::Namespaces& na
         !st.ok()) {
       return st;
     }
-    RequestChunks out;
-    out.first_chunk = static_cast<uint64_t>(key.start / c);
-    out.namespace_known = false;
-    return out;
+    return KeysOf(key, c, {}, std::nullopt);
   }
-  const size_t first = static_cast<size_t>(key.start / c);
+  // The probe captures one pointer, so it fits in std::function's inline storage: no heap
+  // allocation per lookup.
+  const struct {
+    const ChunkInCache& in_cache;
+    l1::NamespaceId ns;
+    size_t first;  // chunks before the lookup's range are not its to ask about
+  } probe{in_cache, *ns, static_cast<size_t>(key.start / c)};
   std::optional<ScopedPhase> hash_phase(std::in_place, Phase::kHash);
   auto hashes = sessions.ChunkHashesWhilePresent(
-      key.request_id, key.token_ids, num_chunks,
-      SessionIdentity{key.model_name, key.world_size, key.cache_salt, key_namespace},
-      [&](size_t chunk, const keys::Hash32& hash) {
-        return chunk < first || in_cache(l1::ChunkKey{*ns, hash});
+      key.request_id, key.token_ids, num_chunks, IdentityOf(key, key_namespace),
+      [&probe](size_t chunk, const keys::Hash32& hash) {
+        return chunk < probe.first || probe.in_cache(l1::ChunkKey{probe.ns, hash});
       });
   hash_phase.reset();
   if (!hashes.ok()) return hashes.status();
-  return KeysOf(key, c, *hashes, *ns);
+  return KeysOf(key, c, *hashes, ns);
 }
 
 void BindStoredChunks(KvEventLog* events, const wire::CacheKey& key, const RequestChunks& chunks,

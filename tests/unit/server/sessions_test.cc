@@ -69,12 +69,21 @@ TEST(SessionTable, HashingForALookupStopsAfterTheFirstAbsentChunk) {
   ASSERT_TRUE(every.ok());
   EXPECT_EQ(*every, want);
   EXPECT_EQ(asked, (std::vector<size_t>{0, 2, 6, 14, 30, 62}));
-  // A session that has hashes already is asked about its last one first.
+  // A session whose chain is complete has nothing left to ask about.
   asked.clear();
   auto again = s.ChunkHashesWhilePresent("r", t, 64, {}, cached_below(0));
   ASSERT_TRUE(again.ok());
   EXPECT_EQ(*again, want);  // all 64 were hashed by the store: nothing left to ask
   EXPECT_TRUE(asked.empty());
+  // A session with part of its chain is asked about its last hash first, and stops there.
+  ASSERT_TRUE(s.ChunkHashes("part", t, 5).ok());
+  const uint64_t hashed = s.hashed_chunks();
+  asked.clear();
+  auto part = s.ChunkHashesWhilePresent("part", t, 64, {}, cached_below(0));
+  ASSERT_TRUE(part.ok());
+  EXPECT_EQ(*part, std::vector<keys::Hash32>(want.begin(), want.begin() + 5));
+  EXPECT_EQ(asked, (std::vector<size_t>{4}));
+  EXPECT_EQ(s.hashed_chunks(), hashed);
   // The tokens are checked over the whole range, as ChunkHashes checks them.
   EXPECT_FALSE(s.ChunkHashesWhilePresent("bad", Tokens(64 * 256, 3, 5000, -1), 64, {},
                                          cached_below(0))
