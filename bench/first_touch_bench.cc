@@ -11,10 +11,12 @@
 // first use, or reworks it afterwards).
 //
 //   build/kvd-first-touch-bench [--gib 3] [--passes 3] [--threads 2] [--rounds 2]
-//                               [--wait-seconds 0] [--prefill]
+//                               [--wait-seconds 0] [--prefill] [--distinct-pages]
 //
 // --prefill also writes every byte of the segment once (memset) after population, before
-// the timed copies. Each round uses a fresh segment.
+// the timed copies; --distinct-pages writes a different word into every 4 KiB page then (no
+// two pages alike, so no content-based page sharing can apply). Each round uses a fresh
+// segment.
 #include <CLI/CLI.hpp>
 #include <sys/mman.h>
 #include <sys/resource.h>
@@ -76,7 +78,7 @@ int main(int argc, char** argv) {
   CLI::App app{"kvd-first-touch-bench: copies into freshly populated shared memory, pass by pass"};
   double gib = 3;
   int passes = 3, threads = 2, rounds = 2, wait_seconds = 0;
-  bool prefill = false;
+  bool prefill = false, distinct = false;
   app.add_option("--gib", gib, "Segment size in GiB")->check(CLI::Range(0.01, 1024.0));
   app.add_option("--passes", passes, "Timed copies into the segment")->check(CLI::Range(1, 100));
   app.add_option("--threads", threads, "Copy threads")->check(CLI::Range(1, 256));
@@ -84,6 +86,8 @@ int main(int argc, char** argv) {
   app.add_option("--wait-seconds", wait_seconds, "Sleep between population and the first copy")
       ->check(CLI::Range(0, 3600));
   app.add_flag("--prefill", prefill, "Write every byte once after population, before the copies");
+  app.add_flag("--distinct-pages", distinct,
+               "Write a different word into every page after population, before the copies");
   CLI11_PARSE(app, argc, argv);
 
   const size_t n = static_cast<size_t>(gib * 1024 * 1024 * 1024) & ~size_t{4095};
@@ -97,8 +101,8 @@ int main(int argc, char** argv) {
   for (int k = 0; k < 2; ++k) {
     Split(n, threads, [&](size_t b, size_t e) { std::memset(src + b, 0x5a + k, e - b); });
   }
-  std::printf("%.2f GiB, %d thread(s), %d pass(es) per fresh segment%s\n", gib, threads, passes,
-              prefill ? ", prefilled" : "");
+  std::printf("%.2f GiB, %d thread(s), %d pass(es) per fresh segment%s%s\n", gib, threads, passes,
+              prefill ? ", prefilled" : "", distinct ? ", distinct pages" : "");
   for (int round = 1; round <= rounds; ++round) {
     auto* dst = static_cast<uint8_t*>(
         mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
@@ -115,6 +119,12 @@ int main(int argc, char** argv) {
         Split(n, threads, [&](size_t b, size_t e) { std::memset(dst + b, 0, e - b); });
       });
       std::printf("; prefill %.2f GB/s (%ld faults)", fill.gbps, fill.faults);
+    }
+    if (distinct) {
+      for (size_t off = 0; off < n; off += 4096) {
+        const uint64_t word = off + 1;
+        std::memcpy(dst + off, &word, sizeof(word));
+      }
     }
     if (wait_seconds > 0) sleep(static_cast<unsigned>(wait_seconds));
     for (int p = 1; p <= passes; ++p) {
