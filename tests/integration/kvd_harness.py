@@ -43,13 +43,21 @@ CHUNK_SIZE = 256
 BLOCK_SIZE = 16
 
 
+# Ports free_port has handed out in this process. The kernel may return a port again once
+# the probing socket is closed, so two calls could give one port to a server's ZMQ and
+# HTTP listeners (seen: "cannot listen for HTTP ... address already in use").
+_handed_out: set[int] = set()
+
+
 def free_port(exclude: set[int] | frozenset[int] = frozenset()) -> int:
-    """A currently free TCP port on 127.0.0.1, not in `exclude`."""
+    """A currently free TCP port on 127.0.0.1, not in `exclude` and not handed out before by
+    this process."""
     while True:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        if port not in exclude:
+        if port not in exclude and port not in _handed_out:
+            _handed_out.add(port)
             return port
 
 

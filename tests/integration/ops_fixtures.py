@@ -30,10 +30,20 @@ os.environ.setdefault("DO_NOT_TRACK", "1")
 os.environ.setdefault("PYTHONWARNINGS", "ignore")
 
 
+# Ports free_port has handed out in this process: the kernel may return a port again once the
+# probing socket is closed, and a Kvd's two listeners must not get the same one.
+_handed_out: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A currently free TCP port on 127.0.0.1 that this process has not handed out before."""
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _handed_out:
+            _handed_out.add(port)
+            return port
 
 
 def http(method: str, url: str, timeout: float = 5.0) -> tuple[int, str, str]:

@@ -10,12 +10,13 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
+
+from kvd_harness import free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -42,10 +43,6 @@ def _http_args(kvd: Path, port: str) -> list[str]:
     return []
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _bench_segments() -> set[str]:
@@ -68,11 +65,11 @@ def kvd_server(tmp_path):
     kvd = _kvd_bin()
     if not kvd.exists():
         pytest.fail(f"{kvd} not found: build it (make build)")
-    port = _free_port()
+    port = free_port()
     log = open(tmp_path / "kvd.log", "wb")
     proc = subprocess.Popen(
         [str(kvd), "server", "--host", "127.0.0.1", "--port", str(port), "--l1-size-gb", "1",
-         "--eviction-policy", "LRU", *_http_args(kvd, str(_free_port()))],
+         "--eviction-policy", "LRU", *_http_args(kvd, str(free_port()))],
         stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         yield proc, f"tcp://127.0.0.1:{port}"

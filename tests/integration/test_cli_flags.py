@@ -27,6 +27,8 @@ from pathlib import Path
 
 import pytest
 
+from kvd_harness import free_port
+
 REPO = Path(__file__).resolve().parents[2]
 KVD = os.environ.get("KVD_BIN") or os.environ.get("KVD_TEST_KVD_BIN") or str(REPO / "build/kvd")
 BASE = ["--l1-size-gb", "0.25", "--eviction-policy", "LRU"]
@@ -232,16 +234,12 @@ def test_bad_values_name_flag_and_value_on_one_line(reference):
     assert not errors, "\n".join(errors)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.parametrize("bad", [["--chunk-size", "big"], ["--l2-adapter", "{oops"],
                                  ["--transport", "grpc"], ["--worker-reap-timeout-seconds", "5"]])
 def test_a_bad_command_line_starts_nothing(bad):
-    port, http_port = _free_port(), _free_port()
+    port, http_port = free_port(), free_port()
     shm = f"kvd_cli_test_{os.getpid()}_{port}"
     t0 = time.monotonic()
     out = run_kvd(["--host", "127.0.0.1", "--port", str(port), "--http-port", str(http_port),
