@@ -243,8 +243,10 @@ void SubtractLabelledCounters(kvd::http::Snapshot& s, const kvd::http::Snapshot&
 class ServiceStats final : public kvd::http::StatsSource {
  public:
   ServiceStats(kvd::server::KvService* svc, const kvd::server::RequestMetrics* metrics,
-               const kvd::server::ServerConfig& cfg, const std::atomic<int64_t>* maintenance_beat_ns)
-      : svc_(svc), metrics_(metrics), cfg_(cfg), beat_ns_(maintenance_beat_ns), started_(Now()) {
+               kvd::metrics::Registry* registry, const kvd::server::ServerConfig& cfg,
+               const std::atomic<int64_t>* maintenance_beat_ns)
+      : svc_(svc), metrics_(metrics), registry_(registry), cfg_(cfg), beat_ns_(maintenance_beat_ns),
+        started_(Now()) {
     // Where to probe the ZMQ loop: its bind address, or loopback for a wildcard bind.
     std::string host = cfg.host;
     if (IsWildcard(host)) host = host.find(':') != std::string::npos ? "::1" : "127.0.0.1";
@@ -298,13 +300,6 @@ class ServiceStats final : public kvd::http::StatsSource {
     sub(s.unknown_ops, b.unknown_ops);
     sub(s.chunk_key_memo_hits, b.chunk_key_memo_hits);
     sub(s.chunk_key_memo_misses, b.chunk_key_memo_misses);
-    sub(s.transport.accepted, b.transport.accepted);
-    sub(s.transport.closed, b.transport.closed);
-    sub(s.transport.protocol_errors, b.transport.protocol_errors);
-    sub(s.transport.dropped_replies, b.transport.dropped_replies);
-    sub(s.transport.handshake_timeouts, b.transport.handshake_timeouts);
-    sub(s.kv_events.stored_records, b.kv_events.stored_records);
-    sub(s.kv_events.removed_records, b.kv_events.removed_records);
     for (auto& o : s.ops) {
       for (const auto& bo : b.ops) {
         if (bo.name != o.name) continue;
@@ -412,17 +407,10 @@ class ServiceStats final : public kvd::http::StatsSource {
                        o.latency_sum_seconds, std::move(phases), o.refused});
     }
     s.unknown_ops = metrics.unknown_ops();
-    const auto t = metrics.Transport();
-    s.transport = {t.connections,     t.accepted,        t.closed,
-                   t.protocol_errors, t.dropped_replies, t.handshake_timeouts};
     auto loop = metrics.Loop();
     s.loop = {loop.iterations,       std::move(loop.buckets),      loop.sum_seconds,
               loop.longest_seconds,  loop.longest_inline_seconds,  std::move(loop.longest_inline_op)};
-    if (const kvd::server::KvEventLog* log = svc_->kv_events()) {
-      const auto ev = log->stats();
-      s.kv_events = {true, ev.incarnation, ev.log_depth, ev.log_capacity, ev.next_seq,
-                     ev.unbound_stores, ev.subscribers, ev.stored_records, ev.removed_records};
-    }
+    s.families = registry_->Collect();  // counters already net of the registry's own reset
     return s;
   }
 
@@ -463,6 +451,7 @@ class ServiceStats final : public kvd::http::StatsSource {
   }
 
   void ResetMetrics() override {
+    registry_->ResetCounters();
     kvd::http::Snapshot now = CollectRaw();
     std::lock_guard<std::mutex> lock(baseline_mu_);
     baseline_ = std::move(now);
@@ -577,6 +566,7 @@ class ServiceStats final : public kvd::http::StatsSource {
 
   kvd::server::KvService* const svc_;
   const kvd::server::RequestMetrics* const metrics_;  // owned by RunServer
+  kvd::metrics::Registry* const registry_;            // owned by RunServer
   const kvd::server::ServerConfig cfg_;
   const std::atomic<int64_t>* const beat_ns_;
   const int64_t started_;
@@ -704,6 +694,8 @@ int RunServer(const CliConfig& cli) {
   std::signal(SIGTERM, OnSignal);
   kvd::SteadyClock clock;
   {
+    // Every owner registers its own metric families here; declared first, so it outlives them.
+    kvd::metrics::Registry registry;
     auto created = kvd::server::KvService::Create(cfg, &clock);
     if (!created.ok()) {
       spdlog::error("cannot start: {}", created.status().ToString());
@@ -711,7 +703,9 @@ int RunServer(const CliConfig& cli) {
     }
     std::unique_ptr<kvd::server::KvService> svc = std::move(created).value();
     const auto l1 = svc->l1_stats();
+    if (kvd::server::KvEventLog* events = svc->kv_events()) events->RegisterMetrics(registry);
     kvd::server::RequestMetrics metrics;
+    metrics.RegisterMetrics(registry);
     // The server uses the service until it is destroyed: it goes first (below).
     auto server = std::make_unique<kvd::server::ZmqServer>(cfg, svc.get(), &metrics);
     if (auto st = server->Bind(); !st.ok()) {
@@ -724,7 +718,7 @@ int RunServer(const CliConfig& cli) {
     }
 
     std::atomic<int64_t> beat_ns{clock.NowNanos()};
-    ServiceStats stats(svc.get(), &metrics, cfg, &beat_ns);
+    ServiceStats stats(svc.get(), &metrics, &registry, cfg, &beat_ns);
     kvd::http::HttpOptions ho;
     ho.host = http_flags.host;
     ho.port = http_flags.port;

@@ -177,6 +177,13 @@ footer a { color: var(--muted); }
         <tbody><tr><td colspan="6" class="empty">waiting for data…</td></tr></tbody>
       </table>
     </div>
+    <div class="card" id="families-card" style="display:none">
+      <div class="card-h"><h2>Registered metrics</h2><div class="legend">every family of the metrics registry, as /metrics has it</div></div>
+      <table id="families">
+        <thead><tr><th>Metric</th><th>Labels</th><th class="r">Value</th></tr></thead>
+        <tbody></tbody>
+      </table>
+    </div>
   </section>
   <footer>
     <a href="status">/status</a> · <a href="metrics">/metrics</a> · <a href="conf">/conf</a> ·
@@ -454,6 +461,13 @@ function renderStatus(s) {
     "<tr><td>" + esc(n) + "</td><td class=\"r num\">" + esc(fmtNum(o.requests)) + "</td><td class=\"r num\">" + esc(fmtNum(o.in_flight)) +
     "</td><td class=\"r num\">" + esc(fmtMs(o.mean_ms)) + "</td><td class=\"r num\">" + esc(fmtMs(o.p50_ms)) + "</td><td class=\"r num\">" +
     esc(fmtMs(o.p99_ms)) + "</td></tr>").join("") : '<tr><td colspan="6" class="empty">No requests yet</td></tr>';
+  const fams = Object.entries(s.metrics || {});
+  $("families-card").style.display = fams.length ? "" : "none";
+  $("families").tBodies[0].innerHTML = fams.flatMap(([n, f]) => f.series.map((x) => {
+    const labels = Object.entries(x.labels).map(([k, v]) => k + "=" + v).join(", ");
+    const v = f.type === "histogram" ? fmtNum(x.count) + " obs · mean " + (x.count ? trimZeros((x.sum / x.count).toPrecision(3)) : "–") : fmtNum(x.value);
+    return "<tr><td title=\"" + esc(f.help) + "\">" + esc(n) + "</td><td class=\"layout\">" + esc(labels) + "</td><td class=\"r num\">" + esc(v) + "</td></tr>";
+  })).join("");
 }
 
 async function getJson(url) {

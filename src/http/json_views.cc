@@ -2,6 +2,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cmath>
+
 #include "http/prometheus.h"
 
 namespace kvd::http {
@@ -46,6 +48,53 @@ json TiersJson(const TiersView& v) {
                                  {"in_flight_objects", t.inflight_load_objects}}},
                    {"evicted_objects", t.evicted_objects},
                    {"evicted_bytes", t.evicted_bytes}});
+  }
+  return out;
+}
+
+// lmcache's /status key "kv_events", read from the KV-event log's registered families
+// (absent when the log is off).
+json KvEventsJson(const std::vector<metrics::FamilySnapshot>& f) {
+  const bool enabled = metrics::FindFamily(f, "lmcache_mp_kv_events_log_depth") != nullptr;
+  auto v = [&](const char* name) { return static_cast<int64_t>(metrics::ValueOf(f, name)); };
+  return {{"enabled", enabled},
+          {"incarnation", v("kvd_kv_events_incarnation")},
+          {"log_depth", v("lmcache_mp_kv_events_log_depth")},
+          {"log_capacity", v("kvd_kv_events_log_capacity")},
+          {"next_seq", enabled ? v("kvd_kv_events_next_seq") : 1},
+          {"lost_markers", 0},
+          {"unbound_stores", v("kvd_kv_events_unbound_stores_total")},
+          {"subscribers", v("kvd_kv_events_subscribers")},
+          {"stored_records", v("kvd_kv_events_stored_records_total")},
+          {"removed_records", v("kvd_kv_events_removed_records_total")}};
+}
+
+// Every registered family: {name: {type, help, series: [{labels, value} | {labels, count,
+// sum, buckets}]}}. Integral values are written as integers.
+json FamiliesJson(const std::vector<metrics::FamilySnapshot>& families) {
+  json out = json::object();
+  for (const auto& f : families) {
+    json series = json::array();
+    for (const auto& x : f.series) {
+      json labels = json::object();
+      for (size_t i = 0; i < f.desc.label_names.size() && i < x.label_values.size(); ++i) {
+        labels[f.desc.label_names[i]] = x.label_values[i];
+      }
+      json one = {{"labels", std::move(labels)}};
+      if (f.desc.kind == metrics::Kind::kHistogram) {
+        one["count"] = x.count();
+        one["sum"] = x.sum;
+        one["buckets"] = x.buckets;
+      } else if (std::isfinite(x.value) && std::fabs(x.value) < 9.0e18 && x.value == std::trunc(x.value)) {
+        one["value"] = static_cast<int64_t>(x.value);
+      } else {
+        one["value"] = x.value;
+      }
+      series.push_back(std::move(one));
+    }
+    json fam = {{"type", metrics::KindName(f.desc.kind)}, {"help", f.desc.help}, {"series", std::move(series)}};
+    if (f.desc.kind == metrics::Kind::kHistogram) fam["bounds"] = f.desc.bounds;
+    out[f.desc.name] = std::move(fam);
   }
   return out;
 }
@@ -138,17 +187,8 @@ std::string StatusJson(const Snapshot& s, const Health& health, const std::strin
         {"requests", s.total_requests()},
         {"unknown_ops", s.unknown_ops}}},
       {"ops", std::move(ops)},
-      {"kv_events",
-       {{"enabled", s.kv_events.enabled},
-        {"incarnation", s.kv_events.incarnation},
-        {"log_depth", s.kv_events.log_depth},
-        {"log_capacity", s.kv_events.log_capacity},
-        {"next_seq", s.kv_events.next_seq},
-        {"lost_markers", 0},
-        {"unbound_stores", s.kv_events.unbound_stores},
-        {"subscribers", s.kv_events.subscribers},
-        {"stored_records", s.kv_events.stored_records},
-        {"removed_records", s.kv_events.removed_records}}},
+      {"kv_events", KvEventsJson(s.families)},
+      {"metrics", FamiliesJson(s.families)},
   };
   if (!health.healthy) j["unhealthy_reason"] = health.reason;
   if (!in_flight.empty()) j["in_flight"] = std::move(in_flight);

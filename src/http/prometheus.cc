@@ -78,6 +78,35 @@ std::string Bound(double b) {
   return buf;
 }
 
+// The metrics registry's families (common/metrics.h), whatever their owner registered.
+void RenderFamilies(Writer& w, const std::vector<metrics::FamilySnapshot>& families) {
+  for (const auto& f : families) {
+    const metrics::FamilyDesc& d = f.desc;
+    w.Header(d.name.c_str(), metrics::KindName(d.kind), d.help.c_str());
+    for (const auto& series : f.series) {
+      std::string labels;
+      for (size_t i = 0; i < d.label_names.size() && i < series.label_values.size(); ++i) {
+        labels += labels.empty() ? "" : ",";
+        labels += d.label_names[i] + "=\"" + Escape(series.label_values[i]) + "\"";
+      }
+      if (d.kind != metrics::Kind::kHistogram) {
+        w.Value(labels.empty() ? d.name : d.name + "{" + labels + "}", series.value);
+        continue;
+      }
+      const std::string sep = labels.empty() ? "" : ",";
+      uint64_t cum = 0;
+      for (size_t i = 0; i < series.buckets.size(); ++i) {
+        cum += series.buckets[i];
+        const std::string le = i < d.bounds.size() ? Bound(d.bounds[i]) : "+Inf";
+        w.Value(d.name + "_bucket{" + labels + sep + "le=\"" + le + "\"}", cum);
+      }
+      const std::string suffix = labels.empty() ? "" : "{" + labels + "}";
+      w.Value(d.name + "_sum" + suffix, series.sum);
+      w.Value(d.name + "_count" + suffix, cum);
+    }
+  }
+}
+
 // lmcache_mp_l2_* as lmcache 0.5.6 exports them (OpenTelemetry names with the unit appended),
 // then kvd_l2_* for what lmcache does not count (skips, errors by reason, bytes, health).
 void RenderTiers(Writer& w, const TiersView& v) {
@@ -355,11 +384,6 @@ std::string RenderPrometheus(const Snapshot& s, const std::string& version) {
                                     static_cast<double>(s.l1.capacity_bytes)
                               : 0.0);
 
-  if (s.kv_events.enabled) {
-    w.Gauge("lmcache_mp_kv_events_log_depth",
-            "Cache-event records retained for subscribers and reconnects.", s.kv_events.log_depth);
-  }
-
   // --- kvd series ---
   w.Header("kvd_build_info", "gauge", "kvd version (value is always 1).");
   w.Value("kvd_build_info{version=\"" + Escape(version) + "\",lmcache_protocol=\"0.5.6\"}",
@@ -404,21 +428,6 @@ std::string RenderPrometheus(const Snapshot& s, const std::string& version) {
             s.chunk_key_memo_misses);
   w.Gauge("kvd_chunk_key_memo_bytes", "Memory of the chunk-key memo (--chunk-key-memo-mb).",
           s.chunk_key_memo_bytes);
-  w.Gauge("kvd_zmtp_connections", "Client connections open on the request port.",
-          s.transport.connections);
-  w.Counter("kvd_zmtp_connections_accepted_total", "Client connections accepted.",
-            s.transport.accepted);
-  w.Counter("kvd_zmtp_connections_closed_total", "Client connections closed (by the client or kvd).",
-            s.transport.closed);
-  w.Counter("kvd_zmtp_protocol_errors_total",
-            "Connections kvd closed for breaking ZMTP or a size limit (frame, message, frames, command).",
-            s.transport.protocol_errors);
-  w.Counter("kvd_zmtp_handshake_timeouts_total",
-            "Connections kvd closed for not finishing the ZMTP handshake within 30 s.",
-            s.transport.handshake_timeouts);
-  w.Counter("kvd_zmtp_dropped_replies_total",
-            "Replies not sent: the client was gone, or did not read its replies (unsent queue full).",
-            s.transport.dropped_replies);
   w.Header("kvd_metric_label_sets", "gauge",
            "Label sets a labelled metric family keeps (at most --metrics-max-label-sets; the "
            "__other__ set not included).");
@@ -496,6 +505,7 @@ std::string RenderPrometheus(const Snapshot& s, const std::string& version) {
            "client waited that long; wall clock), and its operation.");
   w.Value("kvd_request_loop_longest_inline_seconds{op=\"" + Escape(s.loop.longest_inline_op) + "\"}",
           s.loop.longest_inline_seconds);
+  RenderFamilies(w, s.families);
   return w.Take();
 }
 

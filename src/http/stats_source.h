@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/metrics.h"
 #include "common/status.h"
 
 namespace kvd::http {
@@ -168,29 +169,6 @@ struct LoopView {
   std::string longest_inline_op;
 };
 
-// The request socket's connections.
-struct TransportView {
-  uint64_t connections = 0;
-  uint64_t accepted = 0;
-  uint64_t closed = 0;
-  uint64_t protocol_errors = 0;
-  uint64_t dropped_replies = 0;
-  uint64_t handshake_timeouts = 0;
-};
-
-// The KV-event log (lmcache's status key "kv_events").
-struct KvEventsView {
-  bool enabled = false;
-  int64_t incarnation = 0;
-  uint64_t log_depth = 0;
-  uint64_t log_capacity = 0;
-  int64_t next_seq = 1;
-  uint64_t unbound_stores = 0;
-  uint64_t subscribers = 0;
-  uint64_t stored_records = 0;
-  uint64_t removed_records = 0;
-};
-
 struct Snapshot {
   double uptime_seconds = 0;
   int64_t chunk_size = 0;
@@ -212,9 +190,10 @@ struct Snapshot {
   std::vector<OpView> ops;             // ops that have seen requests
   uint64_t unknown_ops = 0;
   LoopView loop;
-  TransportView transport;
   TiersView tiers;
-  KvEventsView kv_events;
+  // Every family of the metrics registry (common/metrics.h), counters net of the last
+  // /metrics/reset: rendered generically by /metrics, /status and the dashboard.
+  std::vector<metrics::FamilySnapshot> families;
 
   uint64_t total_requests() const {
     uint64_t n = 0;

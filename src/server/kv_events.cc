@@ -233,6 +233,40 @@ KvEventLog::Stats KvEventLog::stats() const {
   return s;
 }
 
+void KvEventLog::RegisterMetrics(metrics::Registry& registry) {
+  using metrics::Kind;
+  struct Family {
+    const char* name;
+    Kind kind;
+    const char* help;
+    double (*read)(const Stats&);
+  };
+  static constexpr Family kFamilies[] = {
+      {"lmcache_mp_kv_events_log_depth", Kind::kGauge,
+       "Cache-event records retained for subscribers and reconnects.",
+       [](const Stats& s) { return static_cast<double>(s.log_depth); }},
+      {"kvd_kv_events_log_capacity", Kind::kGauge, "Cache-event records the log keeps at most (--kv-event-log-size).",
+       [](const Stats& s) { return static_cast<double>(s.log_capacity); }},
+      {"kvd_kv_events_incarnation", Kind::kGauge, "This log's incarnation (subscribers resume within one).",
+       [](const Stats& s) { return static_cast<double>(s.incarnation); }},
+      {"kvd_kv_events_next_seq", Kind::kGauge, "Sequence number of the next cache-event record.",
+       [](const Stats& s) { return static_cast<double>(s.next_seq); }},
+      {"kvd_kv_events_subscribers", Kind::kGauge, "Cache-event streams open now.",
+       [](const Stats& s) { return static_cast<double>(s.subscribers); }},
+      {"kvd_kv_events_unbound_stores_total", Kind::kCounter,
+       "Chunks completed in L1 without the tokens of their store (their stored record carries none).",
+       [](const Stats& s) { return static_cast<double>(s.unbound_stores); }},
+      {"kvd_kv_events_stored_records_total", Kind::kCounter, "Stored records appended to the log.",
+       [](const Stats& s) { return static_cast<double>(s.stored_records); }},
+      {"kvd_kv_events_removed_records_total", Kind::kCounter, "Removed records appended to the log.",
+       [](const Stats& s) { return static_cast<double>(s.removed_records); }},
+  };
+  for (const Family& f : kFamilies) {
+    metric_handles_.push_back(registry.AddCollected(
+        {f.name, f.help, f.kind, {}, {}}, [this, read = f.read](metrics::SeriesSink& sink) { sink.Add(read(stats())); }));
+  }
+}
+
 void KvEventLog::set_subscribers(size_t n) {
   std::lock_guard<std::mutex> lock(mu_);
   subscribers_ = n;

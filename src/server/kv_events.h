@@ -42,6 +42,7 @@
 #include <vector>
 
 #include "common/clock.h"
+#include "common/metrics.h"
 #include "l1/l1_listener.h"
 #include "l1/namespaces.h"
 #include "wire/messages.h"
@@ -104,6 +105,10 @@ class KvEventLog final : public l1::L1Listener {
     size_t held = 0;  // stored records waiting for their parent's (see ORDER)
   };
   Stats stats() const;
+  // Registers the log's families (lmcache_mp_kv_events_log_depth, kvd_kv_events_*) with
+  // `registry`, which must outlive this log; they are removed when the log is destroyed.
+  // Call once.
+  void RegisterMetrics(metrics::Registry& registry);
   // Streams open now (KvEventStreams reports it; shown by stats()).
   void set_subscribers(size_t n);
 
@@ -160,6 +165,7 @@ class KvEventLog final : public l1::L1Listener {
   mutable std::mutex wake_mu_;
   std::function<void()> wake_;                                    // guarded by wake_mu_
   size_t subscribers_ = 0;                                        // guarded by mu_
+  std::vector<metrics::CollectorHandle> metric_handles_;  // last: unregistered first
 };
 
 }  // namespace kvd::server

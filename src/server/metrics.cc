@@ -157,4 +157,37 @@ std::vector<RequestMetrics::OpSnapshot> RequestMetrics::Snapshot() const {
   return out;
 }
 
+void RequestMetrics::RegisterMetrics(metrics::Registry& registry) {
+  using metrics::Kind;
+  struct Family {
+    const char* name;
+    Kind kind;
+    const char* help;
+    const std::atomic<uint64_t> RequestMetrics::*value;
+  };
+  static constexpr Family kFamilies[] = {
+      {"kvd_zmtp_connections", Kind::kGauge, "Client connections open on the request port.",
+       &RequestMetrics::transport_connections_},
+      {"kvd_zmtp_connections_accepted_total", Kind::kCounter, "Client connections accepted.",
+       &RequestMetrics::transport_accepted_},
+      {"kvd_zmtp_connections_closed_total", Kind::kCounter, "Client connections closed (by the client or kvd).",
+       &RequestMetrics::transport_closed_},
+      {"kvd_zmtp_protocol_errors_total", Kind::kCounter,
+       "Connections kvd closed for breaking ZMTP or a size limit (frame, message, frames, command).",
+       &RequestMetrics::transport_protocol_errors_},
+      {"kvd_zmtp_handshake_timeouts_total", Kind::kCounter,
+       "Connections kvd closed for not finishing the ZMTP handshake within 30 s.",
+       &RequestMetrics::transport_handshake_timeouts_},
+      {"kvd_zmtp_dropped_replies_total", Kind::kCounter,
+       "Replies not sent: the client was gone, or did not read its replies (unsent queue full).",
+       &RequestMetrics::transport_dropped_},
+  };
+  for (const Family& f : kFamilies) {
+    const std::atomic<uint64_t>* v = &(this->*f.value);
+    metric_handles_.push_back(registry.AddCollected(
+        {f.name, f.help, f.kind, {}, {}},
+        [v](metrics::SeriesSink& sink) { sink.Add(static_cast<double>(v->load(std::memory_order_relaxed))); }));
+  }
+}
+
 }  // namespace kvd::server

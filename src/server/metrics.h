@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "common/metrics.h"
 #include "server/request_phases.h"
 #include "wire/ops.h"
 
@@ -90,6 +91,10 @@ class RequestMetrics {
   void SetTransport(const TransportSnapshot& t);
   TransportSnapshot Transport() const;
 
+  // Registers the connection families (kvd_zmtp_*) with `registry`, which must outlive this
+  // object; they are removed when it is destroyed. Call once.
+  void RegisterMetrics(metrics::Registry& registry);
+
  private:
   struct Histogram {
     std::atomic<uint64_t> count{0};
@@ -116,6 +121,7 @@ class RequestMetrics {
   std::atomic<int> inline_longest_op_{-1};  // op of inline_longest_ns_
   std::atomic<uint64_t> transport_connections_{0}, transport_accepted_{0}, transport_closed_{0},
       transport_protocol_errors_{0}, transport_dropped_{0}, transport_handshake_timeouts_{0};
+  std::vector<metrics::CollectorHandle> metric_handles_;  // last: unregistered first
 };
 
 }  // namespace kvd::server

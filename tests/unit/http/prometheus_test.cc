@@ -178,6 +178,31 @@ TEST(Prometheus, EmptySnapshotRendersZerosWithoutDividingByZero) {
   EXPECT_EQ(text.find("NaN"), std::string::npos);
 }
 
+TEST(Prometheus, RegistryFamiliesAreRenderedGenerically) {
+  metrics::Registry r;
+  r.AddCounter("kvd_example_total", "Examples.").Add(4);
+  metrics::Histogram& h = r.AddHistogram("kvd_example_seconds", "Example waits.", {0.5, 2});
+  h.Observe(0.25);
+  h.Observe(1);
+  h.Observe(3);
+  metrics::CollectorHandle labelled = r.AddCollected(
+      {"kvd_example_models", "Per model.", metrics::Kind::kGauge, {"model_name"}, {}},
+      [](metrics::SeriesSink& s) { s.Add({"org/\"m\""}, 2); });
+  Snapshot snap;
+  snap.families = r.Collect();
+  const std::string text = RenderPrometheus(snap, "v");
+  auto m = Parse(text);
+  EXPECT_EQ(m["kvd_example_total"], "4");
+  EXPECT_NE(text.find("# TYPE kvd_example_total counter"), std::string::npos);
+  EXPECT_NE(text.find("# HELP kvd_example_seconds Example waits."), std::string::npos);
+  EXPECT_EQ(m["kvd_example_seconds_bucket{le=\"0.5\"}"], "1");
+  EXPECT_EQ(m["kvd_example_seconds_bucket{le=\"2\"}"], "2");
+  EXPECT_EQ(m["kvd_example_seconds_bucket{le=\"+Inf\"}"], "3");
+  EXPECT_EQ(m["kvd_example_seconds_count"], "3");
+  EXPECT_EQ(m["kvd_example_seconds_sum"], "4.25");
+  EXPECT_EQ(m["kvd_example_models{model_name=\"org/\\\"m\\\"\"}"], "2");
+}
+
 TEST(HistogramQuantile, InterpolatesInsideTheBucket) {
   std::vector<double> bounds = {1, 2, 4};
   EXPECT_EQ(HistogramQuantile(bounds, {0, 0, 0, 0}, 0.5), 0);
