@@ -1,4 +1,5 @@
 #include "http/lmcache_api.h"
+#include "http/json_body.h"
 
 #include <dirent.h>
 #include <spdlog/spdlog.h>
@@ -41,7 +42,7 @@ struct Invalid {
   std::vector<json> errors;
   void Add(const char* type, json loc, std::string msg, json input) {
     errors.push_back({{"type", type}, {"loc", std::move(loc)}, {"msg", std::move(msg)},
-                      {"input", std::move(input)}});
+                      {"input", BoundedEcho(input)}});
   }
   bool any() const { return !errors.empty(); }
   Reply reply() const { return JsonReply(422, {{"detail", errors}}); }
@@ -147,9 +148,10 @@ std::optional<json> ParseBody(std::string_view body, bool optional, Invalid& bad
     bad.Add("missing", {"body"}, "Field required", nullptr);
     return std::nullopt;
   }
-  json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
+  std::string why;
+  json j = ParseJsonBody<json>(body, &why);
   if (j.is_discarded()) {
-    bad.Add("json_invalid", {"body", 0}, "JSON decode error", std::string(body.substr(0, 200)));
+    bad.Add("json_invalid", {"body", 0}, "JSON decode error: " + why, std::string(body.substr(0, 200)));
     return std::nullopt;
   }
   if (optional && j.is_null()) return json::object();

@@ -1,4 +1,5 @@
 #include "http/quota_routes.h"
+#include "http/json_body.h"
 
 #include <cmath>
 #include <string>
@@ -32,8 +33,9 @@ void AddQuotaRoutes(Router& router, StatsSource* source) {
   router.Put("/quota/{cache_salt}", [source](const httplib::Request& req, httplib::Response& res,
                                              const std::string& text) {
     const std::string salt = FromPath(req.matches[1]);
-    const nlohmann::json body = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-    if (body.is_discarded()) return SendError(res, 400, "invalid JSON body");
+    std::string why;
+    const nlohmann::json body = ParseJsonBody(text, &why);
+    if (body.is_discarded()) return SendError(res, 400, why + " in the body");
     if (!body.is_object() || !body.contains("limit_gb")) {
       return SendError(res, 400, "body must be {\"limit_gb\": <number>}");
     }
