@@ -128,14 +128,6 @@ bool WriteReservation::MarkCopyInFlight() {
   return cache_ != nullptr && cache_->MarkCopyInFlight(ref_, slot_, token_);
 }
 
-size_t CommitInReverse(std::span<WriteReservation> reservations) {
-  size_t committed = 0;
-  for (size_t i = reservations.size(); i-- > 0;) {
-    if (reservations[i].valid() && reservations[i].Commit()) ++committed;
-  }
-  return committed;
-}
-
 ReadPin::ReadPin(ReadPin&& other) noexcept
     : cache_(std::exchange(other.cache_, nullptr)),
       ref_(other.ref_),

@@ -194,8 +194,24 @@ class WriteReservation {
 };
 
 // Commits a request's reservations last to first, so that its later chunks are the older ones
-// (lmcache's order). Returns how many committed; every handle is empty afterwards.
-size_t CommitInReverse(std::span<WriteReservation> reservations);
+// (lmcache's order); a lookup, which hits a prefix, gains none of the request's new chunks
+// before the earliest of them commits. Returns how many committed; every handle is empty
+// afterwards. `on_each(i, committed)` hears each non-empty reservation i, in commit order,
+// right after its Commit (committed false: it had lost its slot).
+template <typename OnEach>
+size_t CommitInReverse(std::span<WriteReservation> reservations, OnEach&& on_each) {
+  size_t committed = 0;
+  for (size_t i = reservations.size(); i-- > 0;) {
+    if (!reservations[i].valid()) continue;
+    const bool ok = reservations[i].Commit();
+    if (ok) ++committed;
+    on_each(i, ok);
+  }
+  return committed;
+}
+inline size_t CommitInReverse(std::span<WriteReservation> reservations) {
+  return CommitInReverse(reservations, [](size_t, bool) {});
+}
 
 // Keeps one resident object readable: its entry cannot be evicted and its memory cannot be
 // freed (not even by Clear) until the pin is destroyed. Move-only; never expires.

@@ -5,22 +5,11 @@
 #include <algorithm>
 
 #include "layout/layout.h"
-#include "server/chunk_keys.h"
 #include "server/request_phases.h"
 #include "server/tiers.h"
 
 namespace kvd::server {
 namespace {
-
-// A worker names its own model and world size in every key (issue 11, finding 6): objects
-// of one model must never be written or read through another model's instance.
-Status KeyMatchesInstance(const char* op, const wire::CacheKey& key, const Instance& inst) {
-  if (key.model_name == inst.model_name && key.world_size == inst.world_size) return Status::Ok();
-  return Status::InvalidArgument(std::string(op) + ": key names model '" + key.model_name +
-                                 "' world_size " + std::to_string(key.world_size) +
-                                 ", the instance registered '" + inst.model_name + "' " +
-                                 std::to_string(inst.world_size));
-}
 
 std::string PendingId(const wire::CacheKey& key) {
   return key.request_id + "#" + std::to_string(key.start) + ":" + std::to_string(key.end);
@@ -46,9 +35,9 @@ EngineDrivenTransfers::EngineDrivenTransfers(const ServerConfig& config, const C
     : config_(config),
       clock_(clock),
       l1_(l1),
-      sessions_(sessions),
       registry_(registry),
-      counters_(counters) {}
+      counters_(counters),
+      io_(config.chunk_size, l1, sessions) {}
 
 EngineDrivenTransfers::~EngineDrivenTransfers() {
   std::lock_guard<std::mutex> lock(mu_);
@@ -65,14 +54,12 @@ Result<std::pair<std::string, uint64_t>> EngineDrivenTransfers::Register(
   int64_t itemsize = layout::DtypeSize(req.dtype_str);
   int64_t slots = req.num_physical_slots.value_or(config_.chunk_size);
   if (itemsize == 0) return Status::InvalidArgument("dtype_str '" + req.dtype_str + "' unknown");
-  if (req.world_size < 1 || req.world_size > 4096 || req.num_layers < 1 ||
+  if (req.world_size < 1 || req.world_size > kMaxWorldSize || req.num_layers < 1 ||
       req.num_layers > 100000 || req.hidden_dim_size < 1 || req.hidden_dim_size > (1 << 24) ||
       slots < 1 || slots > (1 << 24) || req.block_size < 1) {
     return Status::InvalidArgument("engine-driven registration has out-of-range sizes");
   }
-  if (req.model_name.empty() || req.model_name.find('@') != std::string::npos) {
-    return Status::InvalidArgument("model_name must be non-empty and must not contain '@'");
-  }
+  if (Status st = CheckInstanceIdentity(req.model_name, req.world_size); !st.ok()) return st;
   if (config_.chunk_size % req.block_size != 0) {
     return Status::InvalidArgument("chunk size " + std::to_string(config_.chunk_size) +
                                    " is not a multiple of block size " +
@@ -128,36 +115,32 @@ EngineDrivenTransfers::PrepareStore(const wire::EngineDrivenRequest& req) {
     counters_->store_failures++;
     return st;
   }
-  auto chunks = RequestChunkKeys(*sessions_, l1_->namespaces(), config_.chunk_size, req.key,
-                                 /*create_namespace=*/true, inst->key_namespace,
-                                 SessionUse::kIfExists);
+  auto chunks = io_.KeysToWrite(req.key, *inst);  // tokens bound before CommitStore
   if (!chunks.ok()) {
     counters_->store_failures++;
     return chunks.status();
   }
-  BindStoredChunks(kv_events_, req.key, *chunks, config_.chunk_size);  // before CommitStore
-  const std::vector<l1::ChunkKey>* keys = &chunks->keys;
   PendingStore pending;
   pending.started_ns = clock_->NowNanos();
-  pending.slot = static_cast<uint32_t>(*req.key.worker_id);
   pending.cache_salt = req.key.cache_salt;
+  ScopedPhase index_phase(Phase::kIndex);
+  auto reserved = io_.Reserve(chunks->keys, *inst, static_cast<uint32_t>(*req.key.worker_id),
+                              /*copy_in_flight=*/false);
+  if (!reserved.ok()) {
+    counters_->store_failures++;
+    return reserved.status();
+  }
+  pending.writes = std::move(reserved).value();
   std::vector<wire::ShmSlot> slots;
   std::vector<int64_t> indices;
-  ScopedPhase index_phase(Phase::kIndex);
-  for (size_t i = 0; i < keys->size(); ++i) {
-    auto r = l1_->ReserveWrite((*keys)[i], static_cast<uint32_t>(inst->world_size),
-                               static_cast<uint32_t>(*req.key.worker_id), inst->object_bytes);
-    if (r.ok()) {
-      slots.push_back({r->offset(), r->size(), inst->object_shape, inst->dtype});
-      indices.push_back(static_cast<int64_t>(i));
-      pending.reservations.push_back(std::move(r).value());
-      pending.keys.push_back((*keys)[i]);
-    } else if (r.status().code() != StatusCode::kAlreadyExists) {
-      counters_->store_failures++;
-      return r.status();
-    }
+  slots.reserve(pending.writes.size());
+  indices.reserve(pending.writes.size());
+  for (size_t j = 0; j < pending.writes.size(); ++j) {
+    const l1::WriteReservation& r = pending.writes.reservation(j);
+    slots.push_back({r.offset(), r.size(), inst->object_shape, inst->dtype});
+    indices.push_back(pending.writes.chunk(j));
   }
-  if (!pending.reservations.empty()) {
+  if (!pending.writes.empty()) {
     std::lock_guard<std::mutex> lock(mu_);
     pending_stores_[{req.instance_id, PendingId(req.key)}] = std::move(pending);
   }
@@ -182,26 +165,16 @@ Status EngineDrivenTransfers::CommitStore(const wire::EngineDrivenRequest& req) 
     return Status::InvalidArgument("commit_store: pickled tensor data is not supported; "
                                    "write into the shared-memory slots instead");
   }
-  uint64_t bytes = 0;
-  std::vector<l1::ChunkKey> committed;
-  // Last chunk first: the request's later chunks become the older ones (lmcache's order).
-  for (size_t j = pending.reservations.size(); j-- > 0;) {
-    auto& r = pending.reservations[j];
-    bytes += r.size();
-    if (r.Commit()) {
-      committed.push_back(pending.keys[j]);
-    } else {
-      spdlog::debug("commit_store: a reservation expired before commit");
-    }
-  }
-  if (tiers_ && !committed.empty()) {
+  const uint64_t bytes = pending.writes.bytes();
+  const std::vector<l1::ChunkKey> committed =
+      pending.writes.CommitLastFirst("commit_store: a reservation expired before commit");
+  // Written behind in the format the instance is registered with now.
+  if (io_.tiers() && !committed.empty()) {
     if (auto inst = registry_->Peek(req.instance_id)) {
-      tiers_->StoreBehind(CommittedObjects(committed, inst->model_name, inst->world_size,
-                                           pending.cache_salt, pending.slot, inst->tier_format),
-                          inst->tier_format);
+      StoreBehind(io_.tiers(), committed, *inst, pending.cache_salt, pending.writes.slot());
     }
   }
-  counters_->stored_chunks += pending.reservations.size();
+  counters_->stored_chunks += pending.writes.size();
   counters_->stored_bytes += bytes;
   return Status::Ok();
 }
@@ -219,9 +192,7 @@ Result<std::vector<wire::ShmSlot>> EngineDrivenTransfers::PrepareRetrieve(
     counters_->retrieve_failures++;
     return st;
   }
-  auto chunks = RequestChunkKeys(*sessions_, l1_->namespaces(), config_.chunk_size, req.key,
-                                 /*create_namespace=*/false, inst->key_namespace,
-                                 SessionUse::kIfExists);
+  auto chunks = io_.KeysToRead(req.key, *inst);
   if (!chunks.ok()) {
     counters_->retrieve_failures++;
     return chunks.status();
@@ -233,19 +204,19 @@ Result<std::vector<wire::ShmSlot>> EngineDrivenTransfers::PrepareRetrieve(
   pending.request_id = req.key.request_id;
   pending.first_chunk = chunks->first_chunk;
   pending.count = count;
-  if (tiers_) pending.keys = chunks->keys;
-  std::vector<wire::ShmSlot> slots;
   ScopedPhase index_phase(Phase::kIndex);
-  for (size_t i = 0; i < count; ++i) {
-    auto pin = chunks->namespace_known ? l1_->PinForRead(chunks->keys[i], pending.slot)
-                                       : Result<l1::ReadPin>(Status::NotFound("unknown namespace"));
-    if (!pin.ok() || pin->size() != inst->object_bytes) {
-      l1_->ReleaseLocks(pending.request_id, pending.first_chunk, count, pending.slot);
-      counters_->retrieve_failures++;
-      return Status::NotFound("prepare_retrieve: chunk " + std::to_string(i) + " is not in L1");
-    }
-    slots.push_back({pin->offset(), pin->size(), inst->object_shape, inst->dtype});
-    pending.pins.push_back(std::move(pin).value());
+  // On a failure the locks go first, then the miss's pin, then those taken before it.
+  PinMiss miss;
+  if (!io_.Pin(*chunks, count, pending.slot, inst->object_bytes, &pending.pins, &miss)) {
+    l1_->ReleaseLocks(pending.request_id, pending.first_chunk, count, pending.slot);
+    counters_->retrieve_failures++;
+    return Status::NotFound("prepare_retrieve: chunk " + std::to_string(miss.chunk) +
+                            " is not in L1");
+  }
+  std::vector<wire::ShmSlot> slots;
+  slots.reserve(pending.pins.size());
+  for (const l1::ReadPin& pin : pending.pins) {
+    slots.push_back({pin.offset(), pin.size(), inst->object_shape, inst->dtype});
   }
   std::lock_guard<std::mutex> lock(mu_);
   pending_retrieves_[{req.instance_id, PendingId(req.key)}] = std::move(pending);
@@ -267,8 +238,7 @@ Status EngineDrivenTransfers::CommitRetrieve(const wire::EngineDrivenRequest& re
   l1_->ReleaseLocks(pending.request_id, pending.first_chunk, pending.count, pending.slot);
   counters_->retrieved_chunks += pending.count;
   for (const auto& p : pending.pins) counters_->retrieved_bytes += p.size();
-  pending.pins.clear();
-  if (tiers_) tiers_->AfterRetrieve(pending.keys);
+  pending.pins.ReleaseFirstToLast();  // and tells the tiers
   return Status::Ok();
 }
 

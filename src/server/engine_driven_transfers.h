@@ -3,7 +3,8 @@
 // PREPARE_RETRIEVE and makes them visible or lets them go on COMMIT_STORE /
 // COMMIT_RETRIEVE. Between the two, a store holds write reservations and a retrieve holds
 // read pins; both are dropped after the write / read TTL if the worker never commits, and at
-// once when the worker is unregistered or reaped.
+// once when the worker is unregistered or reaped. What these do to L1 is ChunkIo's
+// (chunk_io.h), shared with the lmcache-driven mode.
 //
 // Thread-safe. The pending map's mutex is held only to insert, find or erase operations;
 // L1 calls and handle destruction that need no ordering run outside it.
@@ -20,6 +21,7 @@
 #include "common/status.h"
 #include "l1/l1_cache.h"
 #include "l2/tier_set.h"
+#include "server/chunk_io.h"
 #include "server/config.h"
 #include "server/instance_registry.h"
 #include "server/kv_events.h"
@@ -47,9 +49,9 @@ class EngineDrivenTransfers {
   Result<std::vector<wire::ShmSlot>> PrepareRetrieve(const wire::EngineDrivenRequest& req);
   Status CommitRetrieve(const wire::EngineDrivenRequest& req);
   // The tiers committed objects are written behind to (null: none). Set once, before use.
-  void set_tiers(l2::TierSet* tiers) { tiers_ = tiers; }
+  void set_tiers(l2::TierSet* tiers) { io_.set_tiers(tiers); }
   // The KV-event log stores bind their chunks' tokens in (BindStoredChunks); null: none.
-  void set_kv_events(KvEventLog* events) { kv_events_ = events; }
+  void set_kv_events(KvEventLog* events) { io_.set_kv_events(events); }
 
   // Drops every half-done operation of the instance (unregistered or reaped).
   void DropInstance(int64_t instance_id);
@@ -61,30 +63,25 @@ class EngineDrivenTransfers {
  private:
   // Operations between PREPARE and COMMIT, keyed by (instance, request#start:end).
   struct PendingStore {
-    std::vector<l1::WriteReservation> reservations;
-    std::vector<l1::ChunkKey> keys;   // parallel to reservations
+    ChunkWrites writes;  // the worker's slot is writes.slot()
     std::string cache_salt;
-    uint32_t slot = 0;
     int64_t started_ns = 0;
   };
   struct PendingRetrieve {
-    std::vector<l1::ReadPin> pins;
+    ChunkPins pins;
     std::string request_id;  // owner of the lookup locks this retrieve releases
     uint64_t first_chunk = 0, count = 0;
     uint32_t slot = 0;
     int64_t started_ns = 0;
-    std::vector<l1::ChunkKey> keys;  // with tiers only: prefetched chunks may leave L1 after
   };
   using PendingKey = std::pair<int64_t, std::string>;
 
   const ServerConfig& config_;
   const Clock* const clock_;
   l1::L1Cache* const l1_;
-  SessionTable* const sessions_;
   InstanceRegistry* const registry_;
   ServiceCounters* const counters_;
-  l2::TierSet* tiers_ = nullptr;
-  KvEventLog* kv_events_ = nullptr;
+  ChunkIo io_;  // keys, reservations, commits and pins in L1; the tiers and KV-event log
 
   mutable std::mutex mu_;
   std::map<PendingKey, PendingStore> pending_stores_;        // guarded by mu_

@@ -4,6 +4,17 @@
 
 namespace kvd::server {
 
+Status CheckInstanceIdentity(const std::string& model_name, int64_t world_size) {
+  if (world_size < 1 || world_size > kMaxWorldSize) {
+    return Status::InvalidArgument("world_size " + std::to_string(world_size) +
+                                   " out of range [1, " + std::to_string(kMaxWorldSize) + "]");
+  }
+  if (model_name.empty() || model_name.find('@') != std::string::npos) {
+    return Status::InvalidArgument("model_name must be non-empty and must not contain '@'");
+  }
+  return Status::Ok();
+}
+
 std::shared_ptr<const Instance> InstanceRegistry::Find(int64_t id) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = entries_.find(id);

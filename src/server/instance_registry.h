@@ -64,6 +64,14 @@ struct Instance {
   ThroughputValues* throughput = nullptr;
 };
 
+// The largest world size a registration may name (objects have one L1 slot per rank).
+inline constexpr int64_t kMaxWorldSize = 4096;
+
+// The checks every registration (either transfer mode) makes of the identity it names: a
+// world size in [1, kMaxWorldSize] and a model name that is non-empty and has no '@' (the
+// separator KeyModelName puts before a key namespace). InvalidArgument saying which.
+Status CheckInstanceIdentity(const std::string& model_name, int64_t world_size);
+
 class InstanceRegistry {
  public:
   explicit InstanceRegistry(const Clock* clock) : clock_(clock) {}

@@ -12,7 +12,6 @@
 #include <thread>
 #include <type_traits>
 
-#include "server/chunk_keys.h"
 #include "server/request_phases.h"
 #include "server/tiers.h"
 #include "transfer/copy_engine.h"
@@ -109,9 +108,9 @@ LmcacheTransfers::LmcacheTransfers(const ServerConfig& config, const Clock* cloc
     : config_(config),
       clock_(clock),
       l1_(l1),
-      sessions_(sessions),
       registry_(registry),
       counters_(counters),
+      io_(config.chunk_size, l1, sessions),
       copy_threads_(config.copy_threads > 0
                         ? config.copy_threads
                         : std::clamp(static_cast<int>(std::thread::hardware_concurrency()), 1, 8)),
@@ -231,13 +230,7 @@ Status LmcacheTransfers::Register(const wire::RegisterKvCacheRequest& req) {
     return Status::FailedPrecondition(
         "lmcache-driven transfers are off (--supported-transfer-mode engine_driven)");
   }
-  if (req.world_size < 1 || req.world_size > 4096) {
-    return Status::InvalidArgument("world_size " + std::to_string(req.world_size) +
-                                   " out of range [1, 4096]");
-  }
-  if (req.model_name.empty() || req.model_name.find('@') != std::string::npos) {
-    return Status::InvalidArgument("model_name must be non-empty and must not contain '@'");
-  }
+  if (Status st = CheckInstanceIdentity(req.model_name, req.world_size); !st.ok()) return st;
   const std::string registration = RegistrationFingerprint(req);
   if (auto old = registry_->Peek(req.instance_id); old && !old->engine_driven &&
                                                    old->registration == registration &&
@@ -312,7 +305,7 @@ Status LmcacheTransfers::Register(const wire::RegisterKvCacheRequest& req) {
   inst->transfer_counts = &counters_->transfers.Get({inst->device});
   inst->throughput = &counters_->throughput.Get(
       {inst->device, std::to_string(req.instance_id), req.model_name});
-  if (tiers_ && !inst->tier_format.layout_tag.empty()) {
+  if (io_.tiers() && !inst->tier_format.layout_tag.empty()) {
     spdlog::info("instance {}: tier objects of this layout are kvd-private (layout tag {}): "
                  "lmcache servers sharing the tiers will not read them (docs/tiers.md)",
                  req.instance_id, inst->tier_format.layout_tag);
@@ -348,75 +341,46 @@ Status LmcacheTransfers::Store(const wire::TransferRequest& req, std::string* ev
     return fail(Status::NotFound("store: instance " + std::to_string(req.instance_id) +
                                  " has no registered KV cache"));
   }
-  if (req.key.model_name != inst->model_name || req.key.world_size != inst->world_size) {
-    return fail(Status::InvalidArgument("store: key names model '" + req.key.model_name +
-                                        "' world_size " + std::to_string(req.key.world_size) +
-                                        ", the instance registered '" + inst->model_name + "' " +
-                                        std::to_string(inst->world_size)));
-  }
+  if (Status st = KeyMatchesInstance("store", req.key, *inst); !st.ok()) return fail(st);
   submitted = inst->transfer_counts;
   if (submitted) submitted->submitted_stores.fetch_add(1, std::memory_order_relaxed);
-  auto chunks = RequestChunkKeys(*sessions_, l1_->namespaces(), config_.chunk_size, req.key,
-                                 /*create_namespace=*/true, inst->key_namespace,
-                                 SessionUse::kIfExists);
+  auto chunks = io_.KeysToWrite(req.key, *inst);
   if (!chunks.ok()) return fail(chunks.status());
-  BindStoredChunks(kv_events_, req.key, *chunks, config_.chunk_size);  // before any commit
-  const std::vector<l1::ChunkKey>* keys = &chunks->keys;
-  const int64_t n = static_cast<int64_t>(keys->size());
+  const int64_t n = static_cast<int64_t>(chunks->keys.size());
   if (Status st = transfer::ValidateBlockIds(inst->layout, req.block_ids, n); !st.ok()) {
     return fail(st);
   }
   const uint32_t slot = static_cast<uint32_t>(*req.key.worker_id);
-  const uint32_t num_slots = static_cast<uint32_t>(inst->world_size);
+  std::optional<ScopedPhase> index_phase(std::in_place, Phase::kIndex);
+  // A chunk whose blocks are all the engine's null block holds no KV (e.g. align-mode Mamba
+  // chunks before the last state): storing it would serve garbage to a later hit.
+  auto reserved = io_.Reserve(chunks->keys, *inst, slot, /*copy_in_flight=*/true,
+                              [&](size_t i) {
+                                return ChunkIsAllNull(inst->layout, req.block_ids,
+                                                      static_cast<int64_t>(i));
+                              });
+  if (!reserved.ok()) return fail(reserved.status());
   // The reservations belong to the copy's completion, which commits them once every byte
   // landed (or aborts them by dropping them).
-  auto held = std::make_shared<std::vector<l1::WriteReservation>>();
-  auto held_keys = std::make_shared<std::vector<l1::ChunkKey>>();
+  auto held = std::make_shared<ChunkWrites>(std::move(reserved).value());
   std::vector<transfer::ChunkTask> tasks;
-  uint64_t bytes = 0;
-  std::optional<ScopedPhase> index_phase(std::in_place, Phase::kIndex);
-  for (int64_t i = 0; i < n; ++i) {
-    // A chunk whose blocks are all the engine's null block holds no KV (e.g. align-mode
-    // Mamba chunks before the last state): storing it would serve garbage to a later hit.
-    if (ChunkIsAllNull(inst->layout, req.block_ids, i)) continue;
-    auto r = l1_->ReserveWrite((*keys)[i], num_slots, slot, inst->object_bytes);
-    if (r.ok()) {
-      // From here until the completion commits or aborts it, the memory is the copy's.
-      if (!r->MarkCopyInFlight()) {
-        return fail(Status::Unavailable("store: chunk " + std::to_string(i) +
-                                        " lost its reservation before the copy started"));
-      }
-      tasks.push_back({i, r->data(), 0});
-      bytes += r->size();
-      held->push_back(std::move(r).value());
-      held_keys->push_back((*keys)[i]);
-    } else if (r.status().code() != StatusCode::kAlreadyExists) {
-      return fail(r.status());  // reservations made so far are aborted with `held`
-    }
+  tasks.reserve(held->size());
+  for (size_t j = 0; j < held->size(); ++j) {
+    tasks.push_back({held->chunk(j), held->reservation(j).data(), 0});
   }
+  const uint64_t bytes = held->bytes();
   const size_t stored = tasks.size();
   index_phase.reset();
   ScopedPhase copy_phase(Phase::kCopy);  // the copy, and the commit when it runs inline
   Status st = Submit(
       inst, transfer::CopyDirection::kGather, req, std::move(tasks), bytes,
-      [held, held_keys, tiers = tiers_, inst, salt = req.key.cache_salt, slot](const Status& done) {
+      [held, tiers = io_.tiers(), inst, salt = req.key.cache_salt, slot](const Status& done) {
         std::vector<l1::ChunkKey> committed;
         if (done.ok()) {
-          // Last chunk first: the request's later chunks become the older ones (lmcache's order).
-          for (size_t j = held->size(); j-- > 0;) {
-            if ((*held)[j].Commit()) {
-              committed.push_back((*held_keys)[j]);
-            } else {
-              spdlog::debug("store: a reservation expired before the copy ended");
-            }
-          }
+          committed = held->CommitLastFirst("store: a reservation expired before the copy ended");
         }
-        held->clear();  // aborts what was not committed
-        if (tiers && !committed.empty()) {
-          tiers->StoreBehind(CommittedObjects(committed, inst->model_name, inst->world_size, salt,
-                                              slot, inst->tier_format),
-                             inst->tier_format);
-        }
+        held->Abort();  // aborts what was not committed
+        StoreBehind(tiers, committed, *inst, salt, slot);
       },
       event_handle);
   submitted = nullptr;  // Submit counted it finished (or will, when the copy is over)
@@ -445,11 +409,8 @@ Status LmcacheTransfers::Retrieve(const wire::TransferRequest& req, std::string*
   }
   submitted = inst->transfer_counts;
   if (submitted) submitted->submitted_retrieves.fetch_add(1, std::memory_order_relaxed);
-  auto chunks = RequestChunkKeys(*sessions_, l1_->namespaces(), config_.chunk_size, req.key,
-                                 /*create_namespace=*/false, inst->key_namespace,
-                                 SessionUse::kIfExists);
+  auto chunks = io_.KeysToRead(req.key, *inst);
   if (!chunks.ok()) return fail(chunks.status());
-  const std::vector<l1::ChunkKey>* keys = &chunks->keys;
   const int64_t n = (req.key.end - req.key.start) / config_.chunk_size;
   if (Status st = transfer::ValidateBlockIds(inst->layout, req.block_ids, n); !st.ok()) {
     return fail(st);
@@ -467,23 +428,20 @@ Status LmcacheTransfers::Retrieve(const wire::TransferRequest& req, std::string*
   if (!chunks->namespace_known) {
     return fail(Status::NotFound("retrieve: nothing of this model and salt is in L1"));
   }
-  // The pins belong to the copy's completion, which drops them once the copy is done.
-  auto held = std::make_shared<std::vector<l1::ReadPin>>();
-  held->reserve(n);
+  // The pins belong to the copy's completion, which drops them once the copy is done. On a
+  // failure they go when this returns: the miss's pin first, then `held`, then the locks.
+  auto held = std::make_shared<ChunkPins>();
   std::optional<ScopedPhase> index_phase(std::in_place, Phase::kIndex);
-  for (int64_t i = 0; i < n; ++i) {
-    auto pin = l1_->PinForRead((*keys)[i], slot);
-    if (!pin.ok()) {
-      return fail(Status::NotFound("retrieve: chunk " + std::to_string(i) + " of [" +
+  PinMiss miss;
+  if (!io_.Pin(*chunks, static_cast<uint64_t>(n), slot, inst->object_bytes, held.get(), &miss)) {
+    if (!miss.wrong_size.valid()) {
+      return fail(Status::NotFound("retrieve: chunk " + std::to_string(miss.chunk) + " of [" +
                                    std::to_string(req.key.start) + ", " +
                                    std::to_string(req.key.end) + ") is not in L1"));
     }
-    if (pin->size() != inst->object_bytes) {
-      return fail(Status::FailedPrecondition("retrieve: stored object has " +
-                                             std::to_string(pin->size()) + " bytes, layout needs " +
-                                             std::to_string(inst->object_bytes)));
-    }
-    held->push_back(std::move(pin).value());
+    return fail(Status::FailedPrecondition(
+        "retrieve: stored object has " + std::to_string(miss.wrong_size.size()) +
+        " bytes, layout needs " + std::to_string(inst->object_bytes)));
   }
   std::vector<transfer::ChunkTask> tasks;
   tasks.reserve(n);
@@ -497,10 +455,7 @@ Status LmcacheTransfers::Retrieve(const wire::TransferRequest& req, std::string*
   const uint64_t copied_bytes = tasks.size() * inst->object_bytes;
   Status st = Submit(
       inst, transfer::CopyDirection::kScatter, req, std::move(tasks), copied_bytes,
-      [held, tiers = tiers_, keys_copy = tiers_ ? *keys : std::vector<l1::ChunkKey>()](const Status&) {
-        l1::ReleaseInReverse(*held);
-        if (tiers) tiers->AfterRetrieve(keys_copy);
-      },
+      [held](const Status&) { held->Release(); },
       event_handle);
   submitted = nullptr;  // Submit counted it finished (or will, when the copy is over)
   if (!st.ok()) return fail(st);

@@ -4,7 +4,8 @@
 // RETRIEVE copies between the worker's blocks and L1 objects through that engine. One code
 // path for both engines: a STORE reserves the objects, submits the gather and commits the
 // objects in the engine's completion; a RETRIEVE pins the objects, submits the scatter and
-// unpins them in the completion (synchronous engines complete inside Submit).
+// unpins them in the completion (synchronous engines complete inside Submit). What these do
+// to L1 is ChunkIo's (chunk_io.h), shared with the engine-driven mode.
 //
 // Copies in flight. Reservations are marked MarkCopyInFlight before the copy is submitted,
 // and pins never expire, so the memory a copy may touch stays its own until the engine
@@ -30,6 +31,7 @@
 #include "common/status.h"
 #include "l1/l1_cache.h"
 #include "l2/tier_set.h"
+#include "server/chunk_io.h"
 #include "server/config.h"
 #include "server/inflight_copies.h"
 #include "server/instance_registry.h"
@@ -63,9 +65,9 @@ class LmcacheTransfers {
   Status Store(const wire::TransferRequest& req, std::string* event_handle);
   Status Retrieve(const wire::TransferRequest& req, std::string* event_handle);
   // The tiers committed objects are written behind to (null: none). Set once, before use.
-  void set_tiers(l2::TierSet* tiers) { tiers_ = tiers; }
+  void set_tiers(l2::TierSet* tiers) { io_.set_tiers(tiers); }
   // The KV-event log stores bind their chunks' tokens in (BindStoredChunks); null: none.
-  void set_kv_events(KvEventLog* events) { kv_events_ = events; }
+  void set_kv_events(KvEventLog* events) { io_.set_kv_events(events); }
 
   // Cancels the instances whose asynchronous copies are past their deadline (see above);
   // returns how many. Called periodically (KvService::Maintain).
@@ -91,11 +93,9 @@ class LmcacheTransfers {
   const ServerConfig& config_;
   const Clock* const clock_;
   l1::L1Cache* const l1_;
-  SessionTable* const sessions_;
   InstanceRegistry* const registry_;
   ServiceCounters* const counters_;
-  l2::TierSet* tiers_ = nullptr;
-  KvEventLog* kv_events_ = nullptr;
+  ChunkIo io_;  // keys, reservations, commits and pins in L1; the tiers and KV-event log
   const int copy_threads_;  // most threads one CPU copy may use
   const transfer::ShmAccessPolicy shm_policy_;
   // Shared with the completions, which may run after this object is gone.
