@@ -15,6 +15,13 @@ file per operation is written:
 Usage (from the repo root, with the venv from scripts/setup-venv.sh):
 
     .venv/bin/python tools/capture_golden.py [--out tests/wire_golden]
+    .venv/bin/python tools/capture_golden.py --blend [--out tests/wire_golden/blend]
+
+--blend captures CacheBlend's ops instead (cb_register_rope, cb_unregister_rope,
+cb_retrieve_pre_computed, cb_unified_lookup, cb_protocol_handshake, cb_reorder_plan)
+against `lmcache server --engine-type blend --enable-blend-reorder`, sent by the real
+RequestClient stubs (no adapter sends them), into their own folder. That server also has an
+fs L2 tier (a temporary folder), so a lookup's first poll finds its legs loading.
 
 Everything runs on 127.0.0.1; the server is stopped at the end.
 """
@@ -25,7 +32,9 @@ import argparse
 import gc
 import json
 import os
+import shutil
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -365,6 +374,186 @@ SELECT = [
 ]
 
 
+# ---------------------------------------------------------------------------
+# CacheBlend scenario (--blend)
+# ---------------------------------------------------------------------------
+
+BLEND_MODEL = "golden-blend"
+
+
+def rope_cache(max_pos: int, rot_dim: int):
+    """A NeoX cos/sin cache as vLLM's RotaryEmbedding builds it: [max_pos, rot_dim], the
+    cos half then the sin half, float32."""
+    import torch  # noqa: PLC0415
+
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, rot_dim, 2, dtype=torch.float32) / rot_dim))
+    freqs = torch.outer(torch.arange(max_pos, dtype=torch.float32), inv_freq)
+    return torch.cat([freqs.cos(), freqs.sin()], dim=-1).contiguous()
+
+
+def send_without_contract(client, operation: str, payloads: list, n_params: int):
+    """Sends `operation` with only its first `n_params` parameters, through the real
+    MessageQueueClient (its encoder, uid counter and socket), as a client whose contract
+    had that many parameters did. The 0.5.6 stubs cannot: they bind every parameter,
+    defaults included. Returns the future (the 0.5.6 server may never answer)."""
+    from lmcache.v1.multiprocess.futures import MessagingFuture  # noqa: PLC0415
+    from lmcache.v1.multiprocess.rpc import RpcSpec, get_rpc_spec  # noqa: PLC0415
+    from lmcache.v1.multiprocess.transport.zmq_impl.mq import MessageQueueClient  # noqa: PLC0415
+
+    full = get_rpc_spec(operation)
+    params = list(full.signature.parameters.values())[:n_params]
+    spec = RpcSpec(operation=operation, signature=full.signature.replace(parameters=params),
+                   payload_types=full.payload_types[:n_params], response_type=full.response_type)
+    mq = client._message_queue_client
+    fut = MessagingFuture()
+    mq.input_queue.put(MessageQueueClient.WrappedRequest(
+        request_uid=next(mq._request_counter), future=fut, rpc_spec=spec,
+        request_payloads=list(payloads)))
+    mq._polling_loop.notify()
+    return fut
+
+
+def run_blend_scenario(proxy: LoggingProxy, server: H.ServerProc) -> dict[str, str]:
+    """Drives every CacheBlend op through the proxy with the real RequestClient stubs."""
+    from lmcache.v1.multiprocess.custom_types import IPCCacheServerKey  # noqa: PLC0415
+    from lmcache.v1.platform.devices.cpu.shm import CpuShmTensorWrapper  # noqa: PLC0415
+
+    url = proxy.url
+    CH = H.CHUNK_SIZE
+    phases: dict[str, str] = {}
+
+    def phase(name: str, desc: str) -> None:
+        time.sleep(0.2)  # let in-flight replies land in the previous phase
+        proxy.phase = name
+        phases[name] = desc
+
+    def key(tokens: list[int], rid: str, worker: int | None) -> IPCCacheServerKey:
+        return IPCCacheServerKey(
+            model_name=BLEND_MODEL, world_size=1, worker_id=worker, token_ids=tuple(tokens),
+            start=0, end=len(tokens) // CH * CH, request_id=rid, num_kv_readers=1)
+
+    phase("cb-init", "lmcache_driven TP=1 worker registers its KV (CpuShmTensorWrapper)")
+    ld = H.TPCluster(url, "lmcache_driven", BLEND_MODEL, tp=1, shape=GOLDEN_SHAPE,
+                     heartbeat_interval=600.0, mq_timeout=30.0)
+    direct = None
+    try:
+        iid = ld.workers[0].instance_id
+        direct = H.make_request_client(url)
+        # wrap() moves the tensor's storage into POSIX SHM, unlinked when the tensor dies.
+        cos_sin_tensor = rope_cache(1024, 64)
+        cos_sin = CpuShmTensorWrapper.wrap(cos_sin_tensor)
+
+        phase("cb-handshake", "cb_protocol_handshake(1): the version 0.5.6 speaks")
+        assert tuple(direct.cb_protocol_handshake(1).result(timeout=10)) == (1, True)
+        phase("cb-handshake-mismatch", "cb_protocol_handshake(2): a version the server does not speak")
+        assert tuple(direct.cb_protocol_handshake(2).result(timeout=10)) == (1, False)
+
+        phase("cb-register-rope", "cb_register_rope(iid, [cos/sin cache], 64, True, [0], [[0, 64]], [64]) with kv_quant omitted: the stub binds the default, 8 payloads")
+        direct.cb_register_rope(iid, [cos_sin], 64, True, [0], [[0, 64]], [64]).result(timeout=10)
+        phase("cb-register-rope-kv-quant", "cb_register_rope by keyword with kv_quant=\"fp8_e4m3\", group_rot [[]] (skip group 0), group_head_size []")
+        direct.cb_register_rope(instance_id=iid, cos_sin_caches_ipc=[cos_sin], head_size=64,
+                                is_neox_style=False, group_to_cache=[-1], group_rot=[[]],
+                                group_head_size=[], kv_quant="fp8_e4m3").result(timeout=10)
+        phase("cb-register-rope-v3", "the deprecated alias cb_register_rope_v3 (7 parameters): still 8 payloads on the wire")
+        direct.cb_register_rope_v3(iid, [cos_sin], 64, True, [0], [], []).result(timeout=10)
+        phase("cb-register-rope-7", "cb_register_rope with 7 payloads (a client from before kv_quant), through the real MessageQueueClient")
+        fut7 = send_without_contract(direct, "cb_register_rope",
+                                     [iid, [cos_sin], 64, True, [0], [[0, 64]], [64]], 7)
+        try:
+            fut7.result(timeout=3)
+        except Exception:  # noqa: BLE001 - the 0.5.6 server drops it: no reply
+            pass
+
+        phase("cb-store", "the worker STOREs a 2-chunk prompt (fingerprints registered on worker 0)")
+        toks_a = small_tokens(2 * CH, salt=1)
+        src = list(range(1, 1 + 2 * (CH // 16)))
+        ld.fill_random(0, src, seed=31)
+        assert ld.store("golden-blend-a", toks_a, src) == [True]
+        ld.end_session("golden-blend-a")
+        time.sleep(0.5)
+
+        phase("cb-unified-lookup", "cb_unified_lookup of [new chunk] + the stored prompt, polled until the map arrives (nil while loading)")
+        toks_b = small_tokens(CH, salt=3) + toks_a
+        kb = key(toks_b, "golden-blend-b", None)
+        res = None
+        deadline = time.monotonic() + 20
+        while res is None and time.monotonic() < deadline:
+            res = direct.cb_unified_lookup(kb, 1).result(timeout=10)
+            if res is None:
+                time.sleep(0.05)
+        assert res is not None, "cb_unified_lookup never resolved"
+        phase("cb-retrieve", "cb_retrieve_pre_computed(worker key, the lookup's non-prefix segments, [[48 block ids]], iid, stub handle)")
+        dst = list(range(10, 10 + 3 * (CH // 16)))
+        direct.cb_retrieve_pre_computed(key(toks_b, "golden-blend-b", 0), res.non_prefix_segments,
+                                        [dst], iid, b"stub_ipc_handle").result(timeout=30)
+        ld.end_session("golden-blend-b")
+
+        phase("cb-unified-lookup-prefix", "cb_unified_lookup of the stored prompt + a new chunk: the first call usually finds the prefix leg loading (nil), the next ones the map")
+        kp = key(toks_a + small_tokens(CH, salt=5), "golden-blend-p", None)
+        res = None
+        deadline = time.monotonic() + 20
+        while res is None and time.monotonic() < deadline:
+            res = direct.cb_unified_lookup(kp, 1).result(timeout=10)
+        ld.end_session("golden-blend-p")
+
+        phase("cb-unified-lookup-miss", "cb_unified_lookup of a prompt nothing matches")
+        kc = key(small_tokens(CH, salt=7), "golden-blend-c", None)
+        res = None
+        deadline = time.monotonic() + 20
+        while res is None and time.monotonic() < deadline:
+            res = direct.cb_unified_lookup(kc, 1).result(timeout=10)
+        ld.end_session("golden-blend-c")
+
+        phase("cb-reorder", "cb_reorder_plan([new chunk] + the stored prompt, keep_prefix 0, budget 200 ms), sent by name")
+        direct.cb_reorder_plan(key(toks_b, "golden-blend-d", None), 0, 200).result(timeout=10)
+        phase("cb-reorder-keep", "cb_reorder_plan of a prompt nothing matches, keep_prefix 16, budget 50 ms")
+        direct.cb_reorder_plan(key(small_tokens(CH, salt=9), "golden-blend-e", None), 16, 50).result(timeout=10)
+
+        phase("cb-unregister-rope", "cb_unregister_rope(iid)")
+        direct.cb_unregister_rope(iid).result(timeout=10)
+        phase("cb-shutdown", "the worker shuts down")
+        ld.close()
+    finally:
+        if direct is not None:
+            direct.close()
+        ld.close()
+        gc.collect()
+    time.sleep(0.3)
+    return phases
+
+
+BLEND_SELECT = [
+    ("cb_protocol_handshake", "cb_protocol_handshake", "cb-handshake",
+     "Payload: [client_version=1]. Reply: tuple[int, bool] as an array: [1, true]."),
+    ("cb_protocol_handshake__mismatch", "cb_protocol_handshake", "cb-handshake-mismatch",
+     "Payload: [client_version=2]. Reply: [1, false]."),
+    ("cb_register_rope", "cb_register_rope", "cb-register-rope",
+     "8 payloads: instance_id, [ext-1 cpu_shm descriptor of the float32 [1024, 64] cos/sin cache], head_size 64, is_neox_style true, group_to_cache [0], group_rot [[0, 64]], group_head_size [64], kv_quant \"\" (omitted by the caller, bound by the stub). Reply: None -> [uid, op] only."),
+    ("cb_register_rope__kv_quant", "cb_register_rope", "cb-register-rope-kv-quant",
+     "Keyword call: is_neox_style false, group_to_cache [-1], group_rot [[]] (the wire form of 'skip this group'), group_head_size [], kv_quant \"fp8_e4m3\". Reply: None -> [uid, op] only."),
+    ("cb_register_rope__v3_alias", "cb_register_rope", "cb-register-rope-v3",
+     "Through the deprecated alias cb_register_rope_v3 (7 parameters): it forwards to cb_register_rope, so the wire carries 8 payloads (kv_quant \"\"), group_rot [] and group_head_size []. Reply: None -> [uid, op] only."),
+    ("cb_register_rope__7_payloads", "cb_register_rope", "cb-register-rope-7",
+     "7 payloads (no kv_quant), what a client from before kv_quant sent; the 0.5.6 stubs cannot send it (they bind every parameter), so it went through the real MessageQueueClient with a 7-parameter contract. The 0.5.6 server does not answer it (payload count mismatch, logged), hence no response frames; kvd accepts it."),
+    ("cb_unified_lookup", "cb_unified_lookup", "cb-unified-lookup",
+     "Payloads: key (worker_id nil, [new chunk] + the stored 2-chunk prompt, end 768), tp_size 1. Reply: the CBUnifiedLookupResult map once both legs are in L1: {prefix_coverage_tokens, non_prefix_segments: [{old_st, old_ed, cur_st, cur_ed, hash: bin}], segmented_prefix_segments}."),
+    ("cb_unified_lookup__loading", "cb_unified_lookup", None,
+     "The first poll of a lookup, while its legs load (the server has an fs L2 tier, so its prefetches run asynchronously): the handler returns None, so the reply has no response frame (only [uid, op]); the client polls again."),
+    ("cb_unified_lookup__prefix", "cb_unified_lookup", "cb-unified-lookup-prefix",
+     "The stored 2-chunk prompt + a new chunk: the reply once loaded (prefix_coverage_tokens 512)."),
+    ("cb_unified_lookup__miss", "cb_unified_lookup", "cb-unified-lookup-miss",
+     "Nothing matches: {prefix_coverage_tokens: 0, non_prefix_segments: [], segmented_prefix_segments: []}."),
+    ("cb_retrieve_pre_computed", "cb_retrieve_pre_computed", "cb-retrieve",
+     "Payloads: key (worker_id 0), match_results (the lookup's non-prefix segments), block_ids [[48 ids]], instance_id, event_ipc_handle b\"stub_ipc_handle\". Reply: tuple[bytes, bool] as [event_handle: bin, scatter_ran]."),
+    ("cb_reorder_plan", "cb_reorder_plan", "cb-reorder",
+     "Op frame: the str \"cb_reorder_plan\" (no frozen id). Payloads: key, keep_prefix 0, budget_ms 200. Reply: list[int], the reordered token ids (empty: keep the order)."),
+    ("cb_reorder_plan__keep", "cb_reorder_plan", "cb-reorder-keep",
+     "Nothing cached to copy: keep_prefix 16, budget_ms 50. Reply: [] (keep the order)."),
+    ("cb_unregister_rope", "cb_unregister_rope", "cb-unregister-rope",
+     "Payload: [instance_id]. Reply: None -> [uid, op] only."),
+]
+
+
 def pair_exchanges(log: list[Frameset]) -> list[dict]:
     """Match each request with the reply carrying the same (client, uid frame)."""
     pending: dict[tuple[bytes, bytes], Frameset] = {}
@@ -384,17 +573,21 @@ def pair_exchanges(log: list[Frameset]) -> list[dict]:
     return out
 
 
-def write_golden(exchanges: list[dict], phases: dict[str, str], out_dir: Path, meta: dict) -> list[str]:
+def write_golden(exchanges: list[dict], phases: dict[str, str], out_dir: Path, meta: dict,
+                 select: list | None = None) -> list[str]:
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
-    for stem, op, want_phase, notes in SELECT:
+    for stem, op, want_phase, notes in SELECT if select is None else select:
         cands = [x for x in exchanges if x["op"] == op and x["rep"] is not None]
         if want_phase is None:
             chosen = [x for x in cands if len(x["rep"].frames) == 2]  # pending polls
             chosen.sort(key=lambda x: x["req"].phase != "direct-query-pending")
         else:
             chosen = [x for x in cands if x["req"].phase == want_phase]
-        if op == "query_prefetch_status" and want_phase == "ld-lookup-hit":
+            if not chosen:  # a request the server never answered
+                chosen = [x for x in exchanges if x["op"] == op and x["req"].phase == want_phase]
+        if (op == "query_prefetch_status" and want_phase == "ld-lookup-hit") or (
+                op == "cb_unified_lookup" and want_phase is not None):
             # Prefer the poll that carried the final answer.
             final = [x for x in chosen if len(x["rep"].frames) >= 3]
             chosen = final or chosen
@@ -406,14 +599,15 @@ def write_golden(exchanges: list[dict], phases: dict[str, str], out_dir: Path, m
             continue
         x = chosen[0]
         req, rep = x["req"], x["rep"]
+        rep_frames = rep.frames if rep is not None else []
         doc = {
             "op": op,
             "request_frames_hex": [f.hex() for f in req.frames],
-            "response_frames_hex": [f.hex() for f in rep.frames],
+            "response_frames_hex": [f.hex() for f in rep_frames],
             "notes": notes,
             "scenario": phases.get(req.phase, req.phase),
             "request_decoded": [decode_frame(f) for f in req.frames],
-            "response_decoded": [decode_frame(f) for f in rep.frames],
+            "response_decoded": [decode_frame(f) for f in rep_frames],
             "captured_with": meta,
         }
         path = out_dir / f"{stem}.json"
@@ -440,9 +634,14 @@ def summarize(exchanges: list[dict]) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", default=str(REPO / "tests" / "wire_golden"))
+    ap.add_argument("--out", default=None,
+                    help="default: tests/wire_golden (tests/wire_golden/blend with --blend)")
+    ap.add_argument("--blend", action="store_true",
+                    help="capture CacheBlend's ops against `lmcache server --engine-type blend`")
     ap.add_argument("--log", default=None, help="reference server log file (default: temp file)")
     args = ap.parse_args()
+    if args.out is None:
+        args.out = str(REPO / "tests" / "wire_golden" / ("blend" if args.blend else ""))
 
     import importlib.metadata as md  # noqa: PLC0415
 
@@ -454,14 +653,21 @@ def main() -> int:
         "server_cmd": None,
         "tool": "tools/capture_golden.py",
     }
+    # Blend: with an L2 tier (fs) lookups prefetch asynchronously, so the first
+    # cb_unified_lookup of a prompt answers nil (loading) and the next ones the result.
+    l2_dir = tempfile.mkdtemp(prefix="kvd-golden-l2-")
+    blend_args = ["--engine-type", "blend", "--enable-blend-reorder",
+                  "--l2-adapter", json.dumps({"type": "fs", "base_path": l2_dir})]
     log_path = Path(args.log) if args.log else Path(os.environ.get("TMPDIR", "/tmp")) / f"kvd-golden-server-{os.getpid()}.log"
     server = H.ServerProc(kind="lmcache", port=H.free_port(), l1_size_gb=1.0, log_path=log_path,
-                          shm_name="kvdgolden")
+                          shm_name="kvdgoldenblend" if args.blend else "kvdgolden",
+                          extra_args=blend_args if args.blend else [])
     cmd = server.command()
     # Ports vary run to run; record the flags that matter.
     shown = ["lmcache"]
     for i, a in enumerate(cmd[1:], start=1):
-        shown.append("<free port>" if cmd[i - 1] in ("--port", "--http-port", "--prometheus-port") else a)
+        shown.append("<free port>" if cmd[i - 1] in ("--port", "--http-port", "--prometheus-port")
+                     else a.replace(l2_dir, "<temp dir>"))
     meta["server_cmd"] = " ".join(shown)
     before_shm = H.shm_lmcache_entries()
     print(f"starting reference server (log: {log_path})", flush=True)
@@ -469,14 +675,16 @@ def main() -> int:
     proxy = LoggingProxy(server.url)
     proxy.start()
     try:
-        phases = run_scenario(proxy, server)
+        phases = (run_blend_scenario if args.blend else run_scenario)(proxy, server)
     finally:
         try:
             proxy.stop()
         finally:
             server.stop()
+            shutil.rmtree(l2_dir, ignore_errors=True)
     exchanges = pair_exchanges(proxy.log)
-    written = write_golden(exchanges, phases, Path(args.out), meta)
+    written = write_golden(exchanges, phases, Path(args.out), meta,
+                           BLEND_SELECT if args.blend else SELECT)
     summary = summarize(exchanges)
     (Path(args.out) / "summary.json").write_text(json.dumps(
         {"captured_with": meta, "phases": phases, "ops": summary}, indent=1) + "\n")

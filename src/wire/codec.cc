@@ -2,10 +2,11 @@
 // keyed by field name; tagged Structs carry their tag under "type"; bytes are bin;
 // None is nil. Every reader below checks the msgpack type before touching a value.
 //
-// This file decodes the structured, rare requests (registrations, block-allocation
-// reports, ext-1 descriptors) through msgpack-cxx object trees, and encodes replies. The
-// request path (op frame, cache keys and their token arrays, block ids, scalar frames)
-// is in request_decoders.cc, read in one pass without an object tree.
+// This file decodes the structured, rare requests (registrations incl. CacheBlend's
+// cb_register_rope, block-allocation reports, ext-1 descriptors) through msgpack-cxx object
+// trees, and encodes replies. The request path (op frame, cache keys and their token arrays,
+// block ids, CacheBlend match results, scalar frames) is in request_decoders.cc, read in one
+// pass without an object tree.
 #include "wire/codec.h"
 
 #include "wire/codec_internal.h"
@@ -182,6 +183,25 @@ Result<TensorDescriptor> ReadTensorMetadata(const object& o, TensorDescriptor d)
   return d;
 }
 
+// A list of ext-1 device IPC descriptors (register_kv_cache's kv_cache, cb_register_rope's
+// cos/sin caches).
+Result<std::vector<TensorDescriptor>> ReadDescriptorList(const object& o, std::string_view ctx,
+                                                         std::string_view field) {
+  if (o.type != mt::ARRAY) return TypeError(ctx, field, "array");
+  std::vector<TensorDescriptor> out;
+  for (uint32_t i = 0; i < o.via.array.size; ++i) {
+    const object& e = o.via.array.ptr[i];
+    const std::string at = Where(ctx, field) + "[" + std::to_string(i) + "]";
+    if (e.type != mt::EXT || e.via.ext.type() != 1) {
+      return Status::InvalidArgument(at + ": expected msgpack ext type 1 (device IPC descriptor)");
+    }
+    auto d = DecodeTensorDescriptor(std::string_view(e.via.ext.data(), e.via.ext.size));
+    if (!d.ok()) return Status::InvalidArgument(at + ": " + d.status().message());
+    out.push_back(std::move(d).value());
+  }
+  return out;
+}
+
 }  // namespace
 
 Result<TensorDescriptor> DecodeTensorDescriptor(std::string_view ext_data) {
@@ -253,21 +273,7 @@ Result<RegisterKvCacheRequest> DecodeRegisterKvCache(Frames p) {
     docs.push_back(std::move(oh).value());
   }
   KVD_ASSIGN(r.instance_id, ReadInt(docs[0].get(), "register_kv_cache", "instance_id"));
-  const object& caches = docs[1].get();
-  if (caches.type != mt::ARRAY) return TypeError("register_kv_cache", "kv_cache", "array");
-  for (uint32_t i = 0; i < caches.via.array.size; ++i) {
-    const object& e = caches.via.array.ptr[i];
-    if (e.type != mt::EXT || e.via.ext.type() != 1) {
-      return Status::InvalidArgument("register_kv_cache.kv_cache[" + std::to_string(i) +
-                                     "]: expected msgpack ext type 1 (device IPC descriptor)");
-    }
-    auto d = DecodeTensorDescriptor(std::string_view(e.via.ext.data(), e.via.ext.size));
-    if (!d.ok()) {
-      return Status::InvalidArgument("register_kv_cache.kv_cache[" + std::to_string(i) +
-                                     "]: " + d.status().message());
-    }
-    r.tensors.push_back(std::move(d).value());
-  }
+  KVD_ASSIGN(r.tensors, ReadDescriptorList(docs[1].get(), "register_kv_cache", "kv_cache"));
   KVD_ASSIGN(r.model_name, ReadStr(docs[2].get(), "register_kv_cache", "model_name"));
   KVD_ASSIGN(r.world_size, ReadInt(docs[3].get(), "register_kv_cache", "world_size"));
   const object& et = docs[4].get();
@@ -359,6 +365,77 @@ Result<SubscribeKvEventsRequest> DecodeSubscribeKvEvents(Frames p) {
     auto oh = field(3);
     if (!oh.ok()) return oh.status();
     KVD_ASSIGN(r.max_events, ReadInt(oh->get(), ctx, "max_events"));
+  }
+  return r;
+}
+
+Result<CbRegisterRopeRequest> DecodeCbRegisterRope(Frames p) {
+  KVD_RETURN_IF_ERROR(CheckArity(p, Op::kCbRegisterRope));
+  constexpr std::string_view ctx = "cb_register_rope";
+  std::vector<msgpack::object_handle> docs;
+  for (auto f : p) {
+    auto oh = Parse(f, "cb_register_rope payload");
+    if (!oh.ok()) return oh.status();
+    docs.push_back(std::move(oh).value());
+  }
+  // A list parameter the client passed as None arrives as nil: read as empty.
+  auto int_list = [&](const object& o, std::string_view field) -> Result<std::vector<int64_t>> {
+    if (o.type == mt::NIL) return std::vector<int64_t>();
+    return ReadIntArray(o, ctx, field);
+  };
+  CbRegisterRopeRequest r;
+  KVD_ASSIGN(r.instance_id, ReadInt(docs[0].get(), ctx, "instance_id"));
+  if (docs[1].get().type != mt::NIL) {
+    KVD_ASSIGN(r.cos_sin_caches, ReadDescriptorList(docs[1].get(), ctx, "cos_sin_caches_ipc"));
+  }
+  KVD_ASSIGN(r.head_size, ReadInt(docs[2].get(), ctx, "head_size"));
+  KVD_ASSIGN(r.is_neox_style, ReadBool(docs[3].get(), ctx, "is_neox_style"));
+  KVD_ASSIGN(r.group_to_cache, int_list(docs[4].get(), "group_to_cache"));
+  // group_rot: per engine group [offset, width], or [] / nil for "skip this group". The
+  // entries are checked below, after group_to_cache and kv_quant, in lmcache's order.
+  std::vector<std::vector<int64_t>> rot;
+  const object& gr = docs[5].get();
+  if (gr.type != mt::NIL) {
+    if (gr.type != mt::ARRAY) return TypeError(ctx, "group_rot", "array");
+    for (uint32_t i = 0; i < gr.via.array.size; ++i) {
+      const object& e = gr.via.array.ptr[i];
+      if (e.type == mt::NIL) {
+        rot.emplace_back();
+        continue;
+      }
+      KVD_ASSIGN(rot.emplace_back(), ReadIntArray(e, ctx, "group_rot[" + std::to_string(i) + "]"));
+    }
+  }
+  KVD_ASSIGN(r.group_head_size, int_list(docs[6].get(), "group_head_size"));
+  if (p.size() > 7 && docs[7].get().type != mt::NIL) {
+    KVD_ASSIGN(r.kv_quant, ReadStr(docs[7].get(), ctx, "kv_quant"));
+  }
+
+  const int64_t caches = static_cast<int64_t>(r.cos_sin_caches.size());
+  for (size_t i = 0; i < r.group_to_cache.size(); ++i) {
+    const int64_t c = r.group_to_cache[i];
+    if (c < -1 || c >= caches) {
+      return Status::InvalidArgument("cb_register_rope.group_to_cache[" + std::to_string(i) +
+                                     "]: " + std::to_string(c) + " is outside [-1, " +
+                                     std::to_string(caches) + ") for the " +
+                                     std::to_string(caches) + " cos/sin cache(s) sent");
+    }
+  }
+  if (!r.kv_quant.empty() && r.kv_quant != "fp8_e4m3" && r.kv_quant != "fp8_e5m2") {
+    return Status::InvalidArgument("cb_register_rope.kv_quant: '" + r.kv_quant.substr(0, 32) +
+                                   "' is not one of 'fp8_e4m3', 'fp8_e5m2' or ''");
+  }
+  r.group_rot.reserve(rot.size());
+  for (size_t i = 0; i < rot.size(); ++i) {
+    if (rot[i].empty()) {
+      r.group_rot.emplace_back(std::nullopt);
+      continue;
+    }
+    if (rot[i].size() != 2 || rot[i][0] < 0 || rot[i][1] <= 0) {
+      return Status::InvalidArgument("cb_register_rope.group_rot[" + std::to_string(i) +
+                                     "]: expected [offset >= 0, width > 0], or [] to skip the group");
+    }
+    r.group_rot.emplace_back(RopeWindow{rot[i][0], rot[i][1]});
   }
   return r;
 }
@@ -503,6 +580,54 @@ std::string EncodeKvEventBatch(const KvEventBatch& batch) {
       for (uint32_t t : e.token_ids) pk.pack_uint32(t);
     }
   });
+}
+
+std::string EncodeCbProtocolHandshake(int64_t client_version) {
+  internal::MsgpackWriter w(16);
+  w.Array(2);
+  w.Int(kCbProtocolVersion);
+  w.Bool(client_version == kCbProtocolVersion);
+  return w.Take();
+}
+
+namespace internal {
+void WriteCbMatchResults(MsgpackWriter& w, std::span<const CbMatchResult> matches) {
+  w.Array(matches.size());
+  for (const CbMatchResult& m : matches) {
+    w.Map(5);
+    w.Str("old_st");
+    w.Int(m.old_st);
+    w.Str("old_ed");
+    w.Int(m.old_ed);
+    w.Str("cur_st");
+    w.Int(m.cur_st);
+    w.Str("cur_ed");
+    w.Int(m.cur_ed);
+    w.Str("hash");
+    w.Bin(m.hash);
+  }
+}
+}  // namespace internal
+
+std::string EncodeCbUnifiedLookupResult(const CbUnifiedLookupResult& result) {
+  // ~90 bytes per match with a 32-byte hash.
+  internal::MsgpackWriter w(96 + 96 * (result.non_prefix_segments.size() +
+                                       result.segmented_prefix_segments.size()));
+  w.Map(3);
+  w.Str("prefix_coverage_tokens");
+  w.Int(result.prefix_coverage_tokens);
+  w.Str("non_prefix_segments");
+  internal::WriteCbMatchResults(w, result.non_prefix_segments);
+  w.Str("segmented_prefix_segments");
+  internal::WriteCbMatchResults(w, result.segmented_prefix_segments);
+  return w.Take();
+}
+
+std::string EncodeCbReorderPlan(std::span<const uint32_t> token_ids) {
+  internal::MsgpackWriter w(5 + 5 * token_ids.size());
+  w.Array(token_ids.size());
+  for (uint32_t t : token_ids) w.Int(t);
+  return w.Take();
 }
 
 }  // namespace kvd::wire

@@ -57,6 +57,32 @@ Result<SubscribeKvEventsRequest> DecodeSubscribeKvEvents(Frames payloads);
 // Decodes one ext-1 device IPC descriptor (the data of msgpack ext type 1).
 Result<TensorDescriptor> DecodeTensorDescriptor(std::string_view ext_data);
 
+// ---- CacheBlend ops (lmcache 0.5.6, --engine-type blend) ----
+// Payloads as the 0.5.6 RequestClient sends them (one frame per parameter, defaults
+// included). Besides structure and DecodeLimits, a decoder refuses only what lmcache's
+// handler refuses without looking at server state; the handler checks the rest (the
+// instance is registered, group_to_cache covers its engine groups), so where a request has
+// two faults kvd may name the other one. cb_unregister_rope is DecodeInstanceId.
+//
+// cb_register_rope(instance_id, cos_sin_caches_ipc, head_size, is_neox_style,
+// group_to_cache, group_rot, group_head_size[, kv_quant]): 7 payloads (clients before
+// kv_quant) or 8. nil for a list reads as empty, nil for kv_quant as "". Refused as lmcache
+// refuses them: a group_to_cache index outside [-1, number of caches), a kv_quant other than
+// "", "fp8_e4m3", "fp8_e5m2", a group_rot entry other than [] / nil / [offset >= 0,
+// width > 0]; and, as for register_kv_cache, a cache descriptor kvd cannot map.
+Result<CbRegisterRopeRequest> DecodeCbRegisterRope(Frames payloads);
+// cb_retrieve_pre_computed(key, match_results, block_ids, instance_id, event_ipc_handle).
+// Each match: the five CBMatchResult fields, 0 <= st <= ed for both ranges, a hash of
+// 1..kMaxCbHashBytes bytes (lmcache's chunk keys are 8 or 32 bytes, kvd's 32).
+inline constexpr size_t kMaxCbHashBytes = 64;
+Result<CbRetrievePreComputedRequest> DecodeCbRetrievePreComputed(Frames payloads);
+// cb_unified_lookup(key, tp_size): both payloads required.
+Result<LookupRequest> DecodeCbUnifiedLookup(Frames payloads);
+// cb_protocol_handshake(client_version): the client's blend protocol version.
+Result<int64_t> DecodeCbProtocolHandshake(Frames payloads);
+// cb_reorder_plan(key, keep_prefix, budget_ms): both numbers >= 0.
+Result<CbReorderPlanRequest> DecodeCbReorderPlan(Frames payloads);
+
 // Reply encoders: each returns one msgpack document.
 std::string EncodeNil();
 std::string EncodeBool(bool v);
@@ -72,5 +98,17 @@ std::string EncodePrepareStoreResponse(const std::optional<std::vector<ShmSlot>>
 std::string EncodePrepareRetrieveResponse(bool success, std::span<const ShmSlot> slots);
 // One message of a subscribe_kv_events stream: the KVEventBatch dataclass as a map.
 std::string EncodeKvEventBatch(const KvEventBatch& batch);
+
+// CacheBlend replies. cb_register_rope / cb_unregister_rope answer nil, and so does
+// cb_unified_lookup while its legs load; cb_retrieve_pre_computed answers
+// EncodeHandleAndOk(event_handle, scatter_ran).
+inline constexpr int64_t kCbProtocolVersion = 1;  // the blend protocol lmcache 0.5.6 speaks
+// [kCbProtocolVersion, client_version == kCbProtocolVersion]
+std::string EncodeCbProtocolHandshake(int64_t client_version);
+// The CBUnifiedLookupResult dataclass as a map (fields in declaration order, each match
+// {old_st, old_ed, cur_st, cur_ed, hash: bin}), byte for byte what 0.5.6 sends.
+std::string EncodeCbUnifiedLookupResult(const CbUnifiedLookupResult& result);
+// cb_reorder_plan: the reordered token ids; empty keeps the prompt's order.
+std::string EncodeCbReorderPlan(std::span<const uint32_t> token_ids);
 
 }  // namespace kvd::wire

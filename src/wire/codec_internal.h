@@ -1,8 +1,10 @@
 // Pieces shared by the decoders of wire/ (codec.cc: msgpack-cxx object trees for the rare,
 // structured registrations; request_decoders.cc: the streaming reader for the request
-// path). Internal to wire/. Stateless; safe from any thread.
+// path), and one writer piece shared by a reply encoder and a client-side encoder.
+// Internal to wire/. Stateless; safe from any thread.
 #pragma once
 
+#include <span>
 #include <string>
 #include <string_view>
 
@@ -48,6 +50,11 @@ inline Status CheckArity(Frames payloads, Op op) {
   }
   return Status::Ok();
 }
+
+class MsgpackWriter;
+// [CBMatchResult map, ...] as msgspec writes the dataclass: {old_st, old_ed, cur_st, cur_ed,
+// hash: bin} (the reply encoder of cb_unified_lookup and the client-side encoder share it).
+void WriteCbMatchResults(MsgpackWriter& w, std::span<const CbMatchResult> matches);
 
 #define KVD_ASSIGN(lhs, expr)              \
   do {                                     \

@@ -248,4 +248,72 @@ struct KvEventBatch {
   std::vector<KvEventRecord> events;
 };
 
+// ---- CacheBlend (lmcache 0.5.6 `lmcache server --engine-type blend`) ----
+// What the blend ops carry once decoded (wire/codec.h: DecodeCb*). The decoders check only
+// what needs no server state; the handler checks the rest against the registration.
+
+// One group_rot entry: the slice of a head row that RoPE rotated, in elements.
+struct RopeWindow {
+  int64_t offset = 0;                // >= 0
+  int64_t width = 0;                 // > 0
+};
+
+// cb_register_rope: how an lmcache-driven instance applied RoPE, so that cached K can be
+// rotated from the positions it was stored at to new ones.
+struct CbRegisterRopeRequest {
+  int64_t instance_id = 0;
+  // The engine's cos/sin caches (ext-1 descriptors), one per distinct rope; empty for a
+  // model without RoPE (the state then only carries scatter geometry).
+  std::vector<TensorDescriptor> cos_sin_caches;
+  int64_t head_size = 0;             // rotary head dimension
+  bool is_neox_style = false;        // true: NeoX (halves); false: GPT-J (adjacent pairs)
+  // Per engine group: index into cos_sin_caches, or -1 (no re-RoPE for that group).
+  // Empty: every group uses cache 0.
+  std::vector<int64_t> group_to_cache;
+  // Per engine group: the rotated window, or nullopt (sent as [] or nil) to skip the group.
+  // Empty: rotate head_size elements at offset 0 in every group.
+  std::vector<std::optional<RopeWindow>> group_rot;
+  // Per engine group: the head size the scatter uses. Empty: head_size for every group.
+  std::vector<int64_t> group_head_size;
+  // fp8 flavour of the paged KV: "fp8_e4m3" or "fp8_e5m2"; "" for unquantised KV (and
+  // when a client older than the field sent 7 payloads).
+  std::string kv_quant;
+};
+
+// CBMatchResult: a token range of a stored sequence found again in the current prompt,
+// possibly at another position. The ranges are [st, ed) token positions.
+struct CbMatchResult {
+  int64_t old_st = 0;                // where it was stored
+  int64_t old_ed = 0;
+  int64_t cur_st = 0;                // where it is in the current prompt
+  int64_t cur_ed = 0;
+  std::string hash;                  // the stored chunk's key, opaque bytes (1..64)
+};
+
+// cb_retrieve_pre_computed: scatter the matched ranges into the engine's paged cache.
+// block_ids has one table per engine group. The key's worker_id may be nil.
+struct CbRetrievePreComputedRequest {
+  CacheKey key;
+  std::vector<CbMatchResult> match_results;
+  std::vector<std::vector<int64_t>> block_ids;
+  int64_t instance_id = 0;
+  std::string event_handle;
+};
+
+// CBUnifiedLookupResult: the reply of cb_unified_lookup once both legs are in L1 (while
+// they load the reply is nil and the client asks again).
+struct CbUnifiedLookupResult {
+  int64_t prefix_coverage_tokens = 0;
+  std::vector<CbMatchResult> non_prefix_segments;        // ascending cur_st
+  std::vector<CbMatchResult> segmented_prefix_segments;  // old_st == cur_st; empty unless on
+};
+
+// cb_reorder_plan (sent by name): reorder key.token_ids so the prompt starts with a cached
+// prompt, keeping the first keep_prefix tokens in place, within budget_ms.
+struct CbReorderPlanRequest {
+  CacheKey key;
+  int64_t keep_prefix = 0;           // >= 0
+  int64_t budget_ms = 0;             // >= 0
+};
+
 }  // namespace kvd::wire

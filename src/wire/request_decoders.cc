@@ -1,9 +1,10 @@
 // The request path's decoders: the op frame, cache keys (with their token arrays),
-// block ids and the small scalar frames, read in one pass with MsgpackReader, no object
-// tree and no heap use except the decoded request's own buffers (token ids, block ids,
-// strings longer than the small-string buffer).
+// block ids, CacheBlend match results and the small scalar frames, read in one pass with
+// MsgpackReader, no object tree and no heap use except the decoded request's own buffers
+// (token ids, block ids, match hashes, strings longer than the small-string buffer).
 //
-// Accepts and refuses exactly what the object-tree decoders did, with the same messages:
+// For the ops older than CacheBlend's, accepts and refuses exactly what the object-tree
+// decoders did, with the same messages:
 // a document is first checked whole (a malformed or trailing-byte document is reported as
 // such, before any field error), then the fields are checked in the same order as before
 // (the differential fuzz target tests/fuzz/stream_fuzzer.cc compares both on every input).
@@ -368,6 +369,120 @@ Result<TransferRequest> DecodeTransfer(Frames p, Op op) {
   return r;
 }
 
+// ---- CacheBlend match results ----
+
+// One CBMatchResult from the fields found in its map (`ctx` names it, e.g. "...[2]").
+Status MatchFromFields(const FoundField& old_st, const FoundField& old_ed, const FoundField& cur_st,
+                       const FoundField& cur_ed, const FoundField& hash, std::string_view ctx,
+                       CbMatchResult* m) {
+  auto required = [&](const FoundField& f, std::string_view name) -> Status {
+    if (!f.present) return Status::InvalidArgument(Where(ctx, name) + ": missing field");
+    return Status::Ok();
+  };
+  KVD_RETURN_IF_ERROR(required(old_st, "old_st"));
+  KVD_ASSIGN(m->old_st, IntOf(old_st.value, ctx, "old_st"));
+  KVD_RETURN_IF_ERROR(required(old_ed, "old_ed"));
+  KVD_ASSIGN(m->old_ed, IntOf(old_ed.value, ctx, "old_ed"));
+  KVD_RETURN_IF_ERROR(required(cur_st, "cur_st"));
+  KVD_ASSIGN(m->cur_st, IntOf(cur_st.value, ctx, "cur_st"));
+  KVD_RETURN_IF_ERROR(required(cur_ed, "cur_ed"));
+  KVD_ASSIGN(m->cur_ed, IntOf(cur_ed.value, ctx, "cur_ed"));
+  KVD_RETURN_IF_ERROR(required(hash, "hash"));
+  if (hash.value.kind != MpKind::kBin && hash.value.kind != MpKind::kStr) {
+    return TypeError(ctx, "hash", "bytes");
+  }
+  if (hash.value.bytes.empty() || hash.value.bytes.size() > kMaxCbHashBytes) {
+    return Status::InvalidArgument(Where(ctx, "hash") + ": expected 1.." +
+                                   std::to_string(kMaxCbHashBytes) + " bytes, got " +
+                                   std::to_string(hash.value.bytes.size()));
+  }
+  m->hash.assign(hash.value.bytes);
+  if (m->old_st < 0 || m->old_ed < m->old_st || m->cur_st < 0 || m->cur_ed < m->cur_st) {
+    return Status::InvalidArgument(std::string(ctx) + ": ranges [" + std::to_string(m->old_st) +
+                                   ", " + std::to_string(m->old_ed) + ") and [" +
+                                   std::to_string(m->cur_st) + ", " + std::to_string(m->cur_ed) +
+                                   ") must satisfy 0 <= st <= ed");
+  }
+  return Status::Ok();
+}
+
+// [CBMatchResult map, ...]: the whole document is read (a malformed one is reported as such
+// first), then the first field error in stream order. Unknown and non-str keys are skipped;
+// the first occurrence of a field wins.
+Result<std::vector<CbMatchResult>> DecodeMatchResultsFrame(std::string_view frame,
+                                                           std::string_view what,
+                                                           std::string_view ctx) {
+  std::vector<CbMatchResult> out;
+  Status first_error;
+  MsgpackReader r(frame, kLimits);
+  MpItem top;
+  if (r.Next(&top, 1)) {
+    if (top.kind != MpKind::kArray) {
+      r.SkipContents(top, 1);
+    } else {
+      for (uint32_t i = 0; i < top.count && !r.failed(); ++i) {
+        MpItem e;
+        if (!r.Next(&e, 2)) break;
+        if (e.kind != MpKind::kMap) {
+          if (first_error.ok()) {
+            first_error = Status::InvalidArgument(std::string(ctx) + "[" + std::to_string(i) +
+                                                  "]: expected map (CBMatchResult)");
+          }
+          r.SkipContents(e, 2);
+          continue;
+        }
+        FoundField old_st, old_ed, cur_st, cur_ed, hash;
+        for (uint32_t j = 0; j < e.count && !r.failed(); ++j) {
+          MpItem k;
+          if (!r.Next(&k, 3)) break;
+          if (k.kind != MpKind::kStr) {  // not a field name: skip key and value
+            if (r.SkipContents(k, 3)) r.Skip(3);
+            continue;
+          }
+          FoundField* f = nullptr;
+          if (k.bytes == "old_st") f = &old_st;
+          else if (k.bytes == "old_ed") f = &old_ed;
+          else if (k.bytes == "cur_st") f = &cur_st;
+          else if (k.bytes == "cur_ed") f = &cur_ed;
+          else if (k.bytes == "hash") f = &hash;
+          if (f == nullptr || f->present) {
+            r.Skip(3);
+            continue;
+          }
+          if (!r.Next(&f->value, 3)) break;
+          f->present = true;
+          r.SkipContents(f->value, 3);
+        }
+        if (r.failed() || !first_error.ok()) continue;  // past the first error: only check the bytes
+        const std::string at = std::string(ctx) + "[" + std::to_string(i) + "]";
+        CbMatchResult m;
+        Status st = MatchFromFields(old_st, old_ed, cur_st, cur_ed, hash, at, &m);
+        if (!st.ok()) {
+          first_error = std::move(st);
+          continue;
+        }
+        out.push_back(std::move(m));
+      }
+    }
+  }
+  if (r.failed()) return Malformed(what, r.reason());
+  if (!r.at_end()) return TrailingBytes(what);
+  if (top.kind != MpKind::kArray) return TypeError(ctx, "", "array");
+  if (!first_error.ok()) return first_error;
+  return out;
+}
+
+// A scalar frame read as a non-negative integer.
+Result<int64_t> NonNegativeIntFrame(std::string_view frame, std::string_view what,
+                                    std::string_view field) {
+  MpItem v;
+  KVD_ASSIGN(v, ScalarFrame(frame, what));
+  int64_t n = 0;
+  KVD_ASSIGN(n, IntOf(v, what, field));
+  if (n < 0) return Status::InvalidArgument(Where(what, field) + ": negative");
+  return n;
+}
+
 }  // namespace
 
 Result<const OpInfo*> DecodeOp(std::string_view op_frame) {
@@ -461,6 +576,56 @@ Result<EngineDrivenRequest> DecodeEngineDriven(Frames p) {
     r.data.assign(data);
   }
   if (!r.key.worker_id) return Status::InvalidArgument("key.worker_id: required (got nil)");
+  return r;
+}
+
+// ---- CacheBlend ops ----
+// No object-tree twin exists for these (stream_fuzzer.cc compares only the older ops); the
+// payload and request fuzz targets cover them.
+
+Result<CbRetrievePreComputedRequest> DecodeCbRetrievePreComputed(Frames p) {
+  KVD_RETURN_IF_ERROR(CheckArity(p, Op::kCbRetrievePreComputed));
+  constexpr std::string_view name = "cb_retrieve_pre_computed";
+  CbRetrievePreComputedRequest r;
+  KVD_ASSIGN(r.key, DecodeKeyFrame(p[0], name, "cb_retrieve_pre_computed.key"));
+  KVD_ASSIGN(r.match_results,
+             DecodeMatchResultsFrame(p[1], name, "cb_retrieve_pre_computed.match_results"));
+  KVD_ASSIGN(r.block_ids, DecodeBlockIdsFrame(p[2], name, "cb_retrieve_pre_computed.block_ids"));
+  MpItem v;
+  KVD_ASSIGN(v, ScalarFrame(p[3], name));
+  KVD_ASSIGN(r.instance_id, IntOf(v, name, "instance_id"));
+  KVD_ASSIGN(v, ScalarFrame(p[4], name));
+  std::string_view handle;
+  KVD_ASSIGN(handle, BytesOf(v, name, "event_ipc_handle"));
+  r.event_handle.assign(handle);
+  return r;
+}
+
+Result<LookupRequest> DecodeCbUnifiedLookup(Frames p) {
+  KVD_RETURN_IF_ERROR(CheckArity(p, Op::kCbUnifiedLookup));
+  constexpr std::string_view name = "cb_unified_lookup";
+  LookupRequest r;
+  KVD_ASSIGN(r.key, DecodeKeyFrame(p[0], name, "cb_unified_lookup.key"));
+  MpItem v;
+  KVD_ASSIGN(v, ScalarFrame(p[1], name));
+  KVD_ASSIGN(r.tp_size, IntOf(v, name, "tp_size"));
+  return r;
+}
+
+Result<int64_t> DecodeCbProtocolHandshake(Frames p) {
+  KVD_RETURN_IF_ERROR(CheckArity(p, Op::kCbProtocolHandshake));
+  MpItem v;
+  KVD_ASSIGN(v, ScalarFrame(p[0], "cb_protocol_handshake"));
+  return IntOf(v, "cb_protocol_handshake", "client_version");
+}
+
+Result<CbReorderPlanRequest> DecodeCbReorderPlan(Frames p) {
+  KVD_RETURN_IF_ERROR(CheckArity(p, Op::kCbReorderPlan));
+  constexpr std::string_view name = "cb_reorder_plan";
+  CbReorderPlanRequest r;
+  KVD_ASSIGN(r.key, DecodeKeyFrame(p[0], name, "cb_reorder_plan.key"));
+  KVD_ASSIGN(r.keep_prefix, NonNegativeIntFrame(p[1], name, "keep_prefix"));
+  KVD_ASSIGN(r.budget_ms, NonNegativeIntFrame(p[2], name, "budget_ms"));
   return r;
 }
 

@@ -2,6 +2,7 @@
 // wire/msgpack_writer.h (msgspec's choices of encoding).
 #include "wire/request_encoder.h"
 
+#include "wire/codec_internal.h"
 #include "wire/msgpack_writer.h"
 
 namespace kvd::wire {
@@ -110,6 +111,40 @@ std::string EncodeArrayOf(std::span<const std::string> encoded_elements) {
   MsgpackWriter w(n);
   w.Array(encoded_elements.size());
   for (const auto& e : encoded_elements) w.Raw(e);
+  return w.Take();
+}
+
+std::string EncodeRequestBool(bool v) {
+  MsgpackWriter w(1);
+  w.Bool(v);
+  return w.Take();
+}
+
+std::string EncodeIntList(std::span<const int64_t> v) {
+  MsgpackWriter w(5 + 9 * v.size());
+  w.Array(v.size());
+  for (int64_t x : v) w.Int(x);
+  return w.Take();
+}
+
+std::string EncodeGroupRot(std::span<const std::optional<RopeWindow>> windows) {
+  MsgpackWriter w(5 + 19 * windows.size());
+  w.Array(windows.size());
+  for (const auto& win : windows) {
+    if (!win) {
+      w.Array(0);
+      continue;
+    }
+    w.Array(2);
+    w.Int(win->offset);
+    w.Int(win->width);
+  }
+  return w.Take();
+}
+
+std::string EncodeCbMatchResults(std::span<const CbMatchResult> matches) {
+  MsgpackWriter w(5 + 96 * matches.size());
+  internal::WriteCbMatchResults(w, matches);
   return w.Take();
 }
 

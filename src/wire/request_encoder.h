@@ -41,4 +41,12 @@ std::string EncodeCpuShmDescriptorExt(const TensorDescriptor& d);
 // A msgpack array of already-encoded elements (e.g. ext descriptors).
 std::string EncodeArrayOf(std::span<const std::string> encoded_elements);
 
+// ---- CacheBlend ops (payloads as the 0.5.6 client writes them) ----
+std::string EncodeRequestBool(bool v);                      // is_neox_style
+std::string EncodeIntList(std::span<const int64_t> v);      // group_to_cache, group_head_size
+// group_rot: [offset, width] per window, [] for a skipped group.
+std::string EncodeGroupRot(std::span<const std::optional<RopeWindow>> windows);
+// match_results of cb_retrieve_pre_computed: [{old_st, old_ed, cur_st, cur_ed, hash}, ...].
+std::string EncodeCbMatchResults(std::span<const CbMatchResult> matches);
+
 }  // namespace kvd::wire

@@ -14,7 +14,8 @@ cachegen_seeds) from:
   present, ext type 1 descriptors), addressed to what the request fuzzer registers up front
   (model "fz", instances 1, 2, 3 over /kvd_fuzz_kv_<id>, engine-driven instance 9), as whole
   flows: store -> lookup -> query -> retrieve -> end_session, TP=2, engine-driven
-  prepare/commit, eviction pressure, lock TTL expiry, registration over the wire.
+  prepare/commit, eviction pressure, lock TTL expiry, registration over the wire, and
+  CacheBlend's ops (blend_seeds; their captures are in tests/wire_golden/blend/).
 
 Standard library only (a small msgpack writer and reader live below), so `make fuzz` needs
 no virtual environment. Input format: see tests/fuzz/fuzz_common.h.
@@ -179,7 +180,9 @@ OPS = {
     "unregister_engine_driven": 15, "prepare_store": 16, "commit_store": 17,
     "prepare_retrieve": 18, "commit_retrieve": 19, "clear": 20, "get_chunk_size": 21,
     "ping": 22, "report_block_allocation": 23, "noop": 24, "get_experimental": 32,
-}
+    "cb_register_rope": 25, "cb_unregister_rope": 26, "cb_retrieve_pre_computed": 27,
+    "cb_unified_lookup": 28, "cb_protocol_handshake": 33,
+}  # cb_reorder_plan has no frozen id: Msgs.op sends its name
 
 CHUNK = 32          # the request fuzzer's kvd chunk size
 MODEL = "fz"
@@ -397,13 +400,65 @@ def flow_seeds() -> dict[str, bytes]:
     return s
 
 
+def match(old_st: int, cur_st: int, n: int = CHUNK, hash_: bytes = bytes(range(32))) -> dict:
+    """A CBMatchResult as the client packs the dataclass."""
+    return {"old_st": old_st, "old_ed": old_st + n, "cur_st": cur_st, "cur_ed": cur_st + n,
+            "hash": hash_}
+
+
+def blend_seeds() -> dict[str, bytes]:
+    """CacheBlend's ops (cb_*), packed as the 0.5.6 RequestClient packs them: every
+    argument form of cb_register_rope (8 payloads, 7 from a client before kv_quant, nil lists,
+    skipped groups), retrieve with match results, unified lookup, handshake, reorder by name,
+    and values each decoder must refuse."""
+    s: dict[str, bytes] = {}
+    t96 = tokens(96, 7)
+    cos_sin = Ext(1, cpu_shm_descriptor([64, 8], [8, 1], dtype="float32", nbytes=64 * 8 * 4))
+    s["blend_flow"] = (
+        Msgs().op("cb_protocol_handshake", 1).op("cb_protocol_handshake", 2)
+        .op("cb_register_rope", 1, [cos_sin], 8, True, [0], [[0, 8]], [8], "")
+        .op("cb_register_rope", 1, [cos_sin], 8, False, [0, -1], [[], [0, 4]], [8, 8], "fp8_e4m3")
+        .op("cb_register_rope", 1, [cos_sin], 8, True, [0], [[0, 8]], [8])
+        .op("store", key(t96[:64], 0, 64, "bl1"), 1, [[0, 1, 2, 3]], b"")
+        .op("cb_unified_lookup", key(t96, 0, 96, "bl2", worker=None), 1)
+        .op("cb_unified_lookup", key(t96, 0, 96, "bl2", worker=None), 1)
+        .op("cb_retrieve_pre_computed", key(t96, 0, 96, "bl2"), [match(0, 32), match(32, 64, 8)],
+            [[4, 5, 6, 7, 8, 9]], 1, b"stub_ipc_handle")
+        .op("cb_reorder_plan", key(t96, 0, 96, "bl3", worker=None), 0, 50)
+        .op("cb_unregister_rope", 1).op("end_session", "bl2").bytes())
+    s["blend_nope_and_nil_lists"] = (
+        Msgs().op("cb_register_rope", 2, [], 64, False, [], [], [], "")
+        .op("cb_register_rope", 3, None, 64, True, None, None, None, None)
+        .op("cb_register_rope", 3, [cos_sin, cos_sin], 8, True, [1, 0, -1], [None, [0, 8], []],
+            [], "fp8_e5m2").bytes())
+    s["blend_bad_values"] = (
+        Msgs().op("cb_register_rope", 1, [cos_sin], 8, True, [1], [], [], "")
+        .op("cb_register_rope", 1, [cos_sin], 8, True, [0], [[0, 8, 1]], [], "")
+        .op("cb_register_rope", 1, [cos_sin], 8, True, [0], [[-1, 8]], [], "")
+        .op("cb_register_rope", 1, [cos_sin], 8, True, [0], [], [], "int8")
+        .op("cb_register_rope", 1, [1], 8, True, [0], [], [], "")
+        .op("cb_register_rope", 1, [cos_sin], 8, True, [0], [])
+        .op("cb_register_rope", 1, [cos_sin], 8, True, [0], [], [], "", None)
+        .op("cb_retrieve_pre_computed", key(t96, 0, 96, "b1"), [match(0, 40, 8, b"")], [[1]], 1, b"")
+        .op("cb_retrieve_pre_computed", key(t96, 0, 96, "b1"), [match(0, 40, -8)], [[1]], 1, b"")
+        .op("cb_retrieve_pre_computed", key(t96, 0, 96, "b1"), [match(0, 40, 8, bytes(65))], [[1]], 1, b"")
+        .op("cb_retrieve_pre_computed", key(t96, 0, 96, "b1"), [[0, 8, 0, 8, b"h"]], [[1]], 1, b"")
+        .op("cb_retrieve_pre_computed", key(t96, 0, 96, "b1"), [{"old_st": 0}], [[1]], 1, b"")
+        .op("cb_unified_lookup", key(t96, 0, 96, "b2", worker=None))
+        .op("cb_reorder_plan", key(t96, 0, 96, "b3", worker=None), -1, 50)
+        .op("cb_reorder_plan", key(t96, 0, 96, "b3", worker=None), 0, -50)
+        .op("cb_protocol_handshake", "1").bytes())
+    return s
+
+
 def golden_seeds(golden_dir: Path) -> tuple[dict[str, bytes], dict[str, bytes]]:
     """(frame seeds, descriptor seeds) from captured golden frames."""
     frames: dict[str, bytes] = {}
     descs: dict[str, bytes] = {}
     if not golden_dir.is_dir():
         return frames, descs
-    for f in sorted(golden_dir.glob("*.json")):
+    # CacheBlend's captures are in their own folder (tests/wire_golden/blend/).
+    for f in sorted([*golden_dir.glob("*.json"), *golden_dir.glob("blend/*.json")]):
         try:
             doc = json.loads(f.read_text())
         except (OSError, ValueError):
@@ -418,7 +473,7 @@ def golden_seeds(golden_dir: Path) -> tuple[dict[str, bytes], dict[str, bytes]]:
                 raw_msgs = [[bytes.fromhex(h) for h in m] for m in msgs]
             except (TypeError, ValueError):
                 continue
-            name = f"golden_{f.stem}_{i}"
+            name = f"golden_{'blend_' if f.parent != golden_dir else ''}{f.stem}_{i}"
             frames[name] = MESSAGE_SEP.join(FRAME_SEP.join(m) for m in raw_msgs)
             for m in raw_msgs:
                 for fr in m:
@@ -529,7 +584,7 @@ def main() -> int:
     ap.add_argument("--golden", type=Path,
                     default=Path(__file__).resolve().parents[1] / "wire_golden")
     args = ap.parse_args()
-    flows = flow_seeds()
+    flows = {**flow_seeds(), **blend_seeds()}
     gframes, gdescs = golden_seeds(args.golden)
     write(args.out / "request", {**flows, **gframes})
     write(args.out / "payload", {**flows, **gframes})

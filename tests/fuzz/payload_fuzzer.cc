@@ -1,4 +1,4 @@
-// Fuzz target "payload": every msgpack payload decoder of wire/codec.h.
+// Fuzz target "payload": every msgpack payload decoder of wire/codec.h (CacheBlend's too).
 //
 // Each input is one or more messages [uid, op, payload...] (format: fuzz_common.h). The op
 // frame goes through DecodeOp; the payload frames go through EVERY Decode* function, not
@@ -62,6 +62,7 @@ void DecodeAll(wire::Frames p) {
     Check(r->key.worker_id.has_value(), "engine-driven key has a worker_id");
   }
   (void)wire::DecodeReportBlockAllocation(p);
+  CheckBlendDecoders(p, nullptr);  // every CacheBlend decoder (fuzz_common.cc)
   if (auto r = wire::DecodeSubscribeKvEvents(p); r.ok()) {
     // Whatever decodes must encode back into one well-formed batch message.
     wire::KvEventBatch b;

@@ -10,7 +10,8 @@
 //
 // Invariants checked beyond "no crash, no sanitizer report": every request gets exactly one
 // reply frame that is one well-formed msgpack document, and L1 never reports more bytes in
-// use than it has.
+// use than it has. CacheBlend's ops, which HandleRequest does not serve yet, also go through
+// their wire decoders (fuzz_common.h: CheckBlendDecoders) and those decoders' invariants.
 //
 // Registered up front (so store/retrieve frames can reach the copy path): model "fz",
 // instances 1 (world size 1) and 2, 3 (world size 2, ranks 0 and 1), each over its own
@@ -135,6 +136,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     } else {
       wire::Frames payloads(m.data() + 2, m.size() - 2);
       reply = server::HandleRequest(*svc, **op, payloads, "fuzz");
+      // CacheBlend ops: the server answers them as unsupported for now; decode them here.
+      CheckBlendDecoders(payloads, *op);
     }
     Check(IsOneMsgpackDocument(reply), "reply is exactly one msgpack document");
     l1::L1Stats st = svc->l1_stats();
