@@ -1,5 +1,6 @@
 #include "http/lmcache_api.h"
 #include "http/json_body.h"
+#include "common/model_name.h"
 
 #include <dirent.h>
 #include <spdlog/spdlog.h>
@@ -287,7 +288,7 @@ Reply RootReply() { return JsonReply(200, {{"status", "ok"}, {"service", "LMCach
 
 bool WantsHtml(std::string_view accept) { return accept.find("text/html") != std::string_view::npos; }
 
-Reply ClearCacheReply(StatsSource& source, std::string_view body) {
+Reply ClearCacheReply(AdminPort& admin, std::string_view body) {
   Invalid bad;
   auto j = ParseBody(body, /*optional=*/true, bad);
   if (!j) return bad.reply();
@@ -295,7 +296,7 @@ Reply ClearCacheReply(StatsSource& source, std::string_view body) {
   BoolField(*j, "force", bad);  // kvd's clear never waits for locks (docs/operations.md)
   if (bad.any()) return bad.reply();
   if (tier != "l1") return Detail(400, "tier '" + tier + "' not supported; only 'l1'");
-  const uint64_t n = source.ClearCache();
+  const uint64_t n = admin.ClearCache();
   spdlog::info("http: L1 cleared on request ({} entries)", n);
   return JsonReply(200, {{"status", "ok"}, {"cleared", {{"tier", "l1"}}}, {"cleared_entries", n}});
 }
@@ -360,7 +361,7 @@ Reply ListObjectsReply(StatsSource& source, const QueryParams& q) {
                          {"next_page_token", std::move(next)}});
 }
 
-Reply DeleteObjectsReply(StatsSource& source, std::string_view body) {
+Reply DeleteObjectsReply(StatsSource& source, AdminPort& admin, std::string_view body) {
   Invalid bad;
   auto j = ParseBody(body, /*optional=*/false, bad);
   if (!j) return bad.reply();
@@ -432,8 +433,8 @@ Reply DeleteObjectsReply(StatsSource& source, std::string_view body) {
                         std::all_of(hexes[i].begin(), hexes[i].end(),
                                     [](char c) { return std::isxdigit(static_cast<unsigned char>(c)); });
     if (!hex_ok) return Detail(400, where + "chunk_hash_hex is not valid hex");
-    if (k.model_name.find('@') != std::string::npos) {
-      return Detail(400, where + "model_name must not contain '@'");
+    if (Status st = CheckModelName(k.model_name, /*allow_empty=*/true); !st.ok()) {
+      return Detail(400, where + st.message());
     }
     if (k.object_group_id < 0 || k.object_group_id > UINT32_MAX) {
       return Detail(400, where + "object_group_id must be in [0, 2^32)");
@@ -474,12 +475,12 @@ Reply DeleteObjectsReply(StatsSource& source, std::string_view body) {
     for (const auto& k : valid) {
       if (k.layout_tag.empty()) l1_keys.push_back(k);  // a layout tag names a tier object only
     }
-    auto r = source.DeleteL1Objects(l1_keys, force);
+    auto r = admin.DeleteL1Objects(l1_keys, force);
     deleted += r.deleted;
     skipped += r.skipped;
   }
   if (l2 && !valid.empty()) {
-    auto r = source.DeleteL2Objects(adapter.index, valid);
+    auto r = admin.DeleteL2Objects(adapter.index, valid);
     if (!r.ok()) {
       error = r.status().message();
     } else {

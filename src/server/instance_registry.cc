@@ -1,5 +1,7 @@
 #include "server/instance_registry.h"
 
+#include "common/model_name.h"
+
 #include <algorithm>
 
 namespace kvd::server {
@@ -9,10 +11,7 @@ Status CheckInstanceIdentity(const std::string& model_name, int64_t world_size) 
     return Status::InvalidArgument("world_size " + std::to_string(world_size) +
                                    " out of range [1, " + std::to_string(kMaxWorldSize) + "]");
   }
-  if (model_name.empty() || model_name.find('@') != std::string::npos) {
-    return Status::InvalidArgument("model_name must be non-empty and must not contain '@'");
-  }
-  return Status::Ok();
+  return CheckModelName(model_name);
 }
 
 std::shared_ptr<const Instance> InstanceRegistry::Find(int64_t id) {

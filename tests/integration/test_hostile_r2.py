@@ -57,3 +57,36 @@ def test_r2_finding1_deeply_nested_json_bodies_are_refused_and_kvd_lives(tmp_pat
         assert kvd.get("/healthcheck")[0] == 200
     finally:
         kvd.stop()
+
+
+# ---------------------------------------------------------------------------------------
+# Finding 5: model names that spell the same tier object key
+# ---------------------------------------------------------------------------------------
+
+
+def test_r2_finding5_model_names_that_collide_in_tier_keys_are_refused(tmp_path):
+    """lmcache's tier keys spell '/' as '-SEP-', so "org/model" and "org-SEP-model" would share
+    tier objects: a name with "-SEP-" is refused at registration (a store through it fails),
+    as a name with '@' is, and "org/model" itself still works."""
+    import os
+
+    import faults_util as F
+
+    seg = F.Segment(f"kvd_r2_sep_{os.getpid()}", F.RAW_LAYER_BYTES)
+    try:
+        with F.kvd_server(tmp_path) as srv:
+            c = F.RawClient(srv.url)
+            try:
+                toks = [7000 + i for i in range(H.CHUNK_SIZE)]
+                for iid, model, ok in ((27501, "org-SEP-model", False), (27502, "org@model", False),
+                                       (27503, "org/model", True)):
+                    F.register_raw(c, iid, model, "/" + seg.name)
+                    key = F.cache_key(model, 1, 0, toks, 0, H.CHUNK_SIZE, F.rid("sep"))
+                    got = c.call("store", key, iid, [list(range(16))], b"")
+                    assert got == [b"", ok], (model, got)
+                c.call("unregister_kv_cache", 27503)
+            finally:
+                c.close()
+            assert srv.alive()
+    finally:
+        seg.close()
