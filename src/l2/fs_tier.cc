@@ -7,9 +7,12 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+
+#include "codec/crc32c.h"
 
 namespace kvd::l2 {
 namespace {
@@ -65,6 +68,17 @@ int64_t ReadAll(int fd, uint8_t* dst, uint64_t n, uint64_t offset) {
     got += static_cast<uint64_t>(r);
   }
   return static_cast<int64_t>(got);
+}
+
+// The checksum kvd keeps beside an object it wrote (<object file>.kvdsum): one line
+// "kvdsum1 <size> <crc32c hex>\n". The object file itself stays byte for byte lmcache's.
+constexpr const char* kSumSuffix = ".kvdsum";
+constexpr const char* kSumMagic = "kvdsum1";
+
+std::string SumLine(uint64_t size, uint32_t crc) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%s %llu %08x\n", kSumMagic, static_cast<unsigned long long>(size), crc);
+  return buf;
 }
 
 struct Fd {
@@ -173,7 +187,7 @@ ItemResult FsTier::StoreOne(const StoreItem& item) {
   const std::string name = FileName(item.key);
   const std::string final_path = options_.base_path + "/" + name;
   struct stat st {};
-  if (::stat(final_path.c_str(), &st) == 0) return {Status::Ok(), 0};  // first writer wins
+  if (::lstat(final_path.c_str(), &st) == 0) return {Status::Ok(), 0};  // first writer wins
   const std::string tmp = tmp_dir_ + "/" + name.substr(0, name.size() - 5) + kTmpMarker +
                           std::to_string(::getpid()) + "-" + std::to_string(tmp_seq_.fetch_add(1)) +
                           ".tmp";
@@ -217,16 +231,60 @@ ItemResult FsTier::StoreOne(const StoreItem& item) {
     NoteError(s.message());
     return {s, 0};
   }
+  WriteChecksum(final_path, item.data, item.size);
   return {Status::Ok(), item.size};
+}
+
+void FsTier::WriteChecksum(const std::string& final_path, const uint8_t* data, uint64_t size) {
+  const std::string line = SumLine(size, codec::Crc32c(data, size));
+  const std::string tmp = tmp_dir_ + "/" + final_path.substr(final_path.rfind('/') + 1) + kTmpMarker +
+                          std::to_string(::getpid()) + "-" +
+                          std::to_string(tmp_seq_.fetch_add(1)) + ".tmp";
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
+  if (fd < 0) return;  // the object stays readable, unchecked
+  const int err = WriteAll(fd, reinterpret_cast<const uint8_t*>(line.data()), line.size(), 0);
+  ::close(fd);
+  if (err != 0 || ::rename(tmp.c_str(), (final_path + kSumSuffix).c_str()) != 0) ::unlink(tmp.c_str());
+}
+
+Status FsTier::VerifyChecksum(const std::string& path, const uint8_t* data, uint64_t size) const {
+  const std::string sum_path = path + kSumSuffix;
+  int fd = ::open(sum_path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+  if (fd < 0) {
+    if (errno == ENOENT) return Status::Ok();  // written by another server (or before): unchecked
+    return Status::Internal(sum_path + ": " + Errno(errno) + " (checksum unreadable: not served)");
+  }
+  Fd guard(fd);
+  struct stat st {};
+  char buf[64] = {};
+  int64_t got = -1;
+  if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size < static_cast<off_t>(sizeof(buf))) {
+    got = ReadAll(fd, reinterpret_cast<uint8_t*>(buf), sizeof(buf) - 1, 0);
+  }
+  char magic[16] = {};
+  unsigned long long want_size = 0;
+  unsigned int want_crc = 0;
+  if (got <= 0 || std::sscanf(buf, "%15s %llu %x", magic, &want_size, &want_crc) != 3 ||
+      std::strcmp(magic, kSumMagic) != 0) {
+    return Status::Internal(sum_path + ": malformed checksum file (object not served)");
+  }
+  if (want_size != size || codec::Crc32c(data, size) != want_crc) {
+    return Status::Internal(path + ": bytes differ from the checksum kvd wrote beside them "
+                            "(overwritten or corrupted; not served)");
+  }
+  return Status::Ok();
 }
 
 ItemResult FsTier::LoadOne(const LoadItem& item) {
   if (Status st = ValidateObjectKey(item.key); !st.ok()) return {st, 0};
   const std::string path = PathOf(item.key);
   const bool direct_wanted = options_.use_odirect && odirect_ok_.load();
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // Never follow a link out of the directory, never block on a FIFO or device in the
+  // object's place: only a regular file is read (issue 27, finding 4).
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
   if (fd < 0) {
     if (errno == ENOENT) return {Status::NotFound("no file " + path), 0};
+    if (errno == ELOOP) return {Status::Internal(path + ": a symbolic link, not an object (not read)"), 0};
     Status s = IoError("open " + path, errno);
     NoteError(s.message());
     return {s, 0};
@@ -234,6 +292,8 @@ ItemResult FsTier::LoadOne(const LoadItem& item) {
   Fd guard(fd);
   struct stat st {};
   if (::fstat(fd, &st) != 0) return {IoError("stat " + path, errno), 0};
+  if (!S_ISREG(st.st_mode)) return {Status::Internal(path + ": not a regular file (not read)"), 0};
+  if (int fl = ::fcntl(fd, F_GETFL); fl >= 0) ::fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
   const uint64_t file_size = static_cast<uint64_t>(st.st_size);
   uint64_t want = item.size;
   if (item.size_is_capacity) {
@@ -282,6 +342,7 @@ ItemResult FsTier::LoadOne(const LoadItem& item) {
   if (static_cast<uint64_t>(got) != want - head) {
     return {Status::Internal(path + ": short read (file truncated while reading)"), 0};
   }
+  if (Status v = VerifyChecksum(path, item.dst, want); !v.ok()) return {v, 0};
   return {Status::Ok(), want};
 }
 
@@ -289,7 +350,10 @@ ItemResult FsTier::ExistsOne(const ObjectKey& key) {
   if (Status st = ValidateObjectKey(key); !st.ok()) return {st, 0};
   struct stat st {};
   const std::string path = PathOf(key);
-  if (::stat(path.c_str(), &st) == 0) return {Status::Ok(), static_cast<uint64_t>(st.st_size)};
+  if (::lstat(path.c_str(), &st) == 0) {
+    if (!S_ISREG(st.st_mode)) return {Status::NotFound(path + " is not a regular file"), 0};
+    return {Status::Ok(), static_cast<uint64_t>(st.st_size)};
+  }
   if (errno == ENOENT) return {Status::NotFound(path), 0};
   return {IoError("stat " + path, errno), 0};
 }
@@ -298,7 +362,8 @@ ItemResult FsTier::DeleteOne(const ObjectKey& key) {
   if (Status st = ValidateObjectKey(key); !st.ok()) return {st, 0};
   const std::string path = PathOf(key);
   struct stat st {};
-  if (::stat(path.c_str(), &st) != 0) {
+  ::unlink((path + kSumSuffix).c_str());
+  if (::lstat(path.c_str(), &st) != 0) {
     return errno == ENOENT ? ItemResult{Status::Ok(), 0} : ItemResult{IoError("stat " + path, errno), 0};
   }
   if (::unlink(path.c_str()) != 0) {
@@ -358,7 +423,7 @@ void FsTier::Scan(ScanDone done) {
           if (!key) continue;
           struct stat st {};
           std::string p = options_.base_path + "/" + e->d_name;
-          if (::stat(p.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) continue;
+          if (::lstat(p.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) continue;
           out.push_back({std::move(*key), static_cast<uint64_t>(st.st_size),
                          static_cast<int64_t>(st.st_mtim.tv_sec) * 1'000'000'000LL + st.st_mtim.tv_nsec});
         }

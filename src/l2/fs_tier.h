@@ -12,6 +12,14 @@
 // where it does not (tmpfs), kvd logs once and uses buffered I/O. read_ahead_size issues a
 // readahead hint for that many leading bytes before the read.
 //
+// Files kvd does not trust (issue 27, finding 4): an object is opened without following
+// links and without blocking (a FIFO in its place), and read only when it is a regular file.
+// Beside every object it writes kvd keeps "<file>.kvdsum" (size and CRC-32C, one text line);
+// a load whose bytes do not match it is a counted corrupt miss, so an object overwritten in
+// place (same size) is not served. Objects without a checksum file (written by lmcache or
+// before this) are read as before. The checksum guards against corruption and overwrites by
+// processes that do not know of it, not against one that rewrites both files.
+//
 // Temporary files kvd left behind (a crash mid-write) are removed at startup once older than
 // ten minutes; lmcache's ".tmp" files are left alone.
 //
@@ -63,6 +71,12 @@ class FsTier final : public Tier {
   ItemResult LoadOne(const LoadItem& item);
   ItemResult ExistsOne(const ObjectKey& key);
   ItemResult DeleteOne(const ObjectKey& key);
+  // The checksum kvd keeps beside each object it writes (<file>.kvdsum; the object file
+  // stays lmcache's bytes). Written after the object is in place; best effort.
+  void WriteChecksum(const std::string& final_path, const uint8_t* data, uint64_t size);
+  // Ok when there is no checksum file (an object another server wrote) or it matches
+  // `data`; Internal (a counted corrupt miss) when it does not, or cannot be read.
+  Status VerifyChecksum(const std::string& path, const uint8_t* data, uint64_t size) const;
   void RemoveStaleTemporaries();
   void NoteError(const std::string& what);
 
