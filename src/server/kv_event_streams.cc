@@ -21,7 +21,7 @@ void KvEventStreams::Subscribe(std::string_view identity_view, std::string_view 
     bad = req.status();
   } else if (req->cursor < 0 || req->max_events < 1 || req->max_events > kMaxEventsPerBatch) {
     bad = Status::InvalidArgument("cursor must be >= 0 and max_events in [1, 1024]");
-  } else if (streams_.size() >= kMaxStreams && !by_instance_.count(req->instance_id)) {
+  } else if (streams_.size() >= kMaxStreams && !by_instance_.count({identity, req->instance_id})) {
     bad = Status::ResourceExhausted("too many KV-event streams (" + std::to_string(kMaxStreams) + ")");
   }
   if (!bad.ok()) {
@@ -29,7 +29,7 @@ void KvEventStreams::Subscribe(std::string_view identity_view, std::string_view 
     send_({identity, uid, op_frame});  // an end frame: the client's stream closes
     return;
   }
-  if (auto old = by_instance_.find(req->instance_id); old != by_instance_.end()) {
+  if (auto old = by_instance_.find({identity, req->instance_id}); old != by_instance_.end()) {
     auto it = streams_.find(old->second);
     if (it != streams_.end()) End(it);
   }
@@ -43,7 +43,7 @@ void KvEventStreams::Subscribe(std::string_view identity_view, std::string_view 
   s.max_events = static_cast<size_t>(req->max_events);
   s.last_seen_ns = clock_->NowNanos();
   auto [it, _] = streams_.emplace(key, std::move(s));
-  by_instance_[req->instance_id] = key;
+  by_instance_[{identity, req->instance_id}] = key;
   ++per_identity_[identity];
   if (log_) log_->set_subscribers(streams_.size());
   spdlog::info("kv events: instance {} subscribed for model '{}' from cursor {}",
@@ -121,7 +121,7 @@ void KvEventStreams::Pump() {
 void KvEventStreams::End(std::map<Key, Stream>::iterator it) {
   const Key key = it->first;
   send_({key.first, key.second, it->second.op_frame});
-  if (auto bi = by_instance_.find(it->second.instance_id);
+  if (auto bi = by_instance_.find({key.first, it->second.instance_id});
       bi != by_instance_.end() && bi->second == key) {
     by_instance_.erase(bi);
   }

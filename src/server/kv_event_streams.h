@@ -9,7 +9,10 @@
 //
 // A batch is sent when the subscriber has credit and there is something to say: the first
 // batch (the status, even if empty), records of its model after its cursor, or a loss. Each
-// worker instance has at most one stream: a new subscription ends the previous one. A
+// worker instance has at most one stream per connection: a new subscription on the same
+// connection ends the previous one; a subscription from another connection naming the same
+// instance never touches it (a stream left by a connection that died ends at the idle
+// timeout). A
 // stream ends when the client cancels, when it has been silent (no request, ping or ack on
 // its connection) for the idle timeout, when the server stops, or right after the first
 // batch when the log is off (enabled=false tells the client to stop asking).
@@ -79,7 +82,10 @@ class KvEventStreams {
   const int64_t idle_timeout_ns_;
   const Send send_;
   std::map<Key, Stream> streams_;
-  std::map<int64_t, Key> by_instance_;
+  // The stream of each (connection identity, instance id): a stream belongs to the connection
+  // that opened it, so a subscription replaces only its own connection's stream of that
+  // instance, never another client's (issue 27, finding 9).
+  std::map<std::pair<std::string, int64_t>, Key> by_instance_;
   std::map<std::string, int, std::less<>> per_identity_;  // streams per connection (for Touch)
 };
 

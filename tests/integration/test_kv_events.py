@@ -41,8 +41,10 @@ class Subscriber:
     """The real client's subscribe_kv_events stream, read on a thread into a queue."""
 
     def __init__(self, url: str, instance_id: int, model: str, cursor: int = 0,
-                 max_events: int = 1024) -> None:
-        self.client = H.make_request_client(url)
+                 max_events: int = 1024, client=None) -> None:
+        # client: another Subscriber's client, to subscribe on the same connection.
+        self.owns_client = client is None
+        self.client = client or H.make_request_client(url)
         self.stream = self.client.subscribe_kv_events(instance_id, model, cursor, max_events)
         self.batches: queue.Queue = queue.Queue()
         self.ended = threading.Event()
@@ -74,7 +76,8 @@ class Subscriber:
     def close(self) -> None:
         self.stream.close()
         self.thread.join(timeout=10)
-        self.client.close()
+        if self.owns_client:
+            self.client.close()
 
 
 @pytest.fixture
@@ -209,11 +212,16 @@ def test_replay_from_a_cursor_one_stream_per_instance_and_log_trim(kvd):
         # Another model's subscriber sees none of them.
         e = Subscriber(srv.url, instance_id=10, model="someone-else", cursor=0)
         assert e.next_batch().events == []
-        # A second subscription of instance 7 ends the first stream.
-        a2 = Subscriber(srv.url, instance_id=7, model=model, cursor=seqs[-1])
+        # A subscription of instance 7 from another connection does not end the first stream
+        # (streams belong to the connection that opened them: issue 27, finding 9) ...
+        other = Subscriber(srv.url, instance_id=7, model=model, cursor=seqs[-1])
+        other.next_batch()
+        assert not a.ended.wait(2), "another connection ended instance 7's stream"
+        # ... a second subscription of instance 7 on the same connection does.
+        a2 = Subscriber(srv.url, instance_id=7, model=model, cursor=seqs[-1], client=a.client)
         a2.next_batch()
         assert a.ended.wait(10), "the older stream of instance 7 must end"
-        for s in (a, a2, b, d, e):
+        for s in (a2, other, b, d, e, a):
             s.close()
     finally:
         c.close()

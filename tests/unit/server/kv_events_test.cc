@@ -357,7 +357,7 @@ TEST(KvEventStreams, CancelNewSubscriptionIdleAndShutdownEndStreams) {
   EXPECT_EQ(streams.size(), 0u);
 
   Subscribe(streams, "c1", "u2", Sub(1, "m", 0, 10));
-  Subscribe(streams, "c2", "u3", Sub(1, "m", 0, 10));  // the same instance, again
+  Subscribe(streams, "c1", "u3", Sub(1, "m", 0, 10));  // the same instance, same connection
   EXPECT_EQ(streams.size(), 1u);
   bool ended_old = false;
   for (const auto& f : sent.frames) ended_old |= f == std::vector<std::string>{"c1", "u2", "op"};
@@ -365,13 +365,42 @@ TEST(KvEventStreams, CancelNewSubscriptionIdleAndShutdownEndStreams) {
 
   Subscribe(streams, "c3", "u4", Sub(2, "m", 0, 10));
   clock.AdvanceSeconds(100);
-  streams.Touch("c3");  // c3 pings; c2 is silent
+  streams.Touch("c3");  // c3 pings; c1 is silent
   clock.AdvanceSeconds(30);
   streams.Pump();
   EXPECT_EQ(streams.size(), 1u) << "the silent connection's stream ends";
   streams.CloseAll();
   EXPECT_EQ(streams.size(), 0u);
   EXPECT_EQ(sent.frames.back(), (std::vector<std::string>{"c3", "u4", "op"}));
+}
+
+// Issue 27, finding 9: a subscriber that names another subscriber's instance id must not end
+// the victim's stream (streams belong to the connection that opened them).
+TEST(KvEventStreams, Finding9AnotherConnectionCannotEndAStream) {
+  FakeClock log_clock;
+  KvEventLog log(16, &log_clock);
+  log.AttachNamespaces(&TestNamespaces());
+  FakeClock clock;
+  Sent sent;
+  KvEventStreams streams(&log, &clock, 120, sent.fn());
+  Subscribe(streams, "victim", "u1", Sub(7, "m", 0, 10));
+  Subscribe(streams, "attacker", "u9", Sub(7, "m", 0, 10));
+  EXPECT_EQ(streams.size(), 2u);
+  for (const auto& f : sent.frames) {
+    EXPECT_NE(f, (std::vector<std::string>{"victim", "u1", "op"})) << "the victim's stream was ended";
+  }
+  EXPECT_FALSE(streams.Control("attacker", "u1", "cancel")) << "a cancel from another connection";
+  EXPECT_EQ(streams.size(), 2u);
+  // The victim's stream still delivers.
+  streams.Control("victim", "u1", "ack");
+  BindOne(log, 1, std::nullopt, {5});
+  log.OnEntryComplete(Key(1));
+  streams.Pump();
+  bool victim_got_record = false;
+  for (const auto& f : sent.frames) {
+    if (f.size() == 4 && f[0] == "victim" && !Decode(f[3]).events.empty()) victim_got_record = true;
+  }
+  EXPECT_TRUE(victim_got_record);
 }
 
 TEST(KvEventStreams, BadSubscriptionsAndDisabledLogEndTheStream) {
