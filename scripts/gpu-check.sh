@@ -16,7 +16,9 @@
 #       stored, retrieved into zeroed pages, every byte checked, store / retrieve GB/s printed
 #       beside pinned cudaMemcpy D2H / H2D. Before that, kvd-codec-gpu-check compares the
 #       CUDA CacheGen decoder with the CPU decoders byte for byte and times its kernel
-#       (docs/compression.md). Then one line: VERDICT: PASS or VERDICT: FAIL.
+#       (docs/compression.md), and kvd-blend-gpu-check compares CacheBlend's CUDA scatter +
+#       re-RoPE with the CPU scatter byte for byte and times it against a pinned H2D copy of
+#       the same bytes (docs/gpu.md). Then one line: VERDICT: PASS or VERDICT: FAIL.
 #       Takes about 1-3 minutes on an H200 (hard limit 8); prints progress as it goes.
 #
 # Environment: KVD_GPU_CHECK_OUT (logs and results; default $OUT, else /tmp/kvd-gpu-check),
@@ -34,10 +36,10 @@ prepare() {
   say "configuring build-gpu/ with CUDA"
   cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DKVD_BUILD_TESTS=OFF -DKVD_CUDA=ON >/dev/null
   grep -q '^CMAKE_CUDA_COMPILER:' build-gpu/CMakeCache.txt || { say "nvcc not found: cannot build the CUDA engine"; exit 1; }
-  say "building kvd and kvd-codec-gpu-check (nvcc is slow on few cores)"
-  cmake --build build-gpu -j"$(nproc)" --target kvd kvd-codec-gpu-check
+  say "building kvd, kvd-codec-gpu-check and kvd-blend-gpu-check (nvcc is slow on few cores)"
+  cmake --build build-gpu -j"$(nproc)" --target kvd kvd-codec-gpu-check kvd-blend-gpu-check
   rm -rf "$CARRY" && mkdir -p "$CARRY/bin" "$CARRY/lib" "$CARRY/wheels"
-  cp build-gpu/kvd build-gpu/kvd-codec-gpu-check "$CARRY/bin/"
+  cp build-gpu/kvd build-gpu/kvd-codec-gpu-check build-gpu/kvd-blend-gpu-check "$CARRY/bin/"
   # Everything kvd links except glibc itself (the GPU image's glibc is at least as new).
   ldd build-gpu/kvd | awk '/=> \// {print $3}' |
     grep -Ev '/(libc|libm|libpthread|libdl|librt|libresolv|libutil)\.so|/ld-linux' |
@@ -69,18 +71,20 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,pcie.link.gen.current,pc
 if [ -x "$CARRY/bin/kvd" ]; then
   KVD="$CARRY/bin/kvd"
   CODEC_CHECK="$CARRY/bin/kvd-codec-gpu-check"
+  BLEND_CHECK="$CARRY/bin/kvd-blend-gpu-check"
   export KVD_LD_PATH="$CARRY/lib"
   say "using the carried kvd ($CARRY/bin/kvd)"
 else
   say "no .gpucheck/: building kvd with CUDA here (needs libzmq, spdlog, msgpack-cxx, CLI11, cpp-httplib)"
   if ! { cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DKVD_BUILD_TESTS=OFF -DKVD_CUDA=ON >"$OUTDIR/build.log" 2>&1 &&
-         cmake --build build-gpu -j"$(nproc)" --target kvd kvd-codec-gpu-check >>"$OUTDIR/build.log" 2>&1; }; then
+         cmake --build build-gpu -j"$(nproc)" --target kvd kvd-codec-gpu-check kvd-blend-gpu-check >>"$OUTDIR/build.log" 2>&1; }; then
     tail -20 "$OUTDIR/build.log"
     echo "VERDICT: FAIL (kvd could not be built here; run scripts/gpu-check.sh --prepare on a build machine and carry .gpucheck/)"
     exit 1
   fi
   KVD="$ROOT/build-gpu/kvd"
   CODEC_CHECK="$ROOT/build-gpu/kvd-codec-gpu-check"
+  BLEND_CHECK="$ROOT/build-gpu/kvd-blend-gpu-check"
   export KVD_LD_PATH=""
 fi
 if ! LD_LIBRARY_PATH="$KVD_LD_PATH" "$KVD" --help >/dev/null 2>"$OUTDIR/kvd-load.log"; then
@@ -98,6 +102,18 @@ if [ -x "${CODEC_CHECK:-}" ]; then
 else
   say "kvd-codec-gpu-check missing (rerun --prepare): the codec's GPU decoder is not checked"
   CODEC_RC=1
+fi
+
+# 1c. CacheBlend's CUDA scatter + re-RoPE against the CPU scatter, timed against a pinned H2D
+# copy of the same bytes (no server needed; ~30 s).
+BLEND_RC=0
+if [ -x "${BLEND_CHECK:-}" ]; then
+  say "CacheBlend GPU scatter + re-RoPE vs CPU scatter"
+  LD_LIBRARY_PATH="$KVD_LD_PATH" timeout 90 "$BLEND_CHECK" 2>&1 | tee "$OUTDIR/blend_gpu_check.log"
+  BLEND_RC=${PIPESTATUS[0]}
+else
+  say "kvd-blend-gpu-check missing (rerun --prepare): the blend scatter's kernel is not checked"
+  BLEND_RC=1
 fi
 
 # 2. Python: torch from the image; pyzmq from the carried wheel when the image lacks it.
@@ -139,6 +155,10 @@ if ! grep -q '^VERDICT:' "$OUTDIR/harness.log"; then
 fi
 if [ "$CODEC_RC" != 0 ]; then
   echo "VERDICT: FAIL (CacheGen GPU decoder: see $OUTDIR/codec_gpu_check.log)"
+  rc=1
+fi
+if [ "$BLEND_RC" != 0 ]; then
+  echo "VERDICT: FAIL (CacheBlend GPU scatter: see $OUTDIR/blend_gpu_check.log)"
   rc=1
 fi
 say "done; logs in $OUTDIR"
