@@ -400,6 +400,14 @@ Result<ParsedCommandLine> ParseServerCommandLine(std::span<const std::string> ar
     }
   }
   if (!c.observability) c.server.kv_event_log_size = 0;
+  // CacheBlend scatters into the worker's registered KV tensors: it needs the lmcache-driven
+  // path, as in lmcache.
+  if (c.server.blend() && c.server.supported_transfer_mode == "engine_driven") {
+    return Status::InvalidArgument(
+        "--engine-type blend: needs --supported-transfer-mode lmcache_driven or auto, got "
+        "engine_driven (CacheBlend scatters into the KV cache a worker registers with "
+        "register_kv_cache)");
+  }
   // --l1-use-hugepages puts L1 in private memory (lmcache: "incompatible with shared
   // memory"): what needs the shared pool is refused or turned off, saying so.
   if (c.server.l1_use_hugepages) {

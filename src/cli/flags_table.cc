@@ -44,7 +44,6 @@ constexpr const char* kKvdGroup = "kvd extensions";
 constexpr const char* kNoCoordinator = "only used with --coordinator-url, which kvd refuses";
 constexpr const char* kNoP2p = "only used with --p2p-advertise-url, which kvd refuses";
 constexpr const char* kNoGds = "only used with --gds-l1-path, which kvd refuses";
-constexpr const char* kNoBlend = "--engine-type blend only, which kvd refuses (lmcache: no effect otherwise)";
 constexpr const char* kNoHashLog = "only used with --lookup-hash-log-dir, which kvd refuses";
 constexpr const char* kNoGc = "kvd has no garbage collector to monitor";
 constexpr const char* kCliOutput =
@@ -117,8 +116,12 @@ const FlagSpec kFlags[] = {
      .apply = [](const FlagValue& v, CliConfig& c) { c.server.hash_algorithm = v.text; },
      .show = [](const CliConfig& c) { return c.server.hash_algorithm; }},
     {.name = "--engine-type", .group = kMp, .kind = K::kChoice, .lmcache_default = "default",
-     .choices = "default|blend", .serves = "default", .note = "prefix caching",
-     .refusal = "CacheBlend is not implemented (vLLM's LMCacheMPConnector never calls its ops)"},
+     .choices = "default|blend",
+     .note = "default: prefix caching; blend: CacheBlend's non-prefix reuse (ops cb_*; "
+             "needs lmcache-driven transfers, refused with --supported-transfer-mode "
+             "engine_driven)",
+     .apply = [](const FlagValue& v, CliConfig& c) { c.server.engine_type = v.text; },
+     .show = [](const CliConfig& c) { return c.server.engine_type; }},
     {.name = "--supported-transfer-mode", .group = kMp, .kind = K::kChoice,
      .lmcache_default = "lmcache_driven", .choices = "lmcache_driven|engine_driven|auto",
      .note = "which transfer paths are served: lmcache_driven (STORE/RETRIEVE), engine_driven "
@@ -170,11 +173,22 @@ const FlagSpec kFlags[] = {
      },
      .show = [](const CliConfig& c) { return Num(c.server.worker_registration_grace_seconds); }},
     {.name = "--enable-segmented-prefix", .group = kMp, .kind = K::kSwitch,
-     .lmcache_default = "false", .support = S::kAccepted, .note = kNoBlend},
+     .lmcache_default = "false",
+     .note = "--engine-type blend only: keep a gapped tier prefix (accepted; kvd does not "
+             "implement segmented prefixes yet and warns at startup)",
+     .apply = [](const FlagValue& v, CliConfig& c) { c.server.enable_segmented_prefix = v.AsBool(); },
+     .show = [](const CliConfig& c) { return std::string(c.server.enable_segmented_prefix ? "true" : "false"); }},
     {.name = "--enable-dedup-content", .group = kMp, .kind = K::kSwitch,
-     .lmcache_default = "false", .support = S::kAccepted, .note = kNoBlend},
+     .lmcache_default = "false",
+     .note = "--engine-type blend only: register a chunk's fingerprint once per content",
+     .apply = [](const FlagValue& v, CliConfig& c) { c.server.enable_dedup_content = v.AsBool(); },
+     .show = [](const CliConfig& c) { return std::string(c.server.enable_dedup_content ? "true" : "false"); }},
     {.name = "--enable-blend-reorder", .group = kMp, .kind = K::kSwitch,
-     .lmcache_default = "false", .support = S::kAccepted, .note = kNoBlend},
+     .lmcache_default = "false",
+     .note = "--engine-type blend only: answer cb_reorder_plan (kvd keeps the prompt's "
+             "order: an empty plan)",
+     .apply = [](const FlagValue& v, CliConfig& c) { c.server.enable_blend_reorder = v.AsBool(); },
+     .show = [](const CliConfig& c) { return std::string(c.server.enable_blend_reorder ? "true" : "false"); }},
     {.name = "--enable", .group = kMp, .kind = K::kList, .lmcache_default = "[]", .serves = "",
      .note = "no experimental transfer modules",
      .refusal = "the experimental transfer_query module (register_q_cache, store_q) is not "
@@ -500,6 +514,13 @@ const FlagSpec kFlags[] = {
        c.server.allowed_shm_prefix = v.text.size() > 0 && v.text[0] == '/' ? v.text.substr(1) : v.text;
      },
      .show = [](const CliConfig& c) { return c.server.allowed_shm_prefix; }},
+    {.name = "--blend-lmcache-parity", .group = kKvdGroup, .kind = K::kSwitch, .origin = O::kKvd,
+     .lmcache_default = "false",
+     .note = "--engine-type blend only: the matcher answers exactly as lmcache 0.5.6's (no "
+             "digest check, one fingerprint per slot, chunk 0 of a prompt not registered, "
+             "removal by strikes), for differential tests",
+     .apply = [](const FlagValue& v, CliConfig& c) { c.server.blend_lmcache_parity = v.AsBool(); },
+     .show = [](const CliConfig& c) { return std::string(c.server.blend_lmcache_parity ? "true" : "false"); }},
     {.name = "--max-sessions", .group = kKvdGroup, .kind = K::kInt, .origin = O::kKvd,
      .lmcache_default = "65536",
      .note = "live request sessions kept at most; the least recently used is dropped beyond "

@@ -704,6 +704,7 @@ int RunServer(const CliConfig& cli) {
     std::unique_ptr<kvd::server::KvService> svc = std::move(created).value();
     const auto l1 = svc->l1_stats();
     if (kvd::server::KvEventLog* events = svc->kv_events()) events->RegisterMetrics(registry);
+    if (kvd::server::BlendOps* blend = svc->blend()) blend->RegisterMetrics(registry);
     kvd::server::RequestMetrics metrics;
     metrics.RegisterMetrics(registry);
     // The server uses the service until it is destroyed: it goes first (below).

@@ -36,6 +36,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -132,6 +133,18 @@ struct PinMiss {
   l1::ReadPin wrong_size;
 };
 
+// A store's chunks as committed, for whoever indexes stored content (CacheBlend's
+// fingerprints, server/blend_ops.h). Valid during the hook's call only.
+struct CommittedStore {
+  const wire::CacheKey* key = nullptr;       // the request's key (tokens from position 0)
+  const RequestChunks* chunks = nullptr;     // every chunk of the stored range
+  std::span<const l1::ChunkKey> committed;   // those this store committed
+  uint32_t slot = 0;                         // the worker's rank
+};
+// Called after a store's commit, on the committing thread (a copy's completion or the
+// request's thread); must be thread-safe and must not call back into a transfer.
+using StoreCommittedHook = std::function<void(const CommittedStore&)>;
+
 class ChunkIo {
  public:
   // Borrows everything; all must outlive this object.
@@ -144,6 +157,9 @@ class ChunkIo {
   void set_tiers(l2::TierSet* tiers) { tiers_ = tiers; }
   void set_kv_events(KvEventLog* events) { kv_events_ = events; }
   l2::TierSet* tiers() const { return tiers_; }
+  // Told of every store's committed chunks (null: nobody). Set once, before use.
+  void set_store_hook(StoreCommittedHook hook) { store_hook_ = std::move(hook); }
+  const StoreCommittedHook& store_hook() const { return store_hook_; }
 
   // Keys of the chunks of `key` a store writes for `inst` (RequestChunkKeys: namespace
   // interned, the request's session used only if it exists), their tokens bound for the
@@ -200,6 +216,7 @@ class ChunkIo {
   SessionTable* const sessions_;
   l2::TierSet* tiers_ = nullptr;
   KvEventLog* kv_events_ = nullptr;
+  StoreCommittedHook store_hook_;
 };
 
 // Hands a store's committed chunks (`committed`, from CommitLastFirst) on to the tiers:

@@ -61,6 +61,14 @@ struct ServerConfig {
   // default), "lmcache_driven" (STORE/RETRIEVE into registered KV tensors) or
   // "engine_driven" (PREPARE/COMMIT into the shared L1 pool).
   std::string supported_transfer_mode = "auto";
+  // --engine-type: "default" (prefix caching) or "blend" (CacheBlend's ops, server/blend_ops.h),
+  // and blend's switches (no effect unless blend).
+  std::string engine_type = "default";
+  bool enable_segmented_prefix = false;  // accepted; not implemented (startup warning)
+  bool enable_dedup_content = false;
+  bool enable_blend_reorder = false;
+  bool blend_lmcache_parity = false;     // kvd's --blend-lmcache-parity
+  bool blend() const { return engine_type == "blend"; }
   // Records kept for KV-event subscribers (--kv-event-log-size); 0 turns the stream off.
   int64_t kv_event_log_size = 32768;
   std::string instance_id;               // --instance-id: shown in GET /config only

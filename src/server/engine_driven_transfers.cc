@@ -131,6 +131,10 @@ EngineDrivenTransfers::PrepareStore(const wire::EngineDrivenRequest& req) {
     return reserved.status();
   }
   pending.writes = std::move(reserved).value();
+  if (io_.store_hook() && pending.writes.slot() == 0 && !pending.writes.empty()) {
+    pending.hooked = std::make_shared<const std::pair<wire::CacheKey, RequestChunks>>(
+        req.key, std::move(chunks).value());
+  }
   std::vector<wire::ShmSlot> slots;
   std::vector<int64_t> indices;
   slots.reserve(pending.writes.size());
@@ -168,6 +172,10 @@ Status EngineDrivenTransfers::CommitStore(const wire::EngineDrivenRequest& req) 
   const uint64_t bytes = pending.writes.bytes();
   const std::vector<l1::ChunkKey> committed =
       pending.writes.CommitLastFirst("commit_store: a reservation expired before commit");
+  if (pending.hooked && !committed.empty()) {
+    io_.store_hook()(CommittedStore{&pending.hooked->first, &pending.hooked->second, committed,
+                                    pending.writes.slot()});
+  }
   // Written behind in the format the instance is registered with now.
   if (io_.tiers() && !committed.empty()) {
     if (auto inst = registry_->Peek(req.instance_id)) {

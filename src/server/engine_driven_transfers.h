@@ -52,6 +52,8 @@ class EngineDrivenTransfers {
   void set_tiers(l2::TierSet* tiers) { io_.set_tiers(tiers); }
   // The KV-event log stores bind their chunks' tokens in (BindStoredChunks); null: none.
   void set_kv_events(KvEventLog* events) { io_.set_kv_events(events); }
+  // Told of each COMMIT_STORE's committed chunks (ChunkIo::set_store_hook). Set once.
+  void set_store_hook(StoreCommittedHook hook) { io_.set_store_hook(std::move(hook)); }
 
   // Drops every half-done operation of the instance (unregistered or reaped).
   void DropInstance(int64_t instance_id);
@@ -65,6 +67,8 @@ class EngineDrivenTransfers {
   struct PendingStore {
     ChunkWrites writes;  // the worker's slot is writes.slot()
     std::string cache_salt;
+    // With a store hook: the request's key and chunks, for the hook after the commit.
+    std::shared_ptr<const std::pair<wire::CacheKey, RequestChunks>> hooked;
     int64_t started_ns = 0;
   };
   struct PendingRetrieve {

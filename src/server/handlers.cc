@@ -2,6 +2,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include <optional>
+
 #include "server/request_phases.h"
 
 namespace kvd::server {
@@ -56,9 +58,81 @@ std::string FailureReply(const KvService& svc, const wire::OpInfo& op) {
     case Op::kPrepareRetrieve:
       return wire::EncodePrepareRetrieveResponse(false, {});
     default:
+      break;
+  }
+  if (svc.config().blend()) {
+    switch (op.op) {
+      case Op::kCbRetrievePreComputed:
+        return wire::EncodeHandleAndOk("", false);
+      case Op::kCbUnifiedLookup:
+        // Nothing found (never nil, which reads as "still loading": the client would poll).
+        return wire::EncodeCbUnifiedLookupResult({});
+      case Op::kCbProtocolHandshake:
+        return wire::EncodeCbProtocolHandshake(0);
+      case Op::kCbReorderPlan:
+        return wire::EncodeCbReorderPlan({});
+      default:
+        break;
+    }
+  }
+  return wire::EncodeNil();
+}
+
+namespace {
+
+// CacheBlend's ops (--engine-type blend; server/blend_ops.h). nullopt: not a blend op.
+std::optional<std::string> HandleBlend(KvService& svc, BlendOps& blend, const wire::OpInfo& op,
+                                       wire::Frames p, std::string_view client) {
+  switch (op.op) {
+    case Op::kCbRegisterRope: {
+      auto req = Decoded(wire::DecodeCbRegisterRope, p);
+      if (!req.ok()) return Fail(op, client, req.status(), wire::EncodeNil());
+      if (Status st = blend.RegisterRope(*req); !st.ok()) return Fail(op, client, st, wire::EncodeNil());
       return wire::EncodeNil();
+    }
+    case Op::kCbUnregisterRope: {
+      auto id = Decoded(wire::DecodeInstanceId, p);
+      if (!id.ok()) return Fail(op, client, id.status(), wire::EncodeNil());
+      blend.UnregisterRope(*id);
+      return wire::EncodeNil();
+    }
+    case Op::kCbUnifiedLookup: {
+      auto req = Decoded(wire::DecodeCbUnifiedLookup, p);
+      if (!req.ok()) return Fail(op, client, req.status(), FailureReply(svc, op));
+      auto r = blend.UnifiedLookup(*req);
+      if (!r.ok()) return Fail(op, client, r.status(), FailureReply(svc, op));
+      // nil while the prefix leg loads from a tier: the client asks again.
+      return *r ? wire::EncodeCbUnifiedLookupResult(**r) : wire::EncodeNil();
+    }
+    case Op::kCbRetrievePreComputed: {
+      auto req = Decoded(wire::DecodeCbRetrievePreComputed, p);
+      if (!req.ok()) return Fail(op, client, req.status(), wire::EncodeHandleAndOk("", false));
+      auto r = blend.RetrievePreComputed(*req);
+      // The CPU scatter is complete when the reply is sent: an empty event handle, as a CPU
+      // STORE answers (no device work to wait for).
+      if (!r.ok()) return Fail(op, client, r.status(), wire::EncodeHandleAndOk("", false));
+      return wire::EncodeHandleAndOk("", *r);
+    }
+    case Op::kCbProtocolHandshake: {
+      auto v = Decoded(wire::DecodeCbProtocolHandshake, p);
+      if (!v.ok()) return Fail(op, client, v.status(), FailureReply(svc, op));
+      return wire::EncodeCbProtocolHandshake(*v);
+    }
+    case Op::kCbReorderPlan: {
+      auto req = Decoded(wire::DecodeCbReorderPlan, p);
+      if (!req.ok()) return Fail(op, client, req.status(), FailureReply(svc, op));
+      if (!svc.config().enable_blend_reorder) {
+        return Fail(op, client, Status::FailedPrecondition("needs --enable-blend-reorder"),
+                    FailureReply(svc, op));
+      }
+      return wire::EncodeCbReorderPlan({});  // keep the prompt's order
+    }
+    default:
+      return std::nullopt;
   }
 }
+
+}  // namespace
 
 std::string HandleRequest(KvService& svc, const wire::OpInfo& op, wire::Frames p,
                           std::string_view client) {
@@ -189,6 +263,9 @@ std::string HandleRequest(KvService& svc, const wire::OpInfo& op, wire::Frames p
     }
     default:
       break;
+  }
+  if (BlendOps* blend = svc.blend()) {
+    if (auto reply = HandleBlend(svc, *blend, op, p, client)) return std::move(*reply);
   }
   spdlog::warn("{} from {}: operation not supported by kvd; replying nil", op.name, client);
   return wire::EncodeNil();

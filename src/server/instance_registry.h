@@ -60,6 +60,15 @@ struct Instance {
   // shared memory, "cuda:N" for a GPU, N its ordinal in kvd's process), and its counters in
   // ServiceCounters' tables (which outlive every instance). Null for engine-driven instances.
   std::string device;
+  // lmcache-driven on CPU shared memory: the first mapped byte and the mapped length of the
+  // segment behind each registered tensor (owned by `engine`'s mappings, valid while this
+  // instance lives); empty for GPU and engine-driven instances. CacheBlend's scatter
+  // (server/blend_ops.h) writes through them.
+  std::vector<uint8_t*> cpu_tensor_bases;
+  std::vector<uint64_t> cpu_tensor_sizes;
+  // The engine group id of each block-id list (the registration's engine_group_infos; empty:
+  // list i is group i).
+  std::vector<int64_t> engine_group_ids;
   TransferValues* transfer_counts = nullptr;
   ThroughputValues* throughput = nullptr;
 };

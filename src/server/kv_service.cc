@@ -32,6 +32,22 @@ Result<std::unique_ptr<KvService>> KvService::Create(const ServerConfig& config,
     events = std::make_unique<KvEventLog>(static_cast<size_t>(config.kv_event_log_size), clock);
     o.listener = events.get();
   }
+  std::unique_ptr<BlendIndex> blend_index;
+  std::unique_ptr<L1ListenerFanOut> fanout;
+  if (config.blend()) {
+    auto index = BlendIndex::Create(config);
+    if (!index.ok()) return index.status();
+    blend_index = std::move(index).value();
+    blend_index->set_tiers(!config.l2_adapters.empty());
+    if (o.listener != nullptr) {
+      fanout = std::make_unique<L1ListenerFanOut>();
+      fanout->Add(o.listener);
+      fanout->Add(blend_index.get());
+      o.listener = fanout.get();
+    } else {
+      o.listener = blend_index.get();
+    }
+  }
   auto l1 = l1::L1Cache::Create(o);
   if (!l1.ok()) return l1.status();
   if (events) events->AttachNamespaces(&(*l1)->namespaces());
@@ -47,16 +63,20 @@ Result<std::unique_ptr<KvService>> KvService::Create(const ServerConfig& config,
   auto tiers = MakeTierSet(config, l1->get(), clock);
   if (!tiers.ok()) return tiers.status();
   return std::unique_ptr<KvService>(new KvService(config, clock, std::move(events),
+                                                  std::move(fanout), std::move(blend_index),
                                                   std::move(l1).value(), std::move(shm),
                                                   std::move(tiers).value()));
 }
 
 KvService::KvService(const ServerConfig& config, const Clock* clock,
-                     std::unique_ptr<KvEventLog> events, std::unique_ptr<l1::L1Cache> l1,
+                     std::unique_ptr<KvEventLog> events, std::unique_ptr<L1ListenerFanOut> fanout,
+                     std::unique_ptr<BlendIndex> blend_index, std::unique_ptr<l1::L1Cache> l1,
                      transfer::ShmAccessPolicy shm_policy, std::unique_ptr<l2::TierSet> tiers)
     : config_(config),
       clock_(clock),
       kv_events_(std::move(events)),
+      l1_listeners_(std::move(fanout)),
+      blend_index_(std::move(blend_index)),
       l1_(std::move(l1)),
       tiers_(std::move(tiers)),
       sessions_(clock, static_cast<uint32_t>(config.chunk_size), config.session_ttl_seconds,
@@ -65,8 +85,7 @@ KvService::KvService(const ServerConfig& config, const Clock* clock,
       counters_(config.metrics_max_label_sets),
       registry_(clock),
       lookups_(config_, l1_.get(), &sessions_, &registry_, &counters_),
-      lmcache_(config_, clock, l1_.get(), &sessions_, &registry_, &counters_,
-               std::move(shm_policy)),
+      lmcache_(config_, clock, l1_.get(), &sessions_, &registry_, &counters_, shm_policy),
       engine_driven_(config_, clock, l1_.get(), &sessions_, &registry_, &counters_) {
   lookups_.set_tiers(tiers_.get());
   lmcache_.set_tiers(tiers_.get());
@@ -75,6 +94,24 @@ KvService::KvService(const ServerConfig& config, const Clock* clock,
   // for their keys (the tokens are hashed once per store).
   lmcache_.set_kv_events(kv_events_.get());
   engine_driven_.set_kv_events(kv_events_.get());
+  if (blend_index_) {
+    blend_ = std::make_unique<BlendOps>(config_, clock, blend_index_.get(), l1_.get(), &sessions_,
+                                        &registry_, &lookups_, std::move(shm_policy));
+    auto hook = [blend = blend_.get()](const CommittedStore& s) { blend->OnStoreCommitted(s); };
+    lmcache_.set_store_hook(hook);
+    engine_driven_.set_store_hook(hook);
+    spdlog::info("engine type blend: CacheBlend ops served (fingerprints on worker 0's stores{}{})",
+                 config_.blend_lmcache_parity ? "; lmcache parity mode" : "",
+                 config_.enable_dedup_content ? "; content dedup" : "");
+    if (config_.enable_segmented_prefix) {
+      spdlog::warn("--enable-segmented-prefix: accepted, not implemented by kvd yet: a tier "
+                   "prefix with a gap ends at the gap");
+    }
+    if (config_.enable_blend_reorder) {
+      spdlog::warn("--enable-blend-reorder: kvd answers cb_reorder_plan with an empty plan "
+                   "(the prompt keeps its order)");
+    }
+  }
 }
 
 KvService::~KvService() {
@@ -87,6 +124,7 @@ Status KvService::Unregister(int64_t instance_id) {
     return Status::NotFound("instance " + std::to_string(instance_id) + " is not registered");
   }
   engine_driven_.DropInstance(instance_id);  // its half-done engine-driven operations
+  if (blend_) blend_->UnregisterRope(instance_id);
   spdlog::info("unregistered instance {} (model '{}')", instance_id, gone->model_name);
   return Status::Ok();  // mappings are released when the last in-flight copy lets go
 }
@@ -129,6 +167,7 @@ KvService::DeleteCounts KvService::DeleteL1Entries(std::span<const L1EntryName> 
 void KvService::Maintain() {
   sessions_.Expire();
   engine_driven_.ExpirePending();
+  if (blend_) blend_->Maintain();
   lmcache_.CancelOverdueCopies();
   if (config_.worker_reap_timeout_seconds > 0) {
     const double grace_s =

@@ -33,6 +33,7 @@
 #include "common/status.h"
 #include "l1/l1_cache.h"
 #include "l2/tier_set.h"
+#include "server/blend_ops.h"
 #include "server/config.h"
 #include "server/engine_driven_transfers.h"
 #include "server/instance_registry.h"
@@ -81,7 +82,13 @@ class KvService {
     lookups_.SetPrefetchWakeup(std::move(wakeup));
   }
   Status FreeLookupLocks(const wire::LookupRequest& req) { return lookups_.FreeLookupLocks(req); }
-  void EndSession(std::string_view request_id) { lookups_.EndSession(request_id); }
+  void EndSession(std::string_view request_id) {
+    lookups_.EndSession(request_id);
+    if (blend_) blend_->EndSession(request_id);
+  }
+
+  // CacheBlend's ops (server/blend_ops.h); null unless --engine-type blend.
+  BlendOps* blend() { return blend_.get(); }
 
   // Engine-driven transfers (see EngineDrivenTransfers).
   Result<std::pair<std::string, uint64_t>> RegisterEngineDriven(
@@ -150,6 +157,7 @@ class KvService {
 
  private:
   KvService(const ServerConfig& config, const Clock* clock, std::unique_ptr<KvEventLog> events,
+            std::unique_ptr<L1ListenerFanOut> fanout, std::unique_ptr<BlendIndex> blend_index,
             std::unique_ptr<l1::L1Cache> l1, transfer::ShmAccessPolicy shm_policy,
             std::unique_ptr<l2::TierSet> tiers);
 
@@ -157,7 +165,9 @@ class KvService {
   // go before the sessions, the registry and the cache they borrow.
   const ServerConfig config_;
   const Clock* const clock_;
-  std::unique_ptr<KvEventLog> kv_events_;  // the L1 listener: outlives l1_
+  std::unique_ptr<KvEventLog> kv_events_;  // an L1 listener: outlives l1_
+  std::unique_ptr<L1ListenerFanOut> l1_listeners_;  // when L1 has several listeners
+  std::unique_ptr<BlendIndex> blend_index_;         // blend: fingerprints, an L1 listener
   std::unique_ptr<l1::L1Cache> l1_;
   // Closed first in the destructor: its callbacks use the sessions and the parts below.
   std::unique_ptr<l2::TierSet> tiers_;
@@ -167,6 +177,7 @@ class KvService {
   Lookups lookups_;
   LmcacheTransfers lmcache_;
   EngineDrivenTransfers engine_driven_;
+  std::unique_ptr<BlendOps> blend_;  // --engine-type blend only
 };
 
 }  // namespace kvd::server

@@ -251,6 +251,7 @@ Status LmcacheTransfers::Register(const wire::RegisterKvCacheRequest& req) {
   inst->object_bytes = layout->object_bytes;
   inst->num_tensors = req.tensors.size();
   inst->registration = registration;
+  for (const auto& g : req.group_infos) inst->engine_group_ids.push_back(g.engine_group_id);
   if (on_gpu) {
     // GPU KV caches (CUDA IPC): the device engine opens them; it refuses a registration
     // that mixes in CPU tensors, and says so when this build or machine has no CUDA.
@@ -286,7 +287,11 @@ Status LmcacheTransfers::Register(const wire::RegisterKvCacheRequest& req) {
       mappings.push_back(std::move(m).value());
     }
     std::vector<uint8_t*> bases;
-    for (const auto& t : req.tensors) bases.push_back(base_of[t.shm_name]);
+    for (const auto& t : req.tensors) {
+      bases.push_back(base_of[t.shm_name]);
+      inst->cpu_tensor_sizes.push_back(need[t.shm_name]);
+    }
+    inst->cpu_tensor_bases = bases;
     inst->num_mappings = mappings.size();
     inst->engine = transfer::MakeCpuCopyEngine(*layout, std::move(bases), copy_threads_,
                                                std::move(mappings));
@@ -363,6 +368,13 @@ Status LmcacheTransfers::Store(const wire::TransferRequest& req, std::string* ev
   // The reservations belong to the copy's completion, which commits them once every byte
   // landed (or aborts them by dropping them).
   auto held = std::make_shared<ChunkWrites>(std::move(reserved).value());
+  // With a store hook (CacheBlend's fingerprints), worker 0's committed chunks are told to it
+  // with the request's tokens: the completion may run after this request is gone.
+  std::shared_ptr<const std::pair<wire::CacheKey, RequestChunks>> hooked;
+  if (io_.store_hook() && slot == 0 && !held->empty()) {
+    hooked = std::make_shared<const std::pair<wire::CacheKey, RequestChunks>>(
+        req.key, std::move(chunks).value());
+  }
   std::vector<transfer::ChunkTask> tasks;
   tasks.reserve(held->size());
   for (size_t j = 0; j < held->size(); ++j) {
@@ -374,12 +386,16 @@ Status LmcacheTransfers::Store(const wire::TransferRequest& req, std::string* ev
   ScopedPhase copy_phase(Phase::kCopy);  // the copy, and the commit when it runs inline
   Status st = Submit(
       inst, transfer::CopyDirection::kGather, req, std::move(tasks), bytes,
-      [held, tiers = io_.tiers(), inst, salt = req.key.cache_salt, slot](const Status& done) {
+      [held, tiers = io_.tiers(), inst, salt = req.key.cache_salt, slot, hooked,
+       hook = hooked ? io_.store_hook() : StoreCommittedHook()](const Status& done) {
         std::vector<l1::ChunkKey> committed;
         if (done.ok()) {
           committed = held->CommitLastFirst("store: a reservation expired before the copy ended");
         }
         held->Abort();  // aborts what was not committed
+        if (hook && !committed.empty()) {
+          hook(CommittedStore{&hooked->first, &hooked->second, committed, slot});
+        }
         StoreBehind(tiers, committed, *inst, salt, slot);
       },
       event_handle);

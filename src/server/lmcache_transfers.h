@@ -68,6 +68,8 @@ class LmcacheTransfers {
   void set_tiers(l2::TierSet* tiers) { io_.set_tiers(tiers); }
   // The KV-event log stores bind their chunks' tokens in (BindStoredChunks); null: none.
   void set_kv_events(KvEventLog* events) { io_.set_kv_events(events); }
+  // Told of each store's committed chunks (ChunkIo::set_store_hook). Set once, before use.
+  void set_store_hook(StoreCommittedHook hook) { io_.set_store_hook(std::move(hook)); }
 
   // Cancels the instances whose asynchronous copies are past their deadline (see above);
   // returns how many. Called periodically (KvService::Maintain).

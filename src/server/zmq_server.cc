@@ -348,6 +348,12 @@ struct ZmqServer::Impl {
     uint64_t payload_bytes = 0;
     for (size_t i = 3; i < frames.size(); ++i) payload_bytes += frames[i].size();
     wire::Dispatch dispatch = info.dispatch;
+    // CacheBlend's rope (un)registration maps and converts the engine's tables: on the
+    // worker's lane, ordered with its register_kv_cache and retrieves (not the socket thread).
+    if (service->blend() != nullptr &&
+        (info.op == wire::Op::kCbRegisterRope || info.op == wire::Op::kCbUnregisterRope)) {
+      dispatch = wire::Dispatch::kInstanceLane;
+    }
     if (dispatch == wire::Dispatch::kInlineUnlessLong) {
       const bool long_request = payload_bytes > kInlinePayloadBytes;
       const bool run_here = !long_request || (payload_bytes <= kInlineWhenAlonePayloadBytes &&

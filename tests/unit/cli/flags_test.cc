@@ -166,6 +166,24 @@ TEST(Parse, TransferModeAndObservability) {
   EXPECT_EQ(r->config.server.kv_event_log_size, 0);
 }
 
+TEST(Parse, EngineTypeBlendAndItsSwitches) {
+  auto r = Parse({});
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->config.server.engine_type, "default");
+  EXPECT_FALSE(r->config.server.blend());
+  r = Parse({"--engine-type", "blend", "--enable-dedup-content", "--enable-blend-reorder",
+             "--enable-segmented-prefix", "--blend-lmcache-parity"});
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_TRUE(r->config.server.blend());
+  EXPECT_TRUE(r->config.server.enable_dedup_content);
+  EXPECT_TRUE(r->config.server.enable_blend_reorder);
+  EXPECT_TRUE(r->config.server.enable_segmented_prefix);
+  EXPECT_TRUE(r->config.server.blend_lmcache_parity);
+  EXPECT_TRUE(Parse({"--engine-type", "blend", "--supported-transfer-mode", "lmcache_driven"}).ok());
+  EXPECT_THAT(Error({"--engine-type", "blend", "--supported-transfer-mode", "engine_driven"}),
+              HasSubstr("--engine-type blend: needs --supported-transfer-mode lmcache_driven or auto"));
+}
+
 TEST(Parse, EnvironmentLogLevelAndTheFlagThatOverridesIt) {
   Env env{{{"LMCACHE_LOG_LEVEL", "warning"}}};
   auto r = Parse({}, env);

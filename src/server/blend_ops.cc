@@ -1,0 +1,618 @@
+#include "server/blend_ops.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <unordered_set>
+
+#include "blend/matcher_plan.h"
+#include "blend/scatter.h"
+#include "layout/layout.h"
+#include "server/chunk_keys.h"
+#include "transfer/bus_error_guard.h"
+
+namespace kvd::server {
+namespace {
+
+blend::StorageKey KeyOf(const l1::ChunkKey& k) { return blend::StorageKey::FromHash32(k.chunk_hash); }
+
+// The cos/sin cache bytes of one descriptor, checked against its mapping: contiguous
+// [max_positions, rot_dim], inside the mapped bytes.
+Result<std::span<const uint8_t>> CacheBytes(const wire::TensorDescriptor& d, const transfer::ShmMapping& m,
+                                            size_t index) {
+  const std::string what = "cos_sin_caches[" + std::to_string(index) + "]";
+  const int64_t elem = layout::DtypeSize(d.dtype);
+  if (elem <= 0) return Status::InvalidArgument(what + ": unknown dtype '" + d.dtype + "'");
+  if (d.shape.size() != 2 || d.shape[0] <= 0 || d.shape[1] <= 0) {
+    return Status::InvalidArgument(what + ": expected a [max_positions, rot_dim] tensor");
+  }
+  if (!d.stride.empty() && (d.stride.size() != 2 || d.stride[1] != 1 || d.stride[0] != d.shape[1])) {
+    return Status::InvalidArgument(what + ": must be contiguous");
+  }
+  if (d.storage_offset < 0) return Status::InvalidArgument(what + ": negative storage offset");
+  const uint64_t n = static_cast<uint64_t>(d.shape[0]) * static_cast<uint64_t>(d.shape[1]);
+  if (n > blend::RopeTable::kMaxFloats) return Status::InvalidArgument(what + ": too large");
+  const uint64_t off = static_cast<uint64_t>(d.storage_offset) * static_cast<uint64_t>(elem);
+  const uint64_t len = n * static_cast<uint64_t>(elem);
+  if (off > m.size() || len > m.size() - off) {
+    return Status::InvalidArgument(what + ": extends past its shared-memory segment (" +
+                                   std::to_string(m.size()) + " bytes mapped)");
+  }
+  return std::span<const uint8_t>(m.data() + off, len);
+}
+
+}  // namespace
+
+// ---- BlendIndex ----------------------------------------------------------------------
+
+Result<std::unique_ptr<BlendIndex>> BlendIndex::Create(const ServerConfig& config) {
+  blend::MatcherOptions o;
+  o.window = static_cast<uint32_t>(config.chunk_size);
+  o.dedup_content = config.enable_dedup_content;
+  o.lmcache_parity = config.blend_lmcache_parity;
+  auto m = blend::Matcher::Create(o);
+  if (!m.ok()) return m.status();
+  return std::unique_ptr<BlendIndex>(new BlendIndex(std::move(m).value()));
+}
+
+void BlendIndex::OnEntriesRemoved(std::span<const l1::ChunkKey> keys, l1::RemovalCause) {
+  // Parity mode learns of removals through strikes, as lmcache does; with tiers the chunk
+  // may still be in one.
+  if (tiers_ || parity()) return;
+  for (const auto& k : keys) {
+    if (matcher_->Remove(k.ns, KeyOf(k))) removed.Add();
+  }
+}
+
+// ---- BlendOps ------------------------------------------------------------------------
+
+BlendOps::BlendOps(const ServerConfig& config, const Clock* clock, BlendIndex* index,
+                   l1::L1Cache* l1, SessionTable* sessions, InstanceRegistry* registry,
+                   Lookups* lookups, transfer::ShmAccessPolicy shm_policy)
+    : config_(config),
+      clock_(clock),
+      index_(index),
+      l1_(l1),
+      sessions_(sessions),
+      registry_(registry),
+      lookups_(lookups),
+      shm_policy_(std::move(shm_policy)) {}
+
+std::string BlendOps::LockOwner(std::string_view request_id) {
+  std::string s(request_id);
+  s += "\x1f" "blend";
+  return s;
+}
+
+Status BlendOps::RegisterRope(const wire::CbRegisterRopeRequest& req) {
+  auto inst = registry_->Find(req.instance_id);
+  if (!inst || inst->engine_driven) {
+    return Status::InvalidArgument("Instance " + std::to_string(req.instance_id) +
+                                   " has no paged KV cache registered; send REGISTER_KV_CACHE "
+                                   "before CB_REGISTER_ROPE.");
+  }
+  const int64_t n_caches = static_cast<int64_t>(req.cos_sin_caches.size());
+  int64_t max_eg = -1;
+  for (const auto& g : inst->layout.groups) {
+    const size_t list = g.engine_group;
+    const int64_t id = list < inst->engine_group_ids.size() ? inst->engine_group_ids[list]
+                                                            : static_cast<int64_t>(list);
+    max_eg = std::max(max_eg, id);
+  }
+  if (!req.group_to_cache.empty()) {
+    const auto [lo, hi] = std::minmax_element(req.group_to_cache.begin(), req.group_to_cache.end());
+    if (*lo < -1 || *hi >= n_caches) {
+      std::string list;
+      for (int64_t v : req.group_to_cache) list += (list.empty() ? "" : ", ") + std::to_string(v);
+      return Status::InvalidArgument("group_to_cache [" + list +
+                                     "] contains indices outside [-1, " + std::to_string(n_caches) +
+                                     ") for the sent cache(s).");
+    }
+    if (static_cast<int64_t>(req.group_to_cache.size()) <= max_eg) {
+      return Status::InvalidArgument(
+          "group_to_cache covers " + std::to_string(req.group_to_cache.size()) +
+          " engine group(s) but the registered model has engine groups up to index " +
+          std::to_string(max_eg) + ".");
+    }
+  }
+  auto quant = blend::ParseKvQuant(req.kv_quant);
+  if (!quant.ok()) {
+    return Status::InvalidArgument("kv_quant='" + req.kv_quant +
+                                   "': expected one of ['fp8_e4m3', 'fp8_e5m2'] or ''.");
+  }
+  for (size_t i = 0; i < req.group_rot.size(); ++i) {
+    const auto& w = req.group_rot[i];
+    if (w && (w->offset < 0 || w->width <= 0)) {
+      return Status::InvalidArgument("group_rot[" + std::to_string(i) +
+                                     "]: expected (offset >= 0, width > 0) or None.");
+    }
+  }
+  auto state = std::make_shared<RopeState>();
+  state->instance = inst;
+  for (size_t i = 0; i < req.cos_sin_caches.size(); ++i) {
+    const auto& d = req.cos_sin_caches[i];
+    if (d.memory != wire::TensorMemory::kCpuShm) {
+      return Status::FailedPrecondition("cos_sin_caches[" + std::to_string(i) +
+                                   "] is in GPU memory: this kvd maps CPU shared-memory rope "
+                                   "tables only (the CUDA blend path is not built yet)");
+    }
+    auto m = transfer::ShmMapping::Open(d.shm_name, d.nbytes, shm_policy_);
+    if (!m.ok()) return m.status();
+    auto bytes = CacheBytes(d, *m, i);
+    if (!bytes.ok()) return bytes.status();
+    // A client may truncate its segment under the read: the copy runs under the bus-error
+    // guard, and a fault fails the registration.
+    std::optional<Result<blend::RopeTable>> built;
+    auto build = [&] { built.emplace(blend::RopeTable::FromCosSinCache(*bytes, d.dtype, d.shape)); };
+    if (!transfer::RunCatchingBusErrors(build) || !built) {
+      return Status::InvalidArgument("cos_sin_caches[" + std::to_string(i) +
+                                     "]: the shared memory could not be read (truncated?)");
+    }
+    if (!built->ok()) {
+      return Status::InvalidArgument("cos_sin_caches[" + std::to_string(i) + "]: " +
+                                     built->status().message());
+    }
+    if ((*built)->mscale_stripped()) {
+      spdlog::info("instance {}: rope table {} carries a magnitude of {:.4f} (YaRN/longrope); "
+                   "divided out", req.instance_id, i, (*built)->mscale());
+    }
+    state->tables.push_back(std::make_unique<blend::RopeTable>(std::move(*built).value()));
+  }
+  blend::RopeRegistration reg;
+  for (const auto& t : state->tables) reg.tables.push_back(t.get());
+  reg.head_size = req.head_size;
+  reg.is_neox_style = req.is_neox_style;
+  reg.group_to_cache = req.group_to_cache;
+  for (const auto& w : req.group_rot) {
+    reg.group_rot.push_back(w ? std::vector<int64_t>{w->offset, w->width} : std::vector<int64_t>{});
+  }
+  reg.group_head_size = req.group_head_size;
+  reg.kv_quant = *quant;
+  if (Status st = blend::ValidateRopeRegistration(reg, max_eg); !st.ok()) return st;
+  std::vector<std::string> skipped;
+  auto groups = blend::GroupRopesFor(inst->layout, inst->engine_group_ids, reg, &skipped);
+  if (!groups.ok()) return groups.status();
+  for (const auto& line : skipped) spdlog::info("instance {}: re-RoPE skips {}", req.instance_id, line);
+  state->groups = std::move(groups).value();
+  {
+    std::lock_guard<std::mutex> lock(rope_mu_);
+    rope_[req.instance_id] = std::move(state);
+  }
+  spdlog::info("instance {}: CacheBlend rope registered ({} table(s), head_size {}, {})",
+               req.instance_id, n_caches, req.head_size, req.is_neox_style ? "NeoX" : "GPT-J");
+  return Status::Ok();
+}
+
+bool BlendOps::UnregisterRope(int64_t instance_id) {
+  std::lock_guard<std::mutex> lock(rope_mu_);
+  return rope_.erase(instance_id) > 0;
+}
+
+bool BlendOps::has_rope(int64_t instance_id) const {
+  std::lock_guard<std::mutex> lock(rope_mu_);
+  return rope_.count(instance_id) > 0;
+}
+
+size_t BlendOps::requests_held() const {
+  std::lock_guard<std::mutex> lock(req_mu_);
+  size_t n = 0;
+  for (const auto& [rid, st] : requests_) n += st.finished ? 0 : 1;
+  return n;
+}
+
+void BlendOps::OnStoreCommitted(const CommittedStore& s) {
+  if (s.slot != 0 || s.committed.empty() || s.key == nullptr || s.chunks == nullptr) return;
+  const auto& key = *s.key;
+  const auto& keys = s.chunks->keys;
+  if (keys.empty()) return;
+  const int64_t c = config_.chunk_size;
+  std::unordered_set<l1::ChunkKey, l1::ChunkKeyHash> done(s.committed.begin(), s.committed.end());
+  std::vector<uint8_t> committed(keys.size());
+  std::vector<blend::StorageKey> skeys(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) {
+    committed[i] = done.count(keys[i]) ? 1 : 0;
+    skeys[i] = KeyOf(keys[i]);
+  }
+  blend::StoredRange r;
+  r.tokens = key.token_ids.span();
+  r.start = static_cast<int64_t>(s.chunks->first_chunk) * c;
+  r.end = r.start + static_cast<int64_t>(keys.size()) * c;
+  r.committed = committed;
+  r.keys = skeys;
+  auto windows = blend::PlanRegistration(r, static_cast<uint32_t>(c), index_->parity());
+  if (!windows.ok()) {
+    spdlog::debug("blend: fingerprints of request '{}' not registered: {}", key.request_id,
+                  windows.status().ToString());
+    return;
+  }
+  if (windows->empty()) return;
+  auto counts = index_->matcher().Register(keys[0].ns, *windows);
+  if (!counts.ok()) {
+    spdlog::debug("blend: fingerprints of request '{}': {}", key.request_id, counts.status().ToString());
+    return;
+  }
+  m_.fingerprints_registered.Add(counts->registered);
+}
+
+Result<std::optional<wire::CbUnifiedLookupResult>> BlendOps::UnifiedLookup(
+    const wire::LookupRequest& req) {
+  const auto& key = req.key;
+  const std::string& rid = key.request_id;
+  const int64_t c = config_.chunk_size;
+  // --- prefix leg: LOOKUP's, polled while its tier prefetch runs ---
+  bool polling = false;
+  {
+    std::lock_guard<std::mutex> lock(req_mu_);
+    polling = prefix_loading_.count(rid) > 0;
+  }
+  if (!polling) {
+    m_.lookup_requests.Add();
+    {
+      std::lock_guard<std::mutex> lock(req_mu_);
+      DropRequestLocked(rid);  // a new lookup of the request replaces the old one's matches
+    }
+    if (Status st = lookups_->Lookup(req); !st.ok()) return st;
+  }
+  if (lookups_->PrefetchRunning(rid)) {
+    std::lock_guard<std::mutex> lock(req_mu_);
+    prefix_loading_[rid] = clock_->NowNanos();
+    return std::optional<wire::CbUnifiedLookupResult>();
+  }
+  {
+    std::lock_guard<std::mutex> lock(req_mu_);
+    prefix_loading_.erase(rid);
+  }
+  const int64_t prefix_chunks = lookups_->QueryPrefetchStatus(rid).value_or(0);
+  const int64_t prefix_tokens = prefix_chunks * c;
+
+  wire::CbUnifiedLookupResult out;
+  out.prefix_coverage_tokens = prefix_tokens;
+  const int64_t num_tokens = std::min<int64_t>(static_cast<int64_t>(key.token_ids.size()),
+                                               std::max<int64_t>(key.end, 0));
+  m_.lookup_requested_tokens.Add(static_cast<uint64_t>((num_tokens / c) * c));
+  m_.lookup_prefix_hit_tokens.Add(static_cast<uint64_t>(prefix_tokens));
+
+  // --- non-prefix leg: the matcher, then L1 ---
+  const auto ns_info = registry_->KeyNamespace(key.model_name, key.world_size);
+  std::optional<l1::NamespaceId> ns;
+  if (ns_info.registered && ns_info.agreed) {
+    std::string model;
+    KeyModelNameInto(&model, key.model_name, ns_info.key_namespace);
+    ns = l1_->namespaces().Find(model, static_cast<int32_t>(key.world_size), key.cache_salt);
+  } else {
+    m_.lookup_no_gpu_context_errors.Add();
+  }
+  std::vector<blend::MatchCandidate> candidates;
+  if (ns && num_tokens >= c) {
+    std::span<const uint32_t> tokens = key.token_ids.span().first(static_cast<size_t>(num_tokens));
+    if (Status st = index_->matcher().Probe(*ns, tokens, prefix_tokens, &candidates); !st.ok()) {
+      return st;
+    }
+  }
+  m_.fingerprint_matches.Add(candidates.size());
+  const uint32_t world = static_cast<uint32_t>(std::max<int64_t>(1, key.world_size));
+  std::vector<blend::MatchCandidate> present;
+  uint64_t stale = 0;
+  for (const auto& cand : candidates) {
+    if (cand.cur_st < prefix_tokens) continue;
+    if (cand.key.size() != 32) {
+      ++stale;
+      continue;
+    }
+    l1::ChunkKey k{*ns, {}};
+    std::copy(cand.key.bytes().begin(), cand.key.bytes().end(), k.chunk_hash.begin());
+    bool all = true;
+    for (uint32_t s = 0; s < world && all; ++s) all = l1_->IsResident(k, s);
+    if (all) {
+      present.push_back(cand);
+      if (index_->parity()) index_->matcher().ClearStrikes(*ns, cand.key);
+      continue;
+    }
+    ++stale;
+    // Missing from L1. Parity mode strikes it (lmcache's lazy removal); the default mode
+    // removed it when it left L1 (BlendIndex), so one still here is incomplete on some rank
+    // or may be in a tier: it stays.
+    if (index_->parity()) index_->matcher().Strike(*ns, cand.key);
+  }
+  auto selected = blend::SelectNonOverlapping(present, prefix_tokens);
+  // Read-lock the selected chunks for the workers' retrieves (indices 0..n-1 of the owner).
+  std::vector<l1::ChunkKey> lock_keys;
+  lock_keys.reserve(selected.size());
+  for (const auto& cand : selected) {
+    l1::ChunkKey k{*ns, {}};
+    std::copy(cand.key.bytes().begin(), cand.key.bytes().end(), k.chunk_hash.begin());
+    lock_keys.push_back(k);
+  }
+  const uint32_t readers = Lookups::ReadLocksPerSlot(key, req.tp_size);
+  const std::string owner = LockOwner(rid);
+  size_t locked = 0;
+  if (!lock_keys.empty()) locked = l1_->LookupAndLock(owner, 0, lock_keys, world, readers);
+  if (locked < lock_keys.size()) {
+    // Evicted between the check and the lock: the rest is dropped (its locks never taken).
+    stale += lock_keys.size() - locked;
+    if (locked == 0) l1_->ReleaseAllLocks(owner);
+  }
+  RequestState state;
+  state.ns = ns.value_or(0);
+  state.world = world;
+  state.readers = readers;
+  state.created_ns = clock_->NowNanos();
+  uint64_t non_prefix_tokens = 0;
+  for (size_t j = 0; j < locked; ++j) {
+    const auto& cand = selected[j];
+    wire::CbMatchResult r;
+    r.old_st = cand.old_st;
+    r.old_ed = cand.old_ed;
+    r.cur_st = cand.cur_st;
+    r.cur_ed = cand.cur_ed;
+    r.hash.assign(reinterpret_cast<const char*>(cand.key.bytes().data()), cand.key.size());
+    non_prefix_tokens += static_cast<uint64_t>(r.cur_ed - r.cur_st);
+    state.found.push_back({r, lock_keys[j]});
+    out.non_prefix_segments.push_back(std::move(r));
+  }
+  m_.lookup_storage_hits.Add(locked);
+  m_.lookup_stale_chunks.Add(stale);
+  m_.lookup_non_prefix_hit_tokens.Add(non_prefix_tokens);
+  m_.lookup_hit_tokens.Add(static_cast<uint64_t>(prefix_tokens) + non_prefix_tokens);
+  if (locked > 0) {
+    std::lock_guard<std::mutex> lock(req_mu_);
+    requests_[rid] = std::move(state);
+  }
+  return std::optional<wire::CbUnifiedLookupResult>(std::move(out));
+}
+
+Result<bool> BlendOps::RetrievePreComputed(const wire::CbRetrievePreComputedRequest& req) {
+  m_.retrieve_requests.Add();
+  auto fail = [&](Status st) -> Result<bool> {
+    m_.retrieve_failures.Add();
+    return st;
+  };
+  auto inst = registry_->Find(req.instance_id);
+  if (!inst || inst->engine_driven) {
+    return fail(Status::NotFound("cb_retrieve_pre_computed: instance " +
+                                 std::to_string(req.instance_id) + " has no registered KV cache"));
+  }
+  std::shared_ptr<const RopeState> rope;
+  {
+    std::lock_guard<std::mutex> lock(rope_mu_);
+    auto it = rope_.find(req.instance_id);
+    if (it != rope_.end()) rope = it->second;
+  }
+  if (!rope) {
+    return fail(Status::FailedPrecondition("cb_retrieve_pre_computed: instance " +
+                                           std::to_string(req.instance_id) +
+                                           " has no rope registered; send CB_REGISTER_ROPE first"));
+  }
+  if (rope->instance.lock() != inst) {
+    return fail(Status::FailedPrecondition(
+        "cb_retrieve_pre_computed: instance " + std::to_string(req.instance_id) +
+        " re-registered its KV cache since its rope registration; send CB_REGISTER_ROPE again"));
+  }
+  if (Status st = KeyMatchesInstance("cb_retrieve_pre_computed", req.key, *inst); !st.ok()) {
+    return fail(st);
+  }
+  const int64_t worker = req.key.worker_id.value_or(0);
+  if (worker < 0 || worker >= inst->world_size) {
+    return fail(Status::InvalidArgument("cb_retrieve_pre_computed: worker_id " +
+                                        std::to_string(worker) + " outside the world size"));
+  }
+  const uint32_t slot = static_cast<uint32_t>(worker);
+  const std::string& rid = req.key.request_id;
+  // The namespace the key names (the instance's own, checked above): the lookup's matches are
+  // used only if they were found in it.
+  std::optional<l1::NamespaceId> key_ns;
+  {
+    std::string model;
+    KeyModelNameInto(&model, inst->model_name, inst->key_namespace);
+    key_ns = l1_->namespaces().Find(model, static_cast<int32_t>(inst->world_size), req.key.cache_salt);
+  }
+  const std::string owner = LockOwner(rid);
+  if (req.match_results.empty()) {
+    m_.retrieve_noops.Add();
+    return true;
+  }
+  // The client's matches must be the lookup's (never trusted): same ranges and hash, in
+  // this request's namespace; each maps to its lock index.
+  std::vector<l1::ChunkKey> keys;
+  std::vector<size_t> lock_index;
+  {
+    std::lock_guard<std::mutex> lock(req_mu_);
+    auto it = requests_.find(rid);
+    if (it == requests_.end()) {
+      spdlog::warn("cb_retrieve_pre_computed: request '{}' has no blend lookup held (ended, "
+                   "expired or already retrieved by every worker); nothing scattered", rid);
+      m_.retrieve_failures.Add();
+      return false;
+    }
+    auto& st = it->second;
+    if (!st.finished && (!key_ns || *key_ns != st.ns)) {
+      spdlog::warn("cb_retrieve_pre_computed: request '{}': its key names another model, world "
+                   "size or cache salt than its lookup; nothing scattered", rid);
+      m_.retrieve_failures.Add();
+      return false;
+    }
+    if (st.finished || std::find(st.done.begin(), st.done.end(), worker) != st.done.end()) {
+      m_.retrieve_noops.Add();
+      return true;  // a repeat: already scattered
+    }
+    for (const auto& m : req.match_results) {
+      size_t j = 0;
+      for (; j < st.found.size(); ++j) {
+        const auto& f = st.found[j].match;
+        if (f.old_st == m.old_st && f.old_ed == m.old_ed && f.cur_st == m.cur_st &&
+            f.cur_ed == m.cur_ed && f.hash == m.hash) {
+          break;
+        }
+      }
+      if (j == st.found.size()) {
+        spdlog::warn("cb_retrieve_pre_computed: request '{}': a match [{}, {}) -> [{}, {}) is not "
+                     "one its lookup found; nothing scattered", rid, m.old_st, m.old_ed, m.cur_st,
+                     m.cur_ed);
+        m_.retrieve_failures.Add();
+        return false;
+      }
+      keys.push_back(st.found[j].key);
+      lock_index.push_back(j);
+    }
+  }
+  if (inst->cpu_tensor_bases.empty()) {
+    spdlog::warn("cb_retrieve_pre_computed: instance {} keeps its KV on {}: kvd's blend scatter "
+                 "is CPU-only for now; answering scatter_ran=false", req.instance_id, inst->device);
+    m_.retrieve_failures.Add();
+    return false;
+  }
+  // Pin this worker's objects.
+  std::vector<l1::ReadPin> pins;
+  std::vector<blend::BlendMatch> matches;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    auto pin = l1_->PinForRead(keys[i], slot);
+    if (!pin.ok() || pin->size() != inst->object_bytes) {
+      spdlog::warn("cb_retrieve_pre_computed: request '{}': a matched chunk is gone or has "
+                   "another size; nothing scattered", rid);
+      m_.retrieve_failures.Add();
+      return false;
+    }
+    const auto& m = req.match_results[i];
+    blend::BlendMatch bm;
+    bm.old_st = m.old_st;
+    bm.cur_st = m.cur_st;
+    bm.n_tokens = m.cur_ed - m.cur_st;
+    bm.object = pin->data();
+    bm.object_bytes = pin->size();
+    matches.push_back(bm);
+    pins.push_back(std::move(pin).value());
+  }
+  blend::ScatterRequest sr;
+  sr.layout = &inst->layout;
+  sr.tensor_bases = inst->cpu_tensor_bases;
+  sr.tensor_sizes = inst->cpu_tensor_sizes;
+  sr.block_ids = req.block_ids;
+  sr.matches = matches;
+  sr.rope = rope->groups;
+  sr.null_block_id = config_.null_block_id;
+  auto plan = blend::PlanScatter(sr);
+  auto release = [&] {
+    ReleaseInReverse(pins);
+    std::lock_guard<std::mutex> lock(req_mu_);
+    auto it = requests_.find(rid);
+    if (it == requests_.end()) return;
+    for (size_t j : lock_index) l1_->ReleaseLocks(owner, j, 1, slot);
+    it->second.done.push_back(worker);
+    if (it->second.done.size() >= std::max<size_t>(it->second.world, it->second.readers)) {
+      // Every worker retrieved: no lock is left; the state stays (without its matches) so that
+      // a repeated call answers true, until END_SESSION, a new lookup or the TTL.
+      l1_->ReleaseAllLocks(owner);
+      it->second.found.clear();
+      it->second.finished = true;
+    }
+  };
+  if (!plan.ok()) {
+    spdlog::warn("cb_retrieve_pre_computed: request '{}': {}", rid, plan.status().ToString());
+    release();
+    m_.retrieve_failures.Add();
+    return false;
+  }
+  switch (plan->reason()) {
+    case blend::RetrieveReason::kMatchesBeyondAlloc:
+      // Deferred: nothing is allocated yet; the engine asks again later (locks kept).
+      m_.retrieve_noops.Add();
+      return true;
+    case blend::RetrieveReason::kMatchesStraddleAlloc:
+      release();
+      m_.retrieve_failures.Add();
+      return false;
+    case blend::RetrieveReason::kOk:
+      break;
+  }
+  auto run = [&] { blend::ExecuteScatter(*plan); };
+  if (!transfer::RunCatchingBusErrors(run)) {
+    spdlog::warn("cb_retrieve_pre_computed: instance {}: its shared memory faulted under the "
+                 "scatter (truncated?); the request must recompute", req.instance_id);
+    release();
+    m_.retrieve_failures.Add();
+    return false;
+  }
+  uint64_t tokens = 0;
+  for (const auto& m : matches) tokens += static_cast<uint64_t>(m.n_tokens);
+  m_.retrieve_chunks.Add(matches.size());
+  m_.scatter_tokens.Add(tokens);
+  m_.scatter_shifted_chunks.Add(plan->num_rotated_matches());
+  release();
+  return true;
+}
+
+void BlendOps::DropRequestLocked(const std::string& request_id) {
+  auto it = requests_.find(request_id);
+  if (it == requests_.end()) return;
+  requests_.erase(it);
+  l1_->ReleaseAllLocks(LockOwner(request_id));
+}
+
+void BlendOps::EndSession(std::string_view request_id) {
+  std::lock_guard<std::mutex> lock(req_mu_);
+  const std::string rid(request_id);
+  prefix_loading_.erase(rid);
+  DropRequestLocked(rid);
+}
+
+void BlendOps::Maintain() {
+  const int64_t now = clock_->NowNanos();
+  const auto ttl = static_cast<int64_t>(config_.session_ttl_seconds * 1e9);
+  std::lock_guard<std::mutex> lock(req_mu_);
+  std::vector<std::string> old;
+  for (const auto& [rid, st] : requests_) {
+    if (now - st.created_ns > ttl) old.push_back(rid);
+  }
+  for (const auto& rid : old) DropRequestLocked(rid);
+  for (auto it = prefix_loading_.begin(); it != prefix_loading_.end();) {
+    it = now - it->second > ttl ? prefix_loading_.erase(it) : std::next(it);
+  }
+}
+
+void BlendOps::RegisterMetrics(metrics::Registry& registry) {
+  struct Family {
+    const char* name;
+    const char* help;
+    const metrics::Counter* counter;
+  };
+  const Family families[] = {
+      {"lmcache_blend_lookup_requests_total", "cb_unified_lookup requests.", &m_.lookup_requests},
+      {"lmcache_blend_lookup_requested_tokens_total", "Tokens asked for by blend lookups (whole chunks).",
+       &m_.lookup_requested_tokens},
+      {"lmcache_blend_lookup_hit_tokens_total", "Tokens found by blend lookups (prefix + non-prefix).",
+       &m_.lookup_hit_tokens},
+      {"lmcache_blend_lookup_prefix_hit_tokens_total", "Tokens found by the prefix leg.",
+       &m_.lookup_prefix_hit_tokens},
+      {"lmcache_blend_lookup_non_prefix_hit_tokens_total", "Tokens found at other positions (non-prefix).",
+       &m_.lookup_non_prefix_hit_tokens},
+      {"lmcache_blend_lookup_fingerprint_hits_total", "Windows the matcher reported.",
+       &m_.fingerprint_matches},
+      {"lmcache_blend_lookup_storage_hits_total", "Non-prefix matches found in the cache and locked.",
+       &m_.lookup_storage_hits},
+      {"lmcache_blend_lookup_stale_chunks_total", "Non-prefix matches whose chunk was not in the cache.",
+       &m_.lookup_stale_chunks},
+      {"lmcache_blend_lookup_no_gpu_context_errors_total", "Blend lookups for a model no worker registered.",
+       &m_.lookup_no_gpu_context_errors},
+      {"lmcache_blend_retrieve_requests_total", "cb_retrieve_pre_computed requests.", &m_.retrieve_requests},
+      {"lmcache_blend_retrieve_chunks_total", "Chunks scattered by cb_retrieve_pre_computed.",
+       &m_.retrieve_chunks},
+      {"lmcache_blend_retrieve_failures_total", "cb_retrieve_pre_computed requests that scattered nothing and answered false or an error.",
+       &m_.retrieve_failures},
+      {"lmcache_blend_retrieve_noops_total", "cb_retrieve_pre_computed requests with nothing to do (no matches, deferred, repeated).",
+       &m_.retrieve_noops},
+      {"lmcache_blend_fingerprints_registered_total", "Fingerprints registered on STORE.",
+       &m_.fingerprints_registered},
+      {"lmcache_blend_chunks_evicted_total", "Fingerprints removed because their chunk left the cache.",
+       &index_->removed},
+      {"lmcache_blend_scatter_tokens_total", "Token rows scattered into workers' KV caches.", &m_.scatter_tokens},
+      {"lmcache_blend_scatter_shifted_chunks_total", "Scattered chunks whose K was re-rotated.",
+       &m_.scatter_shifted_chunks},
+  };
+  for (const auto& f : families) {
+    metric_handles_.push_back(registry.AddCollected(
+        {f.name, f.help, metrics::Kind::kCounter, {}, {}},
+        [c = f.counter](metrics::SeriesSink& sink) { sink.Add(static_cast<double>(c->value())); }));
+  }
+}
+
+}  // namespace kvd::server

@@ -1,0 +1,212 @@
+// BlendOps: the server half of CacheBlend (`--engine-type blend`, lmcache 0.5.6's blend ops):
+//   cb_register_rope / cb_unregister_rope   an instance's rotary tables (RopeTable, one per
+//                                           cos/sin cache) and the per-kernel-group rope
+//                                           (blend/rope_geometry.h)
+//   STORE (worker 0), COMMIT_STORE          fingerprints of the committed chunks
+//                                           (blend/matcher.h, PlanRegistration)
+//   cb_unified_lookup                       the prefix leg as LOOKUP (Lookups), then the
+//                                           non-prefix matches, found in L1, kept
+//                                           non-overlapping, read-locked for the retrieve
+//   cb_retrieve_pre_computed                checks the client's matches against the lookup's,
+//                                           pins them and scatters them, re-rotated, into the
+//                                           worker's registered KV (blend/scatter.h)
+//   cb_protocol_handshake, cb_reorder_plan  version check; reorder keeps the prompt's order
+//
+// One request's blend state:
+//
+//   (none) --cb_unified_lookup--> [prefix loading] --poll--> (reply nil; client polls again)
+//      |                                |
+//      |                                v  prefix known
+//      +----------------------------> [locked]: matches found in L1, read-locked under the
+//                                        |      owner "<request_id>\x1fblend" (readers per
+//                                        |      object as LOOKUP), recorded here
+//            cb_retrieve_pre_computed    |      of worker w: scatters, releases w's locks,
+//            (every worker once) ------->|      marks w done (a repeat is a no-op: true)
+//                                        v
+//                                  [finished] every worker retrieved: locks released, matches
+//                                        |    dropped; a repeat still answers true
+//                                        v
+//                                     (none) at END_SESSION, on a new lookup of the request, or
+//                                            after the session TTL (the L1 read TTL expires
+//                                            the locks anyway); END_SESSION/TTL also end a
+//                                            [locked] state, releasing its locks
+//
+// Fingerprints leave the matcher when their chunk leaves L1 and no tier is configured
+// (BlendIndex, an L1 listener, synchronously); with tiers, a lookup that finds a fingerprint's
+// chunk missing from L1 keeps it (a tier may hold it: follow-up). In parity mode
+// (--blend-lmcache-parity) a missing chunk is struck instead (Matcher::Strike).
+//
+// Threads: every method is thread-safe. Rope state is replaced whole under rope_mu_ and
+// shared by shared_ptr with the retrieves using it; request state is under req_mu_, never held
+// across a copy. The matcher has its own lock. Lock order: L1 shard -> matcher (the listener);
+// req_mu_ is never held while calling L1 except ReleaseAllLocks/ReleaseLocks (which take no
+// listener path).
+// Ownership: BlendOps borrows the cache, sessions, registry, lookups and the BlendIndex (all
+// owned by KvService and outliving it; the BlendIndex is also one of L1's listeners).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "blend/matcher.h"
+#include "blend/rope.h"
+#include "blend/rope_geometry.h"
+#include "common/clock.h"
+#include "common/metrics.h"
+#include "common/status.h"
+#include "l1/l1_cache.h"
+#include "l1/l1_listener.h"
+#include "server/chunk_io.h"
+#include "server/config.h"
+#include "server/instance_registry.h"
+#include "server/lookups.h"
+#include "server/sessions.h"
+#include "transfer/shm_mapping.h"
+#include "wire/messages.h"
+
+namespace kvd::server {
+
+// Tells several listeners of the same L1 events, in order. Not owning; every listener must
+// outlive the cache. Thread-safe as its listeners are.
+class L1ListenerFanOut : public l1::L1Listener {
+ public:
+  void Add(l1::L1Listener* listener) { listeners_.push_back(listener); }  // before use only
+  bool empty() const { return listeners_.empty(); }
+  size_t size() const { return listeners_.size(); }
+  l1::L1Listener* only() const { return listeners_.size() == 1 ? listeners_[0] : nullptr; }
+  void OnEntryComplete(const l1::ChunkKey& key) override {
+    for (auto* l : listeners_) l->OnEntryComplete(key);
+  }
+  void OnEntriesRemoved(std::span<const l1::ChunkKey> keys, l1::RemovalCause cause) override {
+    for (auto* l : listeners_) l->OnEntriesRemoved(keys, cause);
+  }
+
+ private:
+  std::vector<l1::L1Listener*> listeners_;
+};
+
+// The fingerprint index: the matcher plus its removal on L1 eviction. Created before the L1
+// cache (it is one of its listeners). Partitions are l1 NamespaceIds.
+class BlendIndex : public l1::L1Listener {
+ public:
+  static Result<std::unique_ptr<BlendIndex>> Create(const ServerConfig& config);
+  blend::Matcher& matcher() { return *matcher_; }
+  bool parity() const { return matcher_->options().lmcache_parity; }
+  // With tiers, an L1 removal does not remove the fingerprint (the chunk may be in a tier).
+  void set_tiers(bool tiers) { tiers_ = tiers; }
+
+  void OnEntryComplete(const l1::ChunkKey&) override {}
+  void OnEntriesRemoved(std::span<const l1::ChunkKey> keys, l1::RemovalCause cause) override;
+
+  metrics::Counter removed;  // fingerprints removed because their chunk left L1
+
+ private:
+  explicit BlendIndex(std::unique_ptr<blend::Matcher> m) : matcher_(std::move(m)) {}
+  std::unique_ptr<blend::Matcher> matcher_;
+  bool tiers_ = false;
+};
+
+class BlendOps {
+ public:
+  // Borrows everything; all must outlive this object.
+  BlendOps(const ServerConfig& config, const Clock* clock, BlendIndex* index, l1::L1Cache* l1,
+           SessionTable* sessions, InstanceRegistry* registry, Lookups* lookups,
+           transfer::ShmAccessPolicy shm_policy);
+
+  // cb_register_rope: replaces the instance's rope state. Errors as lmcache's (instance not
+  // registered, group_to_cache / group_rot / kv_quant), plus kvd's on the tables' memory.
+  Status RegisterRope(const wire::CbRegisterRopeRequest& req);
+  // cb_unregister_rope (and when the instance goes). Returns whether it had one.
+  bool UnregisterRope(int64_t instance_id);
+
+  // cb_unified_lookup: nullopt while the prefix leg loads from a tier (reply nil).
+  Result<std::optional<wire::CbUnifiedLookupResult>> UnifiedLookup(const wire::LookupRequest& req);
+  // cb_retrieve_pre_computed: scatter_ran. Errors (reply [handle, false]) for a missing
+  // instance or rope registration.
+  Result<bool> RetrievePreComputed(const wire::CbRetrievePreComputedRequest& req);
+  // END_SESSION: drops the request's blend locks and state.
+  void EndSession(std::string_view request_id);
+  // Periodic: forgets request states older than the session TTL (their locks too).
+  void Maintain();
+
+  // A STORE / COMMIT_STORE committed chunks: registers their fingerprints (worker 0 only,
+  // synchronously on the committing thread: PlanRegistration + Register cost ~3.4 µs per
+  // 256-token chunk, measured on a 16-chunk store; far below the chunk's copy).
+  void OnStoreCommitted(const CommittedStore& store);
+
+  // lmcache_blend_* families.
+  void RegisterMetrics(metrics::Registry& registry);
+
+  // Tests: requests whose blend matches are still locked for a retrieve.
+  size_t requests_held() const;
+  bool has_rope(int64_t instance_id) const;
+  blend::Matcher& matcher() { return index_->matcher(); }
+
+  static std::string LockOwner(std::string_view request_id);
+
+ private:
+  struct RopeState {
+    std::vector<std::unique_ptr<blend::RopeTable>> tables;
+    std::vector<blend::GroupRope> groups;  // one per kernel group of the layout
+    std::weak_ptr<const Instance> instance;  // the registration it was built for
+  };
+  struct Found {
+    wire::CbMatchResult match;
+    l1::ChunkKey key;
+  };
+  struct RequestState {
+    std::vector<Found> found;      // lock index j = position in this vector
+    std::vector<int64_t> done;     // worker ids that retrieved
+    l1::NamespaceId ns = 0;        // the lookup's (model, world size, salt)
+    uint32_t world = 1;
+    uint32_t readers = 1;
+    int64_t created_ns = 0;
+    bool finished = false;         // every worker retrieved; locks released, matches dropped
+  };
+
+  void DropRequestLocked(const std::string& request_id);  // req_mu_ held
+
+  const ServerConfig& config_;
+  const Clock* const clock_;
+  BlendIndex* const index_;
+  l1::L1Cache* const l1_;
+  SessionTable* const sessions_;
+  InstanceRegistry* const registry_;
+  Lookups* const lookups_;
+  const transfer::ShmAccessPolicy shm_policy_;
+
+  mutable std::mutex rope_mu_;
+  std::map<int64_t, std::shared_ptr<const RopeState>> rope_;  // guarded by rope_mu_
+  mutable std::mutex req_mu_;
+  std::unordered_map<std::string, RequestState> requests_;   // guarded by req_mu_
+  std::unordered_map<std::string, int64_t> prefix_loading_;  // guarded by req_mu_
+
+  struct Metrics {
+    metrics::Counter lookup_requests;
+    metrics::Counter lookup_requested_tokens;
+    metrics::Counter lookup_hit_tokens;
+    metrics::Counter lookup_prefix_hit_tokens;
+    metrics::Counter lookup_non_prefix_hit_tokens;
+    metrics::Counter lookup_storage_hits;
+    metrics::Counter lookup_stale_chunks;
+    metrics::Counter lookup_no_gpu_context_errors;
+    metrics::Counter retrieve_requests;
+    metrics::Counter retrieve_chunks;
+    metrics::Counter retrieve_failures;
+    metrics::Counter retrieve_noops;
+    metrics::Counter fingerprints_registered;
+    metrics::Counter fingerprint_matches;
+    metrics::Counter scatter_tokens;
+    metrics::Counter scatter_shifted_chunks;
+  };
+  Metrics m_;
+  std::vector<metrics::CollectorHandle> metric_handles_;
+};
+
+}  // namespace kvd::server

@@ -1,0 +1,431 @@
+// BlendOps (--engine-type blend) through KvService on real POSIX shared memory: a fake
+// worker's bf16 KV tensors and a float32 cos/sin cache live in segments this test creates,
+// as the lmcache client's CpuShmTensorWrapper makes them.
+#include "server/blend_ops.h"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+
+#include "blend/rope.h"
+#include "server/handlers.h"
+#include "server/kv_service.h"
+
+namespace kvd::server {
+namespace {
+
+constexpr int64_t kChunk = 256;
+constexpr int64_t kBlock = 16;
+constexpr int64_t kBlocks = 64;
+constexpr int64_t kHeads = 2, kHead = 8;  // a row: 16 bf16 elements
+constexpr int64_t kLayers = 2;
+constexpr int64_t kRowElems = kHeads * kHead;
+constexpr int64_t kPlane = kBlocks * kBlock * kRowElems;
+constexpr int64_t kLayerElems = 2 * kPlane;
+constexpr uint64_t kLayerBytes = kLayerElems * 2;
+constexpr int64_t kMaxPos = 2048;
+
+uint16_t ToBf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return static_cast<uint16_t>((u + 0x7fff + ((u >> 16) & 1)) >> 16);
+}
+
+class Shm {
+ public:
+  Shm(std::string name, uint64_t bytes) : name_(std::move(name) + "_" + std::to_string(getpid())), bytes_(bytes) {
+    shm_unlink(name_.c_str());
+    int fd = shm_open(name_.c_str(), O_CREAT | O_RDWR, 0600);
+    EXPECT_GE(fd, 0);
+    EXPECT_EQ(ftruncate(fd, static_cast<off_t>(bytes)), 0);
+    data_ = static_cast<uint8_t*>(mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
+    close(fd);
+  }
+  ~Shm() {
+    munmap(data_, bytes_);
+    shm_unlink(name_.c_str());
+  }
+  const std::string& name() const { return name_; }
+  uint8_t* data() const { return data_; }
+  uint64_t bytes() const { return bytes_; }
+
+ private:
+  std::string name_;
+  uint64_t bytes_;
+  uint8_t* data_ = nullptr;
+};
+
+// kLayers tensors [2, NB, BS, NH, HS] bf16 in one segment.
+class FakeWorker {
+ public:
+  explicit FakeWorker(std::string name) : shm_(std::move(name), kLayerBytes * kLayers) {}
+  wire::RegisterKvCacheRequest Registration(int64_t id, int64_t world_size) const {
+    wire::RegisterKvCacheRequest r;
+    r.instance_id = id;
+    r.model_name = "llama";
+    r.world_size = world_size;
+    r.engine_type = "vllm";
+    for (int64_t l = 0; l < kLayers; ++l) {
+      wire::TensorDescriptor t;
+      t.dtype = "bfloat16";
+      t.shape = {2, kBlocks, kBlock, kHeads, kHead};
+      t.stride = {kPlane, kBlock * kRowElems, kRowElems, kHead, 1};
+      t.storage_offset = l * kLayerElems;
+      t.shm_name = shm_.name();
+      t.nbytes = shm_.bytes();
+      t.device_uuid = "cpu";
+      r.tensors.push_back(t);
+    }
+    return r;
+  }
+  // Token row of (layer, kv) at request position `pos` through block table `first_block`...
+  uint8_t* Row(int64_t layer, int64_t kv, int64_t block, int64_t slot) const {
+    return shm_.data() + layer * kLayerBytes + (kv * kPlane + (block * kBlock + slot) * kRowElems) * 2;
+  }
+  static constexpr size_t kRowBytes = kRowElems * 2;
+  void Fill(uint32_t seed) {
+    std::mt19937 rng(seed);
+    std::uniform_real_distribution<float> d(-1.f, 1.f);
+    auto* p = reinterpret_cast<uint16_t*>(shm_.data());
+    for (uint64_t i = 0; i < shm_.bytes() / 2; ++i) p[i] = ToBf16(d(rng));
+  }
+  void ZeroBlocks(int64_t first, int64_t count) {
+    for (int64_t l = 0; l < kLayers; ++l)
+      for (int64_t kv = 0; kv < 2; ++kv) std::memset(Row(l, kv, first, 0), 0, count * kBlock * kRowBytes);
+  }
+
+ private:
+  Shm shm_;
+};
+
+// vLLM's cos/sin cache [kMaxPos, kHead] float32: kHead/2 cosines then kHead/2 sines.
+class FakeRope {
+ public:
+  FakeRope() : shm_("/kvd_test_rope", kMaxPos * kHead * 4) {
+    auto* f = reinterpret_cast<float*>(shm_.data());
+    for (int64_t p = 0; p < kMaxPos; ++p) {
+      for (int64_t i = 0; i < kHead / 2; ++i) {
+        const double inv = std::pow(10000.0, -2.0 * static_cast<double>(i) / kHead);
+        f[p * kHead + i] = static_cast<float>(std::cos(p * inv));
+        f[p * kHead + kHead / 2 + i] = static_cast<float>(std::sin(p * inv));
+      }
+    }
+  }
+  wire::TensorDescriptor Descriptor() const {
+    wire::TensorDescriptor t;
+    t.dtype = "float32";
+    t.shape = {kMaxPos, kHead};
+    t.stride = {kHead, 1};
+    t.shm_name = shm_.name();
+    t.nbytes = shm_.bytes();
+    t.device_uuid = "cpu";
+    return t;
+  }
+  blend::RopeTable Table() const {
+    const int64_t shape[] = {kMaxPos, kHead};
+    return std::move(blend::RopeTable::FromCosSinCache({shm_.data(), shm_.bytes()}, "float32", shape)).value();
+  }
+
+ private:
+  Shm shm_;
+};
+
+// Tokens of a 256-token segment named by `seed`.
+std::vector<int64_t> Segment(int64_t seed) {
+  std::vector<int64_t> t;
+  for (int64_t i = 0; i < kChunk; ++i) t.push_back((i * 7919 + seed * 104729) % 32000);
+  return t;
+}
+
+wire::CacheKey Key(std::optional<int64_t> worker, std::vector<std::vector<int64_t>> segs,
+                   const std::string& rid, int64_t world_size = 1) {
+  wire::CacheKey k;
+  k.model_name = "llama";
+  k.world_size = world_size;
+  k.worker_id = worker;
+  for (const auto& s : segs)
+    for (int64_t v : s) k.token_ids.push_back(v);
+  k.start = 0;
+  k.end = static_cast<int64_t>(k.token_ids.size());
+  k.request_id = rid;
+  k.num_kv_readers = 1;
+  return k;
+}
+
+std::vector<std::vector<int64_t>> Blocks(int64_t first, int64_t count) {
+  std::vector<int64_t> ids;
+  for (int64_t i = 0; i < count; ++i) ids.push_back(first + i);
+  return {ids};
+}
+
+class BlendOpsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    cfg_.l1_size_gb = 64.0 / 1024;
+    cfg_.eviction_policy = "LRU";
+    cfg_.engine_type = "blend";
+    cfg_.null_block_id = -1;
+    cfg_.shm_name = "kvd_test_blend_pool_" + std::to_string(getpid());
+    auto s = KvService::Create(cfg_, &clock_);
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    svc_ = std::move(s).value();
+    ASSERT_NE(svc_->blend(), nullptr);
+  }
+  BlendOps& blend() { return *svc_->blend(); }
+  wire::CbRegisterRopeRequest Rope(int64_t id) const {
+    wire::CbRegisterRopeRequest r;
+    r.instance_id = id;
+    r.cos_sin_caches = {rope_.Descriptor()};
+    r.head_size = kHead;
+    r.is_neox_style = true;
+    return r;
+  }
+  wire::CbUnifiedLookupResult UnifiedLookup(const wire::CacheKey& key) {
+    auto r = blend().UnifiedLookup({key, 1});
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_TRUE(r.ok() && r->has_value());
+    return r.ok() && r->has_value() ? **r : wire::CbUnifiedLookupResult{};
+  }
+  // Stores sys + doc at [0, 512) from blocks 0..31 of w (instance 100, worker 0).
+  void StoreSysDoc() {
+    wire::TransferRequest st{Key(0, {Segment(1), Segment(2)}, "store"), 100, Blocks(0, 32), "", 0};
+    ASSERT_TRUE(svc_->Store(st).ok());
+  }
+
+  ServerConfig cfg_;
+  FakeClock clock_;
+  FakeRope rope_;
+  std::unique_ptr<KvService> svc_;
+};
+
+TEST_F(BlendOpsTest, RegisterRopeRefusesAsLmcache) {
+  FakeWorker w("/kvd_test_blend_w");
+  auto r = Rope(100);
+  EXPECT_NE(blend().RegisterRope(r).message().find("has no paged KV cache registered"), std::string::npos);
+  ASSERT_TRUE(svc_->RegisterKvCache(w.Registration(100, 1)).ok());
+  r.group_to_cache = {1};
+  EXPECT_NE(blend().RegisterRope(r).message().find("contains indices outside [-1, 1)"), std::string::npos);
+  r.group_to_cache = {};
+  r.group_rot = {wire::RopeWindow{-1, 8}};
+  EXPECT_NE(blend().RegisterRope(r).message().find("group_rot[0]"), std::string::npos);
+  r.group_rot = {};
+  r.kv_quant = "int4";
+  EXPECT_NE(blend().RegisterRope(r).message().find("kv_quant='int4'"), std::string::npos);
+  r.kv_quant = "";
+  auto cuda = Rope(100);
+  cuda.cos_sin_caches[0].memory = wire::TensorMemory::kCuda;
+  EXPECT_NE(blend().RegisterRope(cuda).message().find("GPU memory"), std::string::npos);
+  EXPECT_FALSE(blend().has_rope(100));
+  ASSERT_TRUE(blend().RegisterRope(r).ok());
+  EXPECT_TRUE(blend().has_rope(100));
+  EXPECT_TRUE(blend().UnregisterRope(100));
+  EXPECT_FALSE(blend().has_rope(100));
+}
+
+TEST_F(BlendOpsTest, FingerprintsFromWorkerZeroCommittedChunksRemovedWithL1) {
+  FakeWorker w0("/kvd_test_blend_w0"), w1("/kvd_test_blend_w1");
+  w0.Fill(1);
+  w1.Fill(2);
+  ASSERT_TRUE(svc_->RegisterKvCache(w0.Registration(100, 2)).ok());
+  ASSERT_TRUE(svc_->RegisterKvCache(w1.Registration(101, 2)).ok());
+  const auto tokens = std::vector<std::vector<int64_t>>{Segment(1), Segment(2)};
+  ASSERT_TRUE(svc_->Store({Key(1, tokens, "s", 2), 101, Blocks(0, 32), "", 0}).ok());
+  EXPECT_EQ(blend().matcher().Stats().live, 0u) << "worker 1's stores register nothing";
+  ASSERT_TRUE(svc_->Store({Key(0, tokens, "s", 2), 100, Blocks(0, 32), "", 0}).ok());
+  EXPECT_EQ(blend().matcher().Stats().live, 2u) << "both chunks, chunk 0 included";
+  // A repeated store commits nothing new: nothing registered again.
+  ASSERT_TRUE(svc_->Store({Key(0, tokens, "s", 2), 100, Blocks(0, 32), "", 0}).ok());
+  EXPECT_EQ(blend().matcher().Stats().registered, 2u);
+  svc_->Clear();
+  EXPECT_EQ(blend().matcher().Stats().live, 0u) << "removed with their L1 entries";
+}
+
+TEST_F(BlendOpsTest, LookupFindsDocumentElsewhereAndRetrieveScattersRotatedK) {
+  FakeWorker w("/kvd_test_blend_w");
+  w.Fill(7);
+  ASSERT_TRUE(svc_->RegisterKvCache(w.Registration(100, 1)).ok());
+  ASSERT_TRUE(blend().RegisterRope(Rope(100)).ok());
+  StoreSysDoc();
+  // sys + other + doc: the prefix (sys) by the prefix leg, doc at 512 (stored at 256).
+  const auto key = Key(std::nullopt, {Segment(1), Segment(3), Segment(2)}, "q");
+  auto res = UnifiedLookup(key);
+  EXPECT_EQ(res.prefix_coverage_tokens, 256);
+  ASSERT_EQ(res.non_prefix_segments.size(), 1u);
+  const auto m = res.non_prefix_segments[0];
+  EXPECT_EQ(m.old_st, 256);
+  EXPECT_EQ(m.old_ed, 512);
+  EXPECT_EQ(m.cur_st, 512);
+  EXPECT_EQ(m.cur_ed, 768);
+  EXPECT_EQ(blend().requests_held(), 1u);
+  const uint64_t locks_before = svc_->l1_stats().lookup_locks;  // the prefix's and blend's
+
+  // Retrieve into blocks 16..63 (positions 512..767 land in blocks 48..63).
+  w.ZeroBlocks(48, 16);
+  wire::CbRetrievePreComputedRequest rr;
+  rr.key = Key(0, {Segment(1), Segment(3), Segment(2)}, "q");
+  rr.match_results = {m};
+  rr.block_ids = Blocks(16, 48);
+  rr.instance_id = 100;
+  auto ran = blend().RetrievePreComputed(rr);
+  ASSERT_TRUE(ran.ok()) << ran.status().ToString();
+  EXPECT_TRUE(*ran);
+  // V byte-identical; K = RotateK(256 + t -> 512 + t) of the stored row.
+  const blend::RopeTable table = rope_.Table();
+  blend::KRowGeometry g;
+  g.elem = blend::KvElem::kBFloat16;
+  g.num_heads = kHeads;
+  g.head_stride = kHead;
+  g.rot_dim = kHead;
+  size_t k_diff = 0, v_diff = 0, k_changed = 0;
+  for (int64_t l = 0; l < kLayers; ++l) {
+    for (int64_t t = 0; t < kChunk; ++t) {
+      const int64_t src_block = 16 + t / kBlock, dst_block = 48 + t / kBlock, slot = t % kBlock;
+      std::vector<uint8_t> ref(w.Row(l, 0, src_block, slot), w.Row(l, 0, src_block, slot) + FakeWorker::kRowBytes);
+      std::vector<uint8_t> orig = ref;
+      ASSERT_TRUE(blend::RotateK(table, 256 + t, 512 + t, g, ref).ok());
+      if (ref != orig) ++k_changed;
+      if (std::memcmp(ref.data(), w.Row(l, 0, dst_block, slot), FakeWorker::kRowBytes) != 0) ++k_diff;
+      if (std::memcmp(w.Row(l, 1, src_block, slot), w.Row(l, 1, dst_block, slot), FakeWorker::kRowBytes) != 0) ++v_diff;
+    }
+  }
+  EXPECT_EQ(k_diff, 0u);
+  EXPECT_EQ(v_diff, 0u);
+  EXPECT_GT(k_changed, 0u) << "the rotation moved K";
+  // Done for the only worker: state and locks gone, pins dropped. A repeat is a no-op.
+  EXPECT_EQ(blend().requests_held(), 0u);
+  EXPECT_EQ(svc_->l1_stats().pinned_objects, 0u);
+  EXPECT_EQ(svc_->l1_stats().lookup_locks, locks_before - 1) << "blend's locks released";
+  const uint64_t locks_after = svc_->l1_stats().lookup_locks;
+  auto again = blend().RetrievePreComputed(rr);
+  ASSERT_TRUE(again.ok());
+  EXPECT_TRUE(*again) << "a repeated retrieve is a no-op";
+  EXPECT_EQ(svc_->l1_stats().lookup_locks, locks_after);
+  svc_->EndSession("q");
+}
+
+TEST_F(BlendOpsTest, RepeatDeferredStraddleAndUntrustedMatches) {
+  FakeWorker w("/kvd_test_blend_w");
+  w.Fill(9);
+  ASSERT_TRUE(svc_->RegisterKvCache(w.Registration(100, 1)).ok());
+  wire::CbRetrievePreComputedRequest rr;
+  rr.key = Key(0, {Segment(4), Segment(5), Segment(2)}, "d");
+  rr.instance_id = 100;
+  rr.block_ids = Blocks(16, 48);
+  // Before the rope registration: an error.
+  EXPECT_FALSE(blend().RetrievePreComputed(rr).ok());
+  ASSERT_TRUE(blend().RegisterRope(Rope(100)).ok());
+  StoreSysDoc();
+  auto res = UnifiedLookup(Key(std::nullopt, {Segment(4), Segment(5), Segment(2)}, "d"));
+  EXPECT_EQ(res.prefix_coverage_tokens, 0);
+  ASSERT_EQ(res.non_prefix_segments.size(), 1u);
+  EXPECT_EQ(res.non_prefix_segments[0].cur_st, 512);
+  rr.match_results = res.non_prefix_segments;
+  // A match the lookup did not find (another position): refused, nothing written.
+  auto forged = rr;
+  forged.match_results[0].cur_st = 256;
+  forged.match_results[0].cur_ed = 512;
+  EXPECT_FALSE(*blend().RetrievePreComputed(forged));
+  // The same request id with another cache salt: not the lookup's namespace.
+  auto salted = rr;
+  salted.key.cache_salt = "other-tenant";
+  EXPECT_FALSE(*blend().RetrievePreComputed(salted));
+  // Beyond the allocation (2 chunks of blocks): deferred, true, nothing written.
+  auto deferred = rr;
+  deferred.block_ids = Blocks(16, 32);
+  EXPECT_TRUE(*blend().RetrievePreComputed(deferred));
+  EXPECT_EQ(blend().requests_held(), 1u) << "deferred keeps the locks";
+  // Straddling the allocation: false.
+  auto straddle = rr;
+  straddle.block_ids = Blocks(16, 40);
+  EXPECT_FALSE(*blend().RetrievePreComputed(straddle));
+  EXPECT_EQ(blend().requests_held(), 0u);
+  EXPECT_EQ(svc_->l1_stats().pinned_objects, 0u);
+}
+
+TEST_F(BlendOpsTest, EndSessionReleasesTheLookupsLocks) {
+  FakeWorker w("/kvd_test_blend_w");
+  w.Fill(3);
+  ASSERT_TRUE(svc_->RegisterKvCache(w.Registration(100, 1)).ok());
+  StoreSysDoc();
+  const uint64_t base_locks = svc_->l1_stats().lookup_locks;
+  auto res = UnifiedLookup(Key(std::nullopt, {Segment(6), Segment(6), Segment(2)}, "e"));
+  ASSERT_EQ(res.non_prefix_segments.size(), 1u);
+  EXPECT_GT(svc_->l1_stats().lookup_locks, base_locks);
+  EXPECT_EQ(blend().requests_held(), 1u);
+  svc_->EndSession("e");
+  EXPECT_EQ(blend().requests_held(), 0u);
+  EXPECT_EQ(svc_->l1_stats().lookup_locks, base_locks);
+}
+
+TEST_F(BlendOpsTest, OverlappingMatchesKeepTheEarliest) {
+  FakeWorker w("/kvd_test_blend_w");
+  w.Fill(5);
+  ASSERT_TRUE(svc_->RegisterKvCache(w.Registration(100, 1)).ok());
+  StoreSysDoc();  // sys = Segment(1), doc = Segment(2), adjacent when stored
+  // x + (sys + doc) + the same doc again: sys at 256, doc at 512 and 768; doc is one
+  // fingerprint, reported once at its first position >= the prefix.
+  auto res = UnifiedLookup(Key(std::nullopt, {Segment(8), Segment(1), Segment(2), Segment(2)}, "o"));
+  ASSERT_GE(res.non_prefix_segments.size(), 2u);
+  for (size_t i = 1; i < res.non_prefix_segments.size(); ++i) {
+    EXPECT_GE(res.non_prefix_segments[i].cur_st, res.non_prefix_segments[i - 1].cur_ed);
+  }
+  EXPECT_EQ(res.non_prefix_segments[0].cur_st, 256);
+  EXPECT_EQ(res.non_prefix_segments[0].old_st, 0);
+  svc_->EndSession("o");
+}
+
+TEST_F(BlendOpsTest, ParityModeLeavesChunkZeroToThePrefix) {
+  ServerConfig cfg = cfg_;
+  cfg.blend_lmcache_parity = true;
+  cfg.shm_name += "_parity";
+  auto s = KvService::Create(cfg, &clock_);
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  FakeWorker w("/kvd_test_blend_wp");
+  w.Fill(4);
+  ASSERT_TRUE((*s)->RegisterKvCache(w.Registration(100, 1)).ok());
+  ASSERT_TRUE((*s)->Store({Key(0, {Segment(1), Segment(2)}, "p"), 100, Blocks(0, 32), "", 0}).ok());
+  EXPECT_EQ((*s)->blend()->matcher().Stats().live, 1u) << "lmcache skips chunk 0 of a prompt";
+}
+
+TEST_F(BlendOpsTest, EngineDrivenCommitStoreRegistersFingerprints) {
+  wire::RegisterEngineDrivenRequest r;
+  r.instance_id = 200;
+  r.model_name = "llama";
+  r.world_size = 1;
+  r.block_size = kBlock;
+  r.num_layers = kLayers;
+  r.hidden_dim_size = kRowElems;
+  r.dtype_str = "bfloat16";
+  ASSERT_TRUE(svc_->RegisterEngineDriven(r).ok());
+  wire::EngineDrivenRequest st{Key(0, {Segment(1), Segment(2)}, "ed"), 200, ""};
+  auto slots = svc_->PrepareStore(st);
+  ASSERT_TRUE(slots.ok()) << slots.status().ToString();
+  ASSERT_EQ(slots->first.size(), 2u);
+  EXPECT_EQ(blend().matcher().Stats().live, 0u) << "nothing before the commit";
+  ASSERT_TRUE(svc_->CommitStore(st).ok());
+  EXPECT_EQ(blend().matcher().Stats().live, 2u);
+}
+
+// The ops are routed only with --engine-type blend; otherwise answered as before (nil).
+TEST_F(BlendOpsTest, HandshakeRoutedOnlyForBlend) {
+  const wire::OpInfo* op = wire::FindOpById(33);
+  ASSERT_NE(op, nullptr);
+  const std::string one = wire::EncodeInt(1);
+  std::vector<std::string_view> frames{one};
+  EXPECT_EQ(HandleRequest(*svc_, *op, frames, "c"), wire::EncodeCbProtocolHandshake(1));
+  ServerConfig plain = cfg_;
+  plain.engine_type = "default";
+  plain.shm_name += "_plain";
+  auto s = KvService::Create(plain, &clock_);
+  ASSERT_TRUE(s.ok());
+  EXPECT_EQ((*s)->blend(), nullptr);
+  EXPECT_EQ(HandleRequest(**s, *op, frames, "c"), wire::EncodeNil());
+}
+
+}  // namespace
+}  // namespace kvd::server
