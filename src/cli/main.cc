@@ -37,6 +37,7 @@
 
 #include "cli/cli_config.h"
 #include "cli/flags.h"
+#include "cli/stale_segments.h"
 #include "common/clock.h"
 #include "http/http_server.h"
 #include "l2/adapter_config.h"
@@ -692,6 +693,7 @@ int RunServer(const CliConfig& cli) {
   }
   std::signal(SIGINT, OnSignal);
   std::signal(SIGTERM, OnSignal);
+  kvd::cli::ReclaimDeadKvdSegments();  // what crashed kvds left in /dev/shm (stale_segments.h)
   kvd::SteadyClock clock;
   {
     // Every owner registers its own metric families here; declared first, so it outlives them.
