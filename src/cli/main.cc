@@ -6,7 +6,7 @@
 // Process layout: the main thread runs the ZMQ loop; a maintenance thread calls
 // KvService::Maintain every second (sessions, TTLs, worker reaping, eviction); the HTTP
 // server (operator endpoints, metrics, dashboard) has its own threads and sees the
-// service only through the ServiceStats adapter below (an http::StatsSource).
+// service only through the ServiceStats adapter below (an http::StatsSource and AdminPort).
 //
 // Shutdown: the first SIGINT/SIGTERM stops accepting requests, lets queued and in-flight
 // requests finish and answers them, stops HTTP, unmaps every worker segment and removes
@@ -241,7 +241,7 @@ void SubtractLabelledCounters(kvd::http::Snapshot& s, const kvd::http::Snapshot&
 
 // The HTTP module's view of this process: KvService state, L1 stats and request metrics
 // copied into plain snapshots, and a health check that proves the ZMQ loop answers.
-class ServiceStats final : public kvd::http::StatsSource {
+class ServiceStats final : public kvd::http::StatsSource, public kvd::http::AdminPort {
  public:
   ServiceStats(kvd::server::KvService* svc, const kvd::server::RequestMetrics* metrics,
                kvd::metrics::Registry* registry, const kvd::server::ServerConfig& cfg,
@@ -730,7 +730,7 @@ int RunServer(const CliConfig& cli) {
     ho.config_json = ConfigJson(cfg, http_flags);
     std::unique_ptr<kvd::http::HttpServer> http;
     if (http_flags.port != 0) {
-      http = std::make_unique<kvd::http::HttpServer>(ho, &stats);
+      http = std::make_unique<kvd::http::HttpServer>(ho, &stats, &stats);
       if (auto st = http->Start(); !st.ok()) {
         spdlog::error("cannot start: {}", st.message());
         return 1;

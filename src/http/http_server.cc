@@ -62,9 +62,10 @@ struct HttpServer::Impl {
   Router router{server};
 };
 
-HttpServer::HttpServer(HttpOptions options, StatsSource* source)
+HttpServer::HttpServer(HttpOptions options, StatsSource* source, AdminPort* admin)
     : options_(std::move(options)),
       source_(source),
+      admin_(admin),
       series_(options_.history_samples),
       impl_(std::make_unique<Impl>()) {
   httplib::Server& svr = impl_->server;
@@ -113,7 +114,7 @@ HttpServer::HttpServer(HttpOptions options, StatsSource* source)
   });
   routes.Post("/clear-cache", [this](const httplib::Request& req, httplib::Response& res,
                                      const std::string&) {
-    uint64_t n = source_->ClearCache();
+    uint64_t n = admin_->ClearCache();
     spdlog::info("http: L1 cleared on request from {} ({} entries)", req.remote_addr, n);
     SendJson(res, 200, nlohmann::json{{"status", "ok"}, {"cleared_entries", n}}.dump());
   });
@@ -125,13 +126,13 @@ HttpServer::HttpServer(HttpOptions options, StatsSource* source)
   };
   routes.Post("/cache/clear", with_body([this](const httplib::Request& req, const std::string& body) {
              spdlog::info("http: POST /cache/clear from {}", req.remote_addr);
-             return ClearCacheReply(*source_, body);
+             return ClearCacheReply(*admin_, body);
            }));
   routes.Get("/cache/objects", [this](const httplib::Request& req, httplib::Response& res) {
     Send(res, ListObjectsReply(*source_, req.params));
   });
   routes.Delete("/cache/objects", with_body([this](const httplib::Request&, const std::string& body) {
-               return DeleteObjectsReply(*source_, body);
+               return DeleteObjectsReply(*source_, *admin_, body);
              }));
   routes.Post("/cache/prefetches", with_body([this](const httplib::Request&, const std::string& body) {
              return SubmitPrefetchReply(*source_, body);
@@ -153,7 +154,7 @@ HttpServer::HttpServer(HttpOptions options, StatsSource* source)
   });
   routes.Post("/metrics/reset", [this](const httplib::Request& req, httplib::Response& res,
                                        const std::string&) {
-    source_->ResetMetrics();
+    admin_->ResetMetrics();
     spdlog::info("http: metrics reset on request from {}", req.remote_addr);
     res.status = 200;
     res.set_content("ok", "text/plain; charset=utf-8");
@@ -184,7 +185,7 @@ HttpServer::HttpServer(HttpOptions options, StatsSource* source)
     res.set_content(RenderPrometheus(source_->Collect(), options_.version),
                     "text/plain; version=0.0.4; charset=utf-8");
   });
-  AddQuotaRoutes(routes, source_);
+  AddQuotaRoutes(routes, source_, admin_);
   routes.Get("/api/timeseries", [this](const httplib::Request& req, httplib::Response& res) {
     size_t points = 0;
     if (req.has_param("points")) {

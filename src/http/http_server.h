@@ -19,7 +19,7 @@
 // Threads: Start binds the port (failing cleanly when it is taken) and starts a small
 // worker pool plus one sampler thread that calls source->Collect() every
 // sample_interval and appends to the ring. Handlers run on the pool and call the
-// StatsSource concurrently. Stop (or the destructor) stops accepting, finishes the
+// StatsSource and AdminPort concurrently. Stop (or the destructor) stops accepting, finishes the
 // requests being served and joins every thread. Start/Stop are not thread-safe with
 // respect to each other; call them from one thread.
 #pragma once
@@ -51,8 +51,8 @@ struct HttpOptions {
 
 class HttpServer {
  public:
-  // `source` must outlive the server.
-  HttpServer(HttpOptions options, StatsSource* source);
+  // `source` and `admin` must outlive the server.
+  HttpServer(HttpOptions options, StatsSource* source, AdminPort* admin);
   ~HttpServer();
   HttpServer(const HttpServer&) = delete;
   HttpServer& operator=(const HttpServer&) = delete;
@@ -77,6 +77,7 @@ class HttpServer {
 
   const HttpOptions options_;
   StatsSource* const source_;
+  AdminPort* const admin_;     // the routes that change state
   TimeSeries series_;
   std::unique_ptr<Impl> impl_;
   int bound_port_ = 0;

@@ -36,11 +36,11 @@ Reply RootReply();
 bool WantsHtml(std::string_view accept);
 
 // POST /cache/clear, body {"tier":"l1","force":false} (absent or empty: the defaults).
-Reply ClearCacheReply(StatsSource& source, std::string_view body);
+Reply ClearCacheReply(AdminPort& admin, std::string_view body);
 // GET /cache/objects?tier&adapter&model_name&page_size&page_token.
 Reply ListObjectsReply(StatsSource& source, const QueryParams& q);
 // DELETE /cache/objects, body {"keys":[EncodedObjectKey...],"tier","force","adapter"}.
-Reply DeleteObjectsReply(StatsSource& source, std::string_view body);
+Reply DeleteObjectsReply(StatsSource& source, AdminPort& admin, std::string_view body);
 // POST /cache/prefetches, body {model_name, world_size, token_ids, cache_salt, source_tier,
 // target_tier}: validated as lmcache validates it (the model must be registered here, a
 // sub-chunk sequence is a no-op), then 503 without tiers and 501 with them (kvd prefetches

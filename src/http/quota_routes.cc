@@ -29,8 +29,8 @@ void SendError(httplib::Response& res, int status, const std::string& error) {
 
 }  // namespace
 
-void AddQuotaRoutes(Router& router, StatsSource* source) {
-  router.Put("/quota/{cache_salt}", [source](const httplib::Request& req, httplib::Response& res,
+void AddQuotaRoutes(Router& router, StatsSource* source, AdminPort* admin) {
+  router.Put("/quota/{cache_salt}", [admin](const httplib::Request& req, httplib::Response& res,
                                              const std::string& text) {
     const std::string salt = FromPath(req.matches[1]);
     std::string why;
@@ -45,7 +45,7 @@ void AddQuotaRoutes(Router& router, StatsSource* source) {
     if (!std::isfinite(gb)) return SendError(res, 400, "limit_gb must be finite");
     if (gb < 0) return SendError(res, 400, "limit_gb must be non-negative");
     if (gb * kGiB >= std::ldexp(1.0, 64)) return SendError(res, 400, "limit_gb is too large");
-    const Status st = source->SetQuota(salt, static_cast<uint64_t>(gb * kGiB));
+    const Status st = admin->SetQuota(salt, static_cast<uint64_t>(gb * kGiB));
     if (!st.ok()) return SendError(res, 400, st.message());
     spdlog::info("http: quota of cache salt '{}' set to {} GiB by {}", ToPath(salt), gb,
                  req.remote_addr);
@@ -58,10 +58,10 @@ void AddQuotaRoutes(Router& router, StatsSource* source) {
                     {"current_usage_gb", Gb(q.usage_bytes)},
                     {"exists", q.limit_bytes.has_value()}});
   });
-  router.Delete("/quota/{cache_salt}", [source](const httplib::Request& req, httplib::Response& res,
+  router.Delete("/quota/{cache_salt}", [admin](const httplib::Request& req, httplib::Response& res,
                                                 const std::string&) {
     const std::string salt = FromPath(req.matches[1]);
-    const bool removed = source->DeleteQuota(salt);
+    const bool removed = admin->DeleteQuota(salt);
     if (removed) spdlog::info("http: quota of cache salt '{}' removed by {}", ToPath(salt), req.remote_addr);
     Send(res, 200, {{"cache_salt", ToPath(salt)}, {"status", removed ? "removed" : "not_found"}});
   });

@@ -1,4 +1,5 @@
-// The /quota routes (lmcache's per-cache-salt quota API), over a StatsSource:
+// The /quota routes (lmcache's per-cache-salt quota API): GETs read a StatsSource, PUT and
+// DELETE change quotas through the AdminPort:
 //   PUT    /quota/{salt}  {"limit_gb": x}  -> {"cache_salt", "limit_gb", "status": "ok"}
 //   GET    /quota/{salt}                   -> {"cache_salt", "limit_gb", "current_usage_gb", "exists"}
 //   DELETE /quota/{salt}                   -> {"cache_salt", "status": "removed" | "not_found"}
@@ -13,6 +14,6 @@
 
 namespace kvd::http {
 
-void AddQuotaRoutes(Router& router, StatsSource* source);
+void AddQuotaRoutes(Router& router, StatsSource* source, AdminPort* admin);
 
 }  // namespace kvd::http

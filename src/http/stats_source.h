@@ -1,6 +1,6 @@
-// The http module's only view of the server: StatsSource, a narrow interface the process
-// (src/cli/main.cc) implements over KvService, the L1 cache and the request metrics, and
-// the plain-data Snapshot it returns. The http module never includes server headers.
+// The http module's only view of the server: StatsSource (what routes read) and AdminPort
+// (what the admin routes change), narrow interfaces the process (src/cli/main.cc) implements
+// over KvService, the L1 cache and the request metrics, and the plain-data Snapshot. The http module never includes server headers.
 //
 // Threads: every method may be called concurrently from HTTP worker threads and from the
 // HttpServer's sampler thread; implementations must be thread-safe and should not block
@@ -238,6 +238,8 @@ struct DeleteResult {
   std::string error;     // non-empty: the tier failed on some key (lmcache's "ok": false)
 };
 
+// What the HTTP routes may read. Every method is read-only: it changes nothing a client of
+// kvd could observe (Collect takes counters net of the last reset, but does not reset them).
 class StatsSource {
  public:
   virtual ~StatsSource() = default;
@@ -245,25 +247,33 @@ class StatsSource {
   // Copies counters out; takes no lock the request path needs for longer than a few
   // microseconds (safe for /status, /metrics and the per-second sampler alike).
   virtual Snapshot Collect() = 0;
-  // Drops every L1 entry (POST /clear-cache). Returns the number of entries removed.
-  virtual uint64_t ClearCache() = 0;
-
-  // Per-cache-salt quotas (PUT/GET/DELETE /quota/{salt}, GET /quota). Quotas are soft:
-  // writes are never refused; the IsolatedLRU policy evicts what is over at its next round.
-  virtual Status SetQuota(const std::string& cache_salt, uint64_t limit_bytes) = 0;
-  virtual bool DeleteQuota(const std::string& cache_salt) = 0;  // true: one was set
+  // Per-cache-salt quotas (GET /quota/{salt}, GET /quota).
   virtual QuotaView GetQuota(const std::string& cache_salt) = 0;
   virtual std::vector<QuotaView> ListQuotas() = 0;  // salts with a limit set
+  // The tiers in priority order (empty: no --l2-adapter).
+  virtual std::vector<L2AdapterView> L2Adapters() = 0;
+  // Every object tier `index` holds (waits for the tier's listing, bounded).
+  virtual Result<std::vector<L2ObjectView>> ListL2Objects(size_t index) = 0;
+};
+
+// What the routes that change state may do (POST /clear-cache, /cache/clear, /metrics/reset,
+// PUT/DELETE /quota, DELETE /cache/objects). Kept apart from StatsSource so that a route
+// that only reads cannot change anything, and the admin surface is one list.
+class AdminPort {
+ public:
+  virtual ~AdminPort() = default;
+  // Drops every L1 entry (POST /clear-cache). Returns the number of entries removed.
+  virtual uint64_t ClearCache() = 0;
+  // Per-cache-salt quotas (PUT/DELETE /quota/{salt}). Quotas are soft: writes are never
+  // refused; the IsolatedLRU policy evicts what is over at its next round.
+  virtual Status SetQuota(const std::string& cache_salt, uint64_t limit_bytes) = 0;
+  virtual bool DeleteQuota(const std::string& cache_salt) = 0;  // true: one was set
   // Removes the L1 entries of `keys` that are idle (DELETE /cache/objects, tier l1); absent
   // keys count in neither field.
   virtual DeleteResult DeleteL1Objects(const std::vector<ObjectKeyRef>& keys, bool force) = 0;
   // POST /metrics/reset: counters of later snapshots start from zero again (gauges and
   // latency histograms are not touched).
   virtual void ResetMetrics() = 0;
-  // The tiers in priority order (empty: no --l2-adapter).
-  virtual std::vector<L2AdapterView> L2Adapters() = 0;
-  // Every object tier `index` holds (waits for the tier's listing, bounded).
-  virtual Result<std::vector<L2ObjectView>> ListL2Objects(size_t index) = 0;
   // Deletes `keys` from tier `index` (waits, bounded): deleted = keys that were there.
   virtual Result<DeleteResult> DeleteL2Objects(size_t index, const std::vector<ObjectKeyRef>& keys) = 0;
 };

@@ -1,4 +1,4 @@
-// A StatsSource with settable answers, for the http tests.
+// A StatsSource and AdminPort with settable answers, for the http tests.
 #pragma once
 
 #include <atomic>
@@ -9,7 +9,7 @@
 
 namespace kvd::http {
 
-class FakeSource : public StatsSource {
+class FakeSource : public StatsSource, public AdminPort {
  public:
   Health CheckHealth() override {
     std::lock_guard<std::mutex> lock(mu_);

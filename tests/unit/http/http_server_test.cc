@@ -28,7 +28,7 @@ class HttpServerTest : public ::testing::Test {
     o.version = "9.9.9";
     o.config_json = R"({"l1":{"eviction_trigger_watermark":0.8}})";
     o.sample_interval_seconds = 0.05;
-    server_ = std::make_unique<HttpServer>(o, &source_);
+    server_ = std::make_unique<HttpServer>(o, &source_, &source_);
     ASSERT_TRUE(server_->Start().ok());
     ASSERT_GT(server_->port(), 0);
     client_ = std::make_unique<httplib::Client>("127.0.0.1", server_->port());
@@ -476,7 +476,7 @@ TEST_F(HttpServerTest, APortInUseFailsStartWithOneClearReason) {
   HttpOptions o;
   o.host = "127.0.0.1";
   o.port = server_->port();
-  HttpServer second(o, &other);
+  HttpServer second(o, &other, &other);
   Status st = second.Start();
   ASSERT_FALSE(st.ok());
   EXPECT_NE(st.message().find("address already in use"), std::string::npos) << st.message();
@@ -498,7 +498,7 @@ TEST_F(HttpServerTest, APortTakenByAnotherProgramFailsToo) {
   HttpOptions o;
   o.host = "127.0.0.1";
   o.port = ntohs(a.sin_port);
-  HttpServer s(o, &src);
+  HttpServer s(o, &src, &src);
   EXPECT_FALSE(s.Start().ok());
   close(fd);
 }

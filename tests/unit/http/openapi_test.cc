@@ -64,7 +64,7 @@ class OpenApiTest : public ::testing::Test {
     o.host = "127.0.0.1";
     o.port = 0;
     o.sample_interval_seconds = 0.05;
-    server_ = std::make_unique<HttpServer>(o, &source_);
+    server_ = std::make_unique<HttpServer>(o, &source_, &source_);
     ASSERT_TRUE(server_->Start().ok());
     client_ = std::make_unique<httplib::Client>("127.0.0.1", server_->port());
     client_->set_read_timeout(5);
