@@ -133,6 +133,13 @@ void TierSet::StoreBehind(std::vector<CommittedObject> objects, const ObjectForm
           t.st.store_skipped_objects++;
           continue;
         }
+        // Admission (issue 27, finding 3): a tier with a declared capacity never takes an
+        // object that would put what it holds, plus what is being written, over it; the
+        // write is skipped and counted as no space (eviction frees room at its next round).
+        if (t.capacity > 0 && t.usage + t.st.inflight_store_bytes + bytes + sz > t.capacity) {
+          t.st.store_full_objects++;
+          continue;
+        }
         bytes += sz;
         items.push_back({batch->objects[i].key, batch->pins[i].data(), sz});
         index.push_back(i);

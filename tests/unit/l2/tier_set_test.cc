@@ -767,3 +767,37 @@ TEST_F(TierSetTest, FsTierEvictsFilesOfEarlierRuns) {
 
 }  // namespace
 }  // namespace kvd::l2
+
+namespace kvd::l2 {
+namespace {
+
+// Issue 27, finding 3: a store flood never takes a capacity tier over max_capacity_gb (an fs
+// tier grew to 26x its capacity: eviction frees a ratio per round, nothing held writes back).
+TEST_F(TierSetTest, Finding3CapacityIsABoundUnderAStoreFlood) {
+  char tmpl[] = "/tmp/kvd-admit-XXXXXX";
+  const std::string dir = ::mkdtemp(tmpl);
+  FsTierOptions fo;
+  fo.base_path = dir;
+  auto tier = std::shared_ptr<Tier>(std::move(FsTier::Create(fo)).value());
+  AdapterConfig cfg;
+  cfg.type = "fs";
+  cfg.max_capacity_gb = 6.0 * kObj / (1ull << 30);  // room for 6 objects, no eviction
+  Make({tier}, {}, {cfg});
+  for (int i = 0; i < 200 && !set_->stats().tiers[0].scanned; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  for (int c = 0; c < 10; ++c) set_->StoreBehind(WriteL1(c), Format());  // 20 objects
+  ASSERT_TRUE(set_->WaitIdle(10));
+  const auto st = set_->stats().tiers[0];
+  EXPECT_LE(st.usage_bytes, 6 * kObj);
+  EXPECT_EQ(st.stored_objects, 6u);
+  EXPECT_EQ(st.store_full_objects, 14u);
+  auto on_disk = ScanSync(*tier);
+  ASSERT_TRUE(on_disk.ok());
+  EXPECT_EQ(on_disk->size(), 6u);
+  set_->Close();
+  set_.reset();
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+}
+
+}  // namespace
+}  // namespace kvd::l2
