@@ -138,6 +138,7 @@ void TierSet::RunJob(const std::shared_ptr<PrefetchJob>& job) {
       {
         std::lock_guard<std::mutex> lock(t.mu);
         t.st.prefetch_found_objects += found;
+        if (errors < results.size()) t.NoteSuccess();  // the back-end answered
         if (errors) {
           t.st.lookup_errors += errors;
           for (const auto& r : results) {
@@ -271,11 +272,12 @@ void TierSet::OnExists(const std::shared_ptr<PrefetchJob>& job) {
           if (s.ok()) {
             t.st.loaded_objects++;
             t.st.loaded_bytes += results[j].bytes;
+            t.NoteSuccess();
           } else if (s.code() == StatusCode::kNotFound) {
             t.st.load_missing_objects++;
           } else if (s.code() == StatusCode::kInternal) {
             t.st.load_corrupt_objects++;
-            t.NoteError(s.message());
+            t.NoteError(s.message(), /*operational=*/false);
           } else {
             t.st.load_failed_objects++;
             t.NoteError(s.message());

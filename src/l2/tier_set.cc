@@ -212,6 +212,7 @@ void TierSet::StoreBehind(std::vector<CommittedObject> objects, const ObjectForm
           const auto& r = results[j];
           const auto& obj = batch->objects[index[j]];
           if (r.status.ok()) {
+            t.NoteSuccess();
             batch->stored[index[j]] = true;
             if (r.bytes > 0) {
               t.st.stored_objects++;
@@ -362,9 +363,10 @@ void TierSet::AfterRetrieve(std::span<const l1::ChunkKey> chunks) {
 // ---------------------------------------------------------------------------------------------
 // Stats
 
-void TierSet::TierState::NoteError(const std::string& what) {
+void TierSet::TierState::NoteError(const std::string& what, bool operational) {
   last_error = what;
   last_error_count++;
+  if (operational) failures_in_a_row++;
 }
 
 TierSetStats TierSet::stats() const {
@@ -385,6 +387,14 @@ TierSetStats TierSet::stats() const {
     ts.describe = tp->spec.tier->Describe();
     ts.capacity_bytes = tp->capacity;
     ts.health = tp->spec.tier->Health();
+    {
+      std::lock_guard<std::mutex> lock(tp->mu);
+      if (ts.health.healthy && tp->failures_in_a_row >= kUnhealthyAfterFailures) {
+        ts.health.healthy = false;
+        ts.health.detail = "the last " + std::to_string(tp->failures_in_a_row) +
+                           " operations failed: " + tp->last_error;
+      }
+    }
     s.tiers.push_back(std::move(ts));
   }
   s.prefetch_requests = prefetch_requests_.load();

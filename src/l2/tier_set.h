@@ -161,6 +161,12 @@ class TierSet {
 
   size_t size() const { return tiers_.size(); }
 
+  // A tier whose last this-many operations failed (writes, existence checks, loads; a
+  // missing or corrupt object is not a failure of the tier) is reported unhealthy with the
+  // last error, whatever its back-end says (a Redis refusing every write with NOAUTH still
+  // "connects"), until an operation succeeds again.
+  static constexpr uint64_t kUnhealthyAfterFailures = 8;
+
   void StoreBehind(std::vector<CommittedObject> objects, const ObjectFormat& format);
 
   // `done(n)` runs exactly once (on a tier thread or the control thread, or inline when

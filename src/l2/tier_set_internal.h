@@ -23,6 +23,10 @@ struct TierSet::TierState {
   uint32_t inflight_batches = 0;
   std::string last_error;
   uint64_t last_error_count = 0;
+  // Operations that failed since the last one that succeeded (object-level outcomes such as
+  // a missing or corrupt object do not count): the tier's health follows what its writes and
+  // reads actually do, whatever its back-end says (issue 27, finding 11).
+  uint64_t failures_in_a_row = 0;
   // The object index (capacity tiers; others keep usage only): id = RespKey(key) without a
   // prefix, recency order front = least recently used.
   struct Obj {
@@ -36,7 +40,9 @@ struct TierSet::TierState {
   bool scanned = false;
   bool evicting = false;
 
-  void NoteError(const std::string& what);  // requires mu
+  // Requires mu. `operational`: the back-end failed (not the object: missing, corrupt).
+  void NoteError(const std::string& what, bool operational = true);
+  void NoteSuccess() { failures_in_a_row = 0; }  // requires mu
 };
 
 struct TierSet::StoreBatch {

@@ -801,3 +801,47 @@ TEST_F(TierSetTest, Finding3CapacityIsABoundUnderAStoreFlood) {
 
 }  // namespace
 }  // namespace kvd::l2
+
+namespace kvd::l2 {
+namespace {
+
+// A tier whose back-end says it is healthy while every operation fails (a Redis that refuses
+// writes with NOAUTH still connects).
+class HealthyButFailing final : public Tier {
+ public:
+  explicit HealthyButFailing(std::shared_ptr<FaultTier> f) : f_(std::move(f)) {}
+  std::string_view type() const override { return "memory"; }
+  std::string Describe() const override { return "healthy-but-failing"; }
+  void Store(std::vector<StoreItem> items, Done done) override { f_->Store(std::move(items), std::move(done)); }
+  void Exists(std::vector<ObjectKey> keys, Done done) override { f_->Exists(std::move(keys), std::move(done)); }
+  void Load(std::vector<LoadItem> items, Done done) override { f_->Load(std::move(items), std::move(done)); }
+  void Delete(std::vector<ObjectKey> keys, Done done) override { f_->Delete(std::move(keys), std::move(done)); }
+  void Scan(ScanDone done) override { f_->Scan(std::move(done)); }
+  TierHealth Health() const override { return {true, "connected"}; }
+  void Close() override { f_->Close(); }
+
+ private:
+  std::shared_ptr<FaultTier> f_;
+};
+
+// Issue 27, finding 11: health follows what writes and reads actually do, with the reason.
+TEST_F(TierSetTest, Finding11HealthFollowsFailingWritesAndRecovers) {
+  auto fault = std::make_shared<FaultTier>(std::make_shared<MemoryTier>());
+  fault->FailOps(static_cast<uint8_t>(TierOp::kStore), StatusCode::kUnavailable);
+  Make({std::make_shared<HealthyButFailing>(fault)});
+  for (int c = 0; c < 3; ++c) set_->StoreBehind(WriteL1(c), Format());  // 6 failed writes
+  ASSERT_TRUE(set_->WaitIdle(10));
+  EXPECT_TRUE(set_->stats().tiers[0].health.healthy) << "fewer failures than the bound";
+  for (int c = 3; c < 6; ++c) set_->StoreBehind(WriteL1(c), Format());
+  ASSERT_TRUE(set_->WaitIdle(10));
+  auto h = set_->stats().tiers[0].health;
+  EXPECT_FALSE(h.healthy);
+  EXPECT_NE(h.detail.find("operations failed"), std::string::npos) << h.detail;
+  fault->FailOps(0);
+  set_->StoreBehind(WriteL1(6), Format());
+  ASSERT_TRUE(set_->WaitIdle(10));
+  EXPECT_TRUE(set_->stats().tiers[0].health.healthy) << "a write went through again";
+}
+
+}  // namespace
+}  // namespace kvd::l2
