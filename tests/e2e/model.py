@@ -22,7 +22,12 @@ class ModelSpec:
     intermediate: int = 512
     vocab: int = 2048
     max_positions: int = 4096
-    dtype: str = "bfloat16"
+    # float32: vLLM's CPU attention then uses its VEC kernels on every host. With bfloat16 it
+    # picks AMX where the CPU has it (Sapphire Rapids and later): KV blocks prepacked, so kvd
+    # keeps objects per block size (docs/layouts.md) and no cross-block-size hit exists, and
+    # greedy outputs of this sharp random model shift between runs with and without a
+    # connector (a cold request differed from the no-connector baseline on such a host).
+    dtype: str = "float32"
     seed: int = 1234
 
     def kv_bytes_per_token(self) -> int:

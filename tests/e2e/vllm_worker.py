@@ -38,6 +38,9 @@ def build_llm(s: dict):
 
     kwargs = dict(
         model=s["model"],
+        # float32 (model.py says why): "auto" would run the float32 checkpoint in bfloat16 on
+        # CPU, and bfloat16 selects the AMX attention kernels where the CPU has them.
+        dtype=s.get("dtype", "float32"),
         skip_tokenizer_init=True,
         enforce_eager=True,
         block_size=s["block_size"],
