@@ -67,13 +67,12 @@ void BlendIndex::OnEntriesRemoved(std::span<const l1::ChunkKey> keys, l1::Remova
 // ---- BlendOps ------------------------------------------------------------------------
 
 BlendOps::BlendOps(const ServerConfig& config, const Clock* clock, BlendIndex* index,
-                   l1::L1Cache* l1, SessionTable* sessions, InstanceRegistry* registry,
+                   l1::L1Cache* l1, InstanceRegistry* registry,
                    Lookups* lookups, transfer::ShmAccessPolicy shm_policy)
     : config_(config),
       clock_(clock),
       index_(index),
       l1_(l1),
-      sessions_(sessions),
       registry_(registry),
       lookups_(lookups),
       shm_policy_(std::move(shm_policy)) {}

@@ -41,7 +41,7 @@
 // across a copy. The matcher has its own lock. Lock order: L1 shard -> matcher (the listener);
 // req_mu_ is never held while calling L1 except ReleaseAllLocks/ReleaseLocks (which take no
 // listener path).
-// Ownership: BlendOps borrows the cache, sessions, registry, lookups and the BlendIndex (all
+// Ownership: BlendOps borrows the cache, registry, lookups and the BlendIndex (all
 // owned by KvService and outliving it; the BlendIndex is also one of L1's listeners).
 #pragma once
 
@@ -116,8 +116,7 @@ class BlendOps {
  public:
   // Borrows everything; all must outlive this object.
   BlendOps(const ServerConfig& config, const Clock* clock, BlendIndex* index, l1::L1Cache* l1,
-           SessionTable* sessions, InstanceRegistry* registry, Lookups* lookups,
-           transfer::ShmAccessPolicy shm_policy);
+           InstanceRegistry* registry, Lookups* lookups, transfer::ShmAccessPolicy shm_policy);
 
   // cb_register_rope: replaces the instance's rope state. Errors as lmcache's (instance not
   // registered, group_to_cache / group_rot / kv_quant), plus kvd's on the tables' memory.
@@ -176,7 +175,6 @@ class BlendOps {
   const Clock* const clock_;
   BlendIndex* const index_;
   l1::L1Cache* const l1_;
-  SessionTable* const sessions_;
   InstanceRegistry* const registry_;
   Lookups* const lookups_;
   const transfer::ShmAccessPolicy shm_policy_;
