@@ -16,35 +16,6 @@ namespace {
 using ::testing::HasSubstr;
 using namespace kvd::blend::test_util;  // NOLINT
 
-const EngineTable& Engine500k() {
-  static const EngineTable* t = new EngineTable(MakeEngineTable(4096, 64, 500000.0));
-  return *t;
-}
-const RopeTable& Table500k() {
-  static const RopeTable* t = new RopeTable(MustTable(Engine500k()));
-  return *t;
-}
-
-GroupRope Rope(int64_t head_size, RopeStyle style, int64_t offset = 0,
-               KvQuant quant = KvQuant::kNone) {
-  GroupRope r;
-  r.table = &Table500k();
-  r.rot_offset = offset;
-  r.rot_width = 64;
-  r.head_size = head_size;
-  r.style = style;
-  r.kv_quant = quant;
-  return r;
-}
-
-// Three matches into one request: shifted later and not block-aligned, shifted earlier
-// and partial, and one at its own position (copied as stored).
-std::vector<MatchSpec> ThreeMatches(int64_t chunk) {
-  return {{chunk, 37, chunk},
-          {5 * chunk, 37 + chunk + 3, chunk - 9},
-          {2 * chunk + 40, 2 * chunk + 40, chunk - 40}};
-}
-
 // Runs a scenario whose block tables cover every match and checks the result.
 void ExpectScatter(Scenario& s, KvElem elem) {
   ASSERT_TRUE(s.Prepare());

@@ -243,4 +243,35 @@ inline KRowGeometry KeyRow(KvElem e, RopeStyle s, int64_t heads, int64_t stride,
   return g;
 }
 
+// The rotary table the scatter tests use (Llama-3-like base 500000, 64 rotated dims) and the
+// per-group rope over it.
+inline const EngineTable& Engine500k() {
+  static const EngineTable* t = new EngineTable(MakeEngineTable(4096, 64, 500000.0));
+  return *t;
+}
+inline const RopeTable& Table500k() {
+  static const RopeTable* t = new RopeTable(MustTable(Engine500k()));
+  return *t;
+}
+
+inline GroupRope Rope(int64_t head_size, RopeStyle style, int64_t offset = 0,
+                      KvQuant quant = KvQuant::kNone) {
+  GroupRope r;
+  r.table = &Table500k();
+  r.rot_offset = offset;
+  r.rot_width = 64;
+  r.head_size = head_size;
+  r.style = style;
+  r.kv_quant = quant;
+  return r;
+}
+
+// Three matches into one request: shifted later and not block-aligned, shifted earlier
+// and partial, and one at its own position (copied as stored).
+inline std::vector<MatchSpec> ThreeMatches(int64_t chunk) {
+  return {{chunk, 37, chunk},
+          {5 * chunk, 37 + chunk + 3, chunk - 9},
+          {2 * chunk + 40, 2 * chunk + 40, chunk - 40}};
+}
+
 }  // namespace kvd::blend::test_util
