@@ -1,0 +1,314 @@
+"""Blend-aware model classes: vLLM's Llama, Qwen2 and Qwen3 with CacheBlend's forward.
+
+A step with no blend plan (no KvdBlendConnector, blend off, nothing reused) runs the parent's
+forward unchanged. A step with plans (kvd_blend.connector) runs `BlendForward`:
+
+    1. each plan is matched to its rows in the batch (positions, token ids and block table
+       must all agree, else that request is not blended) and its non-prefix segments are
+       retrieved: the server scatters the reused KV, re-rotated to the new positions, into
+       every layer's paged cache (before layer 0, so that no fresh KV has overwritten it yet);
+    2. layers before the check layer run on every row (their fresh KV replaces the reused);
+    3. in the check layer's attention (the module vLLM calls with post-RoPE q, k, v), the
+       deviation of each reused row's fresh K from the reused K still in the cache is
+       measured, and `plan.choose_rows` picks the rows that go on; only those rows' K/V are
+       written and attend (to every position of their request, causally, through vLLM's own
+       CPU attention kernel: a run of consecutive rows is one query chunk);
+    4. later layers run on the kept rows only; the other rows keep the reused KV;
+    5. the final hidden states are scattered back to a full-size tensor (vLLM picks each
+       request's last row, which is always kept).
+
+Any exception, or a condition it does not handle (another attention backend or cache
+layout, pipeline parallelism, padding, sliding windows, several KV cache groups), falls back
+to the parent's forward before anything was written, or, after, to the parent's forward over
+every row, which rewrites every computed row's KV: an exact full prefill either way. Logged
+with "kvd_blend: fallback" and counted.
+
+Threads: the worker's execution thread only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Any
+
+import torch
+
+from kvd_blend import cpu_layout
+from kvd_blend.plan import BlendRequestPlan, choose_rows, k_deviation, reused_mask, runs
+
+logger = logging.getLogger("vllm.kvd_blend")  # under vLLM's logger: its handlers and level
+
+
+class BlendUnsupported(Exception):
+    """A step the blend loop does not handle: run the normal forward instead."""
+
+
+def _blend_connector() -> Any:
+    from vllm.distributed.kv_transfer import get_kv_transfer_group, has_kv_transfer_group  # noqa: PLC0415
+
+    from kvd_blend.connector import KvdBlendConnector  # noqa: PLC0415
+
+    if not has_kv_transfer_group():
+        return None
+    conn = get_kv_transfer_group()
+    return conn if isinstance(conn, KvdBlendConnector) and conn.blend_active else None
+
+
+class BlendForwardMixin:
+    """Put before a vLLM *ForCausalLM class whose `.model` has embed_input_ids, layers,
+    start_layer, end_layer and norm, and whose decoder layers call an `Attention` module as
+    `self_attn.attn(q, k, v)` (Llama, Qwen2, Qwen3)."""
+
+    def forward(self, input_ids: torch.Tensor | None, positions: torch.Tensor,
+                intermediate_tensors: Any = None, inputs_embeds: torch.Tensor | None = None,
+                **kwargs: Any) -> Any:
+        conn = _blend_connector()
+        plans = conn.blend_plans() if conn is not None else {}
+        if not plans:
+            return super().forward(input_ids, positions, intermediate_tensors, inputs_embeds, **kwargs)
+        bf = BlendForward(self, conn, plans)
+        try:
+            out = bf.run(input_ids, positions, intermediate_tensors, inputs_embeds, kwargs)
+            if out is not None:
+                return out
+        except BlendUnsupported as e:
+            for rid in bf.plans:
+                conn.blend_stats.fallback("unsupported", rid, str(e))
+        except Exception as e:  # noqa: BLE001 - an exact prefill instead
+            logger.exception("kvd_blend: blend forward failed")
+            for rid in bf.plans:
+                conn.blend_stats.fallback("exception", rid, f"{type(e).__name__}: {e}")
+        finally:
+            bf.restore()
+        return super().forward(input_ids, positions, intermediate_tensors, inputs_embeds, **kwargs)
+
+
+class BlendForward:
+    """One step's blend forward (see the module docstring)."""
+
+    def __init__(self, lm: Any, conn: Any, plans: dict[str, BlendRequestPlan]) -> None:
+        self.lm = lm
+        self.conn = conn
+        self.cfg = conn.blend_config
+        self.plans = dict(plans)
+        self._swapped: list[tuple[dict, str, Any]] = []
+        self._patched: list[tuple[Any, Any]] = []
+
+    # --- the loop -----------------------------------------------------------------------------
+
+    def run(self, input_ids, positions, intermediate_tensors, inputs_embeds, kwargs) -> torch.Tensor | None:
+        from vllm.forward_context import get_forward_context  # noqa: PLC0415
+
+        model = self.lm.model
+        if intermediate_tensors is not None or kwargs:
+            raise BlendUnsupported("pipeline parallelism or extra layer arguments")
+        if getattr(model, "aux_hidden_state_layers", None):
+            raise BlendUnsupported("auxiliary hidden states (speculative decoding)")
+        layers = list(model.layers)
+        if model.start_layer != 0 or model.end_layer != len(layers):
+            raise BlendUnsupported("pipeline parallelism")
+        check = self.cfg.check_layer
+        if check >= len(layers):
+            raise BlendUnsupported(f"check layer {check} but the model has {len(layers)} layers")
+        attns = [layer.self_attn.attn for layer in layers]
+        names = [a.layer_name for a in attns]
+        fc = get_forward_context()
+        if not isinstance(fc.attn_metadata, dict) or not isinstance(fc.slot_mapping, dict):
+            raise BlendUnsupported("attention metadata is not one dict per layer")
+        md = fc.attn_metadata.get(names[0])
+        if type(md).__name__ != "CPUAttentionMetadata":
+            raise BlendUnsupported(f"attention metadata {type(md).__name__} (CPU attention only)")
+        if any(fc.attn_metadata.get(n) is not md for n in names):
+            raise BlendUnsupported("layers in several KV cache groups")
+        if getattr(attns[0], "isa", None) not in cpu_layout.SUPPORTED_ISAS:
+            raise BlendUnsupported(f"CPU attention kernels {getattr(attns[0], 'isa', None)!r} "
+                                   f"(blend reads {', '.join(cpu_layout.SUPPORTED_ISAS)} caches)")
+        if getattr(attns[0].impl, "sliding_window", -1) not in (-1, None):
+            raise BlendUnsupported("sliding-window attention")
+        n_rows = int(input_ids.shape[0]) if input_ids is not None else int(inputs_embeds.shape[0])
+        if md.num_actual_tokens != n_rows or not md.causal or md.dynamic_causal is not None:
+            raise BlendUnsupported("padded, non-causal or dynamically causal batch")
+
+        rows_of = self._match(md, input_ids, positions, attns[0].kv_cache.shape[2])
+        blended: dict[str, tuple[BlendRequestPlan, int, int]] = {}
+        for rid, (i, row0) in rows_of.items():
+            plan = self.plans[rid]
+            if self.conn.retrieve_non_prefix(plan):
+                blended[rid] = (plan, i, row0)
+        self.plans = {}  # from here on, failures are counted per blended request
+        if not blended:
+            return None
+        self.plans = {rid: p for rid, (p, _, _) in blended.items()}
+
+        hidden = model.embed_input_ids(input_ids) if inputs_embeds is None else inputs_embeds
+        residual = None
+        for layer in layers[:check]:
+            hidden, residual = layer(positions, hidden, residual)
+
+        state: dict[str, Any] = {}
+        self._intercept(attns[check], md, fc, names, blended, positions, state)
+        hidden, residual = layers[check](positions, hidden, residual)
+        self._unintercept()
+        keep = state.get("keep")
+        if keep is not None:
+            hidden, residual, positions = hidden[keep], residual[keep], positions[keep]
+        for layer in layers[check + 1:]:
+            hidden, residual = layer(positions, hidden, residual)
+        hidden, _ = model.norm(hidden, residual)
+        if keep is not None:
+            full = hidden.new_zeros((n_rows, hidden.shape[1]))
+            full[keep] = hidden
+            hidden = full
+        stats = self.conn.blend_stats
+        stats.blended_requests += len(blended)
+        stats.recomputed_rows += int(state.get("recomputed", 0))
+        logger.info("kvd_blend: blended %s: %d of %d rows run after layer %d (%s)",
+                    ",".join(blended), n_rows if keep is None else int(keep.numel()), n_rows,
+                    check, self.cfg.policy)
+        return hidden
+
+    def _match(self, md: Any, input_ids: torch.Tensor, positions: torch.Tensor,
+               block_size: int) -> dict[str, tuple[int, int]]:
+        """plan -> (batch index, first row); a plan that does not match exactly one request of
+        the batch is dropped (counted)."""
+        qsl = md.query_start_loc.tolist()
+        seq = md.seq_lens.tolist()
+        out: dict[str, tuple[int, int]] = {}
+        taken: set[int] = set()
+        for rid, plan in list(self.plans.items()):
+            n = plan.end - plan.start
+            want = torch.tensor(plan.token_ids[plan.start:plan.end], dtype=input_ids.dtype)
+            nblk = -(-plan.end // block_size)
+            blocks = plan.block_ids[0][:nblk] if plan.block_ids else []
+            hits = []
+            for i in range(len(seq)):
+                a, b = qsl[i], qsl[i + 1]
+                if b - a != n or seq[i] != plan.end or i in taken:
+                    continue
+                if int(positions[a]) != plan.start or not torch.equal(input_ids[a:b].cpu(), want):
+                    continue
+                if len(blocks) != nblk or md.block_table[i, :nblk].tolist() != blocks:
+                    continue
+                hits.append(i)
+            if len(hits) != 1:
+                self.conn.blend_stats.fallback("batch_mismatch", rid,
+                                               f"{len(hits)} requests of the batch match its plan")
+                continue
+            taken.add(hits[0])
+            out[rid] = (hits[0], qsl[hits[0]])
+        return out
+
+    # --- the check layer ----------------------------------------------------------------------
+
+    def _intercept(self, attn: Any, md: Any, fc: Any, names: list[str],
+                   blended: dict[str, tuple[BlendRequestPlan, int, int]],
+                   positions: torch.Tensor, state: dict[str, Any]) -> None:
+        original = attn.forward
+        n_rows = int(md.num_actual_tokens)
+
+        def check_forward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                          *args: Any, **kwargs: Any) -> torch.Tensor:
+            keep_mask = torch.ones(n_rows, dtype=torch.bool)
+            recomputed = 0
+            slot_mapping = fc.slot_mapping[attn.layer_name]
+            k3 = key.view(n_rows, attn.num_kv_heads, attn.head_size)
+            for plan, _, row0 in blended.values():
+                n = plan.end - plan.start
+                mask = reused_mask(plan)
+                rows = torch.nonzero(mask, as_tuple=False).flatten() + row0
+                dev = torch.zeros(n, dtype=torch.float32)
+                old_k = cpu_layout.read_k(attn.kv_cache, slot_mapping[rows])
+                dev[mask] = k_deviation(k3[rows], old_k)
+                chosen = choose_rows(plan, dev, self.cfg)
+                keep_mask[row0:row0 + n] = False
+                keep_mask[chosen + row0] = True
+                recomputed += int(chosen.numel())
+            state["recomputed"] = recomputed
+            if bool(keep_mask.all()):
+                return original(query, key, value, *args, **kwargs)
+            keep = torch.nonzero(keep_mask, as_tuple=False).flatten()
+            state["keep"] = keep
+            self._swap(fc, names, self._subset_metadata(md, attn, keep, keep_mask, positions,
+                                                        query.dtype), slot_mapping[keep])
+            out = original(query[keep], key[keep], value[keep], *args, **kwargs)
+            full = out.new_zeros((n_rows,) + tuple(out.shape[1:]))
+            full[keep] = out
+            return full
+
+        attn.forward = check_forward
+        self._patched.append((attn, original))
+
+    def _unintercept(self) -> None:
+        while self._patched:
+            attn, _ = self._patched.pop()
+            del attn.forward  # the instance attribute; the class method shows again
+
+    def _subset_metadata(self, md: Any, attn: Any, keep: torch.Tensor, keep_mask: torch.Tensor,
+                         positions: torch.Tensor, dtype: torch.dtype) -> Any:
+        """The CPU attention metadata of the kept rows: each run of consecutive kept rows of a
+        request is one query chunk whose sequence ends at its last row's position."""
+        from vllm import _custom_ops as ops  # noqa: PLC0415
+        from vllm import envs  # noqa: PLC0415
+
+        qsl = md.query_start_loc.tolist()
+        qstarts, seq_lens, table_rows = [0], [], []
+        kept = keep_mask.tolist()
+        for i in range(len(qsl) - 1):
+            rows = [r for r in range(qsl[i], qsl[i + 1]) if kept[r]]
+            for a, b in runs(rows):
+                qstarts.append(qstarts[-1] + (b - a))
+                seq_lens.append(int(positions[b - 1]) + 1)
+                table_rows.append(i)
+        qsl_t = torch.tensor(qstarts, dtype=md.query_start_loc.dtype)
+        seq_t = torch.tensor(seq_lens, dtype=md.seq_lens.dtype)
+        sched = ops.cpu_attn_get_scheduler_metadata(
+            num_reqs=len(seq_lens), num_heads=attn.num_heads, num_kv_heads=attn.num_kv_heads,
+            head_dim=attn.head_size, seq_lens=seq_t, dtype=dtype, query_start_loc=qsl_t,
+            causal=True, sliding_window_size=-1, isa=attn.isa,
+            enable_kv_split=envs.VLLM_CPU_ATTN_SPLIT_KV, dynamic_causal=None,
+            kv_cache_dtype=attn.kv_cache_dtype)
+        return dataclasses.replace(
+            md, num_actual_tokens=int(keep.numel()),
+            max_query_len=max(b - a for a, b in zip(qstarts, qstarts[1:])),
+            query_start_loc=qsl_t, max_seq_len=max(seq_lens), seq_lens=seq_t,
+            block_table=md.block_table[torch.tensor(table_rows, dtype=torch.long)],
+            slot_mapping=md.slot_mapping[keep], scheduler_metadata=sched)
+
+    def _swap(self, fc: Any, names: list[str], md: Any, slots: torch.Tensor) -> None:
+        for n in names:
+            self._swapped.append((fc.attn_metadata, n, fc.attn_metadata[n]))
+            fc.attn_metadata[n] = md
+            self._swapped.append((fc.slot_mapping, n, fc.slot_mapping[n]))
+            fc.slot_mapping[n] = slots
+
+    def restore(self) -> None:
+        self._unintercept()
+        while self._swapped:
+            d, n, v = self._swapped.pop()
+            d[n] = v
+
+
+def _classes() -> dict[str, type]:
+    from vllm.model_executor.models.llama import LlamaForCausalLM  # noqa: PLC0415
+
+    out = {"LlamaForCausalLM": type("KvdBlendLlamaForCausalLM", (BlendForwardMixin, LlamaForCausalLM), {})}
+    try:
+        from vllm.model_executor.models.qwen2 import Qwen2ForCausalLM  # noqa: PLC0415
+
+        out["Qwen2ForCausalLM"] = type("KvdBlendQwen2ForCausalLM", (BlendForwardMixin, Qwen2ForCausalLM), {})
+    except ImportError:  # pragma: no cover
+        pass
+    try:
+        from vllm.model_executor.models.qwen3 import Qwen3ForCausalLM  # noqa: PLC0415
+
+        out["Qwen3ForCausalLM"] = type("KvdBlendQwen3ForCausalLM", (BlendForwardMixin, Qwen3ForCausalLM), {})
+    except ImportError:  # pragma: no cover
+        pass
+    return out
+
+
+_CLASSES = _classes()
+KvdBlendLlamaForCausalLM = _CLASSES["LlamaForCausalLM"]
+KvdBlendQwen2ForCausalLM = _CLASSES.get("Qwen2ForCausalLM")
+KvdBlendQwen3ForCausalLM = _CLASSES.get("Qwen3ForCausalLM")

@@ -1,0 +1,135 @@
+"""The blend plan of one request and the choice of the rows it recomputes. Pure: torch only.
+
+A request's forward computes prompt positions [start, end) as rows [row0, row0 + end - start)
+of the batch. Some of those positions lie in reused segments: their KV was scattered into the
+paged cache by the server (re-rotated to these positions) before the forward. Every layer
+before the check layer runs on all rows. At the check layer the rows that go on are:
+
+    - every row no segment covers (the question, gaps between documents, partial tails),
+    - the last row of the request (its hidden state gives the next token),
+    - of the reused rows: the top `ratio` by deviation (hkvd), the first k rows of each
+      segment (boundary), both, or a seeded random `ratio` (random, a control),
+
+and from there on only those rows run; the other rows keep the reused KV in every later
+layer. `keep_rows` returns them sorted; `runs` cuts a sorted row list into runs of
+consecutive rows (each run attends causally to every position up to its last one, which is
+how the engine's attention kernels see a chunk of a prefill).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from kvd_blend.config import BlendConfig
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One reused chunk: stored at [old_st, old_ed), reused at [cur_st, cur_ed); `hash` is the
+    storage key the server's lookup gave (sent back unchanged with the retrieve)."""
+
+    old_st: int
+    old_ed: int
+    cur_st: int
+    cur_ed: int
+    hash: bytes
+
+    @property
+    def num_tokens(self) -> int:
+        return self.cur_ed - self.cur_st
+
+
+@dataclass
+class BlendRequestPlan:
+    """What the scheduler hands the workers for one request in one step (picklable)."""
+
+    req_id: str
+    token_ids: list[int]          # the prompt, as the lookup saw it
+    lookup_end: int               # the lookup key's end (chunk-aligned)
+    start: int                    # first position this step computes (vLLM's num_computed_tokens)
+    end: int                      # one past the last position this step computes (prompt length)
+    segments: list[Segment]
+    block_ids: list[list[int]]    # per KV cache group, the request's blocks from position 0
+    cache_salt: str = ""
+    request_configs: dict[str, Any] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def reused_tokens(self) -> int:
+        return sum(s.num_tokens for s in self.segments)
+
+
+def usable_segments(segments: list[Segment], start: int, end: int) -> list[Segment]:
+    """The segments wholly inside [start, end), in position order, none overlapping (the
+    server's are non-overlapping already; a later one that overlaps an earlier is dropped)."""
+    out: list[Segment] = []
+    last_end = start
+    for s in sorted(segments, key=lambda s: (s.cur_st, s.cur_ed)):
+        if s.cur_st < last_end or s.cur_ed > end or s.cur_ed <= s.cur_st:
+            continue
+        if s.old_ed - s.old_st != s.cur_ed - s.cur_st:
+            continue
+        out.append(s)
+        last_end = s.cur_ed
+    return out
+
+
+def reused_mask(plan: BlendRequestPlan) -> torch.Tensor:
+    """bool [end - start]: True where the position's KV is reused."""
+    m = torch.zeros(plan.end - plan.start, dtype=torch.bool)
+    for s in plan.segments:
+        m[s.cur_st - plan.start:s.cur_ed - plan.start] = True
+    return m
+
+
+def choose_rows(plan: BlendRequestPlan, deviation: torch.Tensor, cfg: BlendConfig) -> torch.Tensor:
+    """Which of the request's rows (0-based within the request) run after the check layer.
+
+    `deviation`: float [end - start], the per-row deviation of fresh K against reused K at the
+    check layer (only reused rows' entries are read). Ties in hkvd go to the earlier row.
+    Returns the sorted int64 row indices.
+    """
+    n = plan.end - plan.start
+    reused = reused_mask(plan)
+    keep = ~reused
+    keep[n - 1] = True
+    reused_idx = torch.nonzero(reused, as_tuple=False).flatten()
+    n_reused = int(reused_idx.numel())
+    quota = min(n_reused, math.ceil(cfg.recompute_ratio * n_reused - 1e-9)) if n_reused else 0
+    if cfg.random_seed is not None:
+        if quota:
+            g = torch.Generator().manual_seed(cfg.random_seed)
+            pick = torch.randperm(n_reused, generator=g)[:quota]
+            keep[reused_idx[pick]] = True
+    else:
+        if cfg.hkvd and quota:
+            d = deviation.detach().to(torch.float64).flatten()[reused_idx]
+            # Stable descending order: equal deviations keep their row order.
+            order = torch.sort(-d, stable=True).indices[:quota]
+            keep[reused_idx[order]] = True
+        if cfg.boundary_k:
+            for s in plan.segments:
+                a = s.cur_st - plan.start
+                keep[a:min(a + cfg.boundary_k, s.cur_ed - plan.start)] = True
+    return torch.nonzero(keep, as_tuple=False).flatten()
+
+
+def runs(rows: list[int]) -> list[tuple[int, int]]:
+    """Sorted distinct rows -> [(first, last_plus_one)] of consecutive rows."""
+    out: list[tuple[int, int]] = []
+    for r in rows:
+        if out and out[-1][1] == r:
+            out[-1] = (out[-1][0], r + 1)
+        else:
+            out.append((r, r + 1))
+    return out
+
+
+def k_deviation(fresh_k: torch.Tensor, reused_k: torch.Tensor) -> torch.Tensor:
+    """Per-row squared L2 distance of fresh and reused K ([rows, ...] each), in float32."""
+    d = fresh_k.float().reshape(fresh_k.shape[0], -1) - reused_k.float().reshape(reused_k.shape[0], -1)
+    return (d * d).sum(dim=1)

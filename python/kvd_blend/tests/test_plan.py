@@ -1,0 +1,137 @@
+"""Unit tests of kvd_blend's pure pieces: config parsing, segment filtering, row choice, runs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kvd_blend.config import BlendConfig
+from kvd_blend.plan import (BlendRequestPlan, Segment, choose_rows, k_deviation, reused_mask, runs,
+                            usable_segments)
+
+
+def seg(cur_st: int, n: int, old_st: int = 0) -> Segment:
+    return Segment(old_st, old_st + n, cur_st, cur_st + n, b"h%d" % cur_st)
+
+
+def plan(start: int, end: int, segments: list[Segment]) -> BlendRequestPlan:
+    return BlendRequestPlan(req_id="r", token_ids=list(range(end)), lookup_end=end // 256 * 256,
+                            start=start, end=end, segments=segments, block_ids=[[0]])
+
+
+# --- config ---------------------------------------------------------------------------------
+
+def test_config_defaults_are_the_issue_s():
+    c = BlendConfig.from_extra_config({})
+    assert (c.enable, c.check_layer, c.recompute_ratio, c.policy, c.min_reused_tokens) == (
+        False, 1, 0.15, "hkvd", 256)
+
+
+def test_config_reads_kvd_keys_and_lmcache_spellings():
+    c = BlendConfig.from_extra_config({"kvd.blend.enable": "true", "cb.check_layer": 3,
+                                       "cb.recomp_ratio": 0.3})
+    assert (c.enable, c.check_layer, c.recompute_ratio) == (True, 3, 0.3)
+    # The kvd.blend key wins over lmcache's.
+    c = BlendConfig.from_extra_config({"cb.recomp_ratio": 0.3, "kvd.blend.recompute_ratio": 0.05})
+    assert c.recompute_ratio == 0.05
+
+
+@pytest.mark.parametrize("policy,hkvd,k,seed", [
+    ("hkvd", True, 0, None), ("boundary:4", False, 4, None), ("hkvd+boundary", True, 8, None),
+    ("hkvd+boundary:2", True, 2, None), ("random", False, 0, 0), ("random:7", False, 0, 7)])
+def test_config_policies(policy, hkvd, k, seed):
+    c = BlendConfig.from_extra_config({"kvd.blend.policy": policy})
+    assert (c.hkvd, c.boundary_k, c.random_seed) == (hkvd, k, seed)
+    assert BlendConfig.from_extra_config({"kvd.blend.policy": c.policy}) == c
+
+
+@pytest.mark.parametrize("extra,needle", [
+    ({"kvd.blend.recompute_ratio": 1.5}, "within [0, 1]"),
+    ({"kvd.blend.recompute_ratio": "x"}, "must be a number"),
+    ({"kvd.blend.check_layer": -1}, ">= 0"),
+    ({"kvd.blend.check_layer": 1.5}, "integer"),
+    ({"kvd.blend.enable": "maybe"}, "boolean"),
+    ({"kvd.blend.policy": "topk"}, "must be one of"),
+    ({"kvd.blend.policy": "boundary:0"}, ">= 1"),
+    ({"kvd.blend.ratio": 0.1}, "unknown kv_connector_extra_config keys: kvd.blend.ratio"),
+    ({"kvd.blend.retrieve_timeout_s": 0}, "> 0"),
+])
+def test_config_refuses_bad_values_by_name(extra, needle):
+    with pytest.raises(ValueError, match=None) as e:
+        BlendConfig.from_extra_config(extra)
+    assert needle in str(e.value)
+    assert next(iter(extra)) in str(e.value)
+
+
+# --- segments -------------------------------------------------------------------------------
+
+def test_usable_segments_drop_what_is_before_start_past_end_or_overlapping():
+    segs = [seg(512, 256), seg(256, 256), seg(700, 256), seg(1024, 256), seg(1300, 256)]
+    got = usable_segments(segs, start=300, end=1400)
+    # 256 starts before the computed range; 700 overlaps 512's; 1300 ends past the prompt.
+    assert [(s.cur_st, s.cur_ed) for s in got] == [(512, 768), (1024, 1280)]
+
+
+def test_usable_segments_drop_length_mismatches():
+    bad = Segment(0, 100, 512, 768, b"x")
+    assert usable_segments([bad], 0, 1000) == []
+
+
+# --- row choice -----------------------------------------------------------------------------
+
+def test_ratio_one_keeps_every_row_and_ratio_zero_only_the_uncovered_and_last():
+    p = plan(256, 1000, [seg(512, 256), seg(768, 128)])
+    dev = torch.rand(p.end - p.start)
+    assert choose_rows(p, dev, BlendConfig(recompute_ratio=1.0)).tolist() == list(range(744))
+    kept = choose_rows(p, dev, BlendConfig(recompute_ratio=0.0)).tolist()
+    # Uncovered: [256, 512) -> rows 0..255, [896, 1000) -> rows 640..743 (the last included).
+    assert kept == list(range(256)) + list(range(640, 744))
+
+
+def test_hkvd_keeps_the_top_ratio_of_reused_rows_by_deviation_ties_to_the_earlier_row():
+    p = plan(0, 300, [seg(0, 256)])
+    dev = torch.zeros(300)
+    dev[[10, 20, 30]] = torch.tensor([5.0, 9.0, 7.0])
+    dev[250:256] = 1.0  # ties among 250..255
+    cfg = BlendConfig(recompute_ratio=7 / 256)  # ceil(7) = 7 rows of 256
+    kept = set(choose_rows(p, dev, cfg).tolist())
+    assert {10, 20, 30, 250, 251, 252, 253} <= kept
+    assert not kept & {254, 255}
+    assert set(range(256, 300)) <= kept          # uncovered tail
+    assert len(kept) == 7 + 44
+
+
+def test_boundary_keeps_the_first_k_rows_of_each_segment():
+    p = plan(0, 600, [seg(0, 256), seg(300, 256)])
+    cfg = BlendConfig(recompute_ratio=0.0, hkvd=False, boundary_k=3)
+    kept = choose_rows(p, torch.zeros(600), cfg).tolist()
+    assert kept[:3] == [0, 1, 2]
+    assert {300, 301, 302} <= set(kept) and 303 not in kept and 3 not in kept
+
+
+def test_random_is_seeded_and_takes_the_same_quota():
+    p = plan(0, 512, [seg(0, 512)])
+    cfg = BlendConfig(recompute_ratio=0.15, hkvd=False, random_seed=3)
+    a = choose_rows(p, torch.zeros(512), cfg)
+    b = choose_rows(p, torch.rand(512), cfg)
+    assert torch.equal(a, b)
+    assert a.numel() in (77, 78)  # ceil(0.15 * 512) = 77 reused rows, plus the last row unless drawn
+    other = choose_rows(p, torch.zeros(512), BlendConfig(recompute_ratio=0.15, hkvd=False, random_seed=4))
+    assert not torch.equal(a, other)
+
+
+def test_reused_mask_marks_segment_positions_relative_to_start():
+    p = plan(100, 400, [seg(150, 50)])
+    m = reused_mask(p)
+    assert m.sum().item() == 50 and m[50] and m[99] and not m[49] and not m[100]
+
+
+def test_runs_cut_sorted_rows_into_consecutive_runs():
+    assert runs([]) == []
+    assert runs([0, 1, 2, 5, 7, 8]) == [(0, 3), (5, 6), (7, 9)]
+
+
+def test_k_deviation_is_per_row_squared_distance():
+    a = torch.tensor([[[1.0, 2.0]], [[0.0, 0.0]]])
+    b = torch.tensor([[[1.0, 0.0]], [[3.0, 4.0]]])
+    assert k_deviation(a, b).tolist() == [4.0, 25.0]
