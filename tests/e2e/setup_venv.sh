@@ -112,10 +112,24 @@ build_smollm2() {
   "$VENV/bin/python" "$HERE/smollm2.py"
 }
 
+# kvd's CacheBlend plugin for vLLM (python/kvd_blend), installed editable from this checkout
+# (its vllm.general_plugins entry point registers the blend-aware model classes); again
+# whenever the venv's copy points at another checkout.
+install_kvd_blend() {
+  local want="$REPO_ROOT/python/kvd_blend/kvd_blend/__init__.py"
+  local have
+  have="$("$VENV/bin/python" -c 'import kvd_blend; print(kvd_blend.__file__)' 2>/dev/null || true)"
+  if [ "$have" = "$want" ]; then return 0; fi
+  log "kvd_blend (python/kvd_blend, editable)"
+  "$VENV/bin/python" -m pip --disable-pip-version-check install -q --no-deps --no-build-isolation \
+    -e "$REPO_ROOT/python/kvd_blend"
+}
+
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$STAMP_TEXT" ] && [ -x "$VENV/bin/python" ]; then
   if check_venv; then
     log "venv at $VENV is up to date ($STAMP_TEXT)"
     build_smollm2
+    install_kvd_blend
     exit 0
   fi
   log "stamp present but imports fail; reinstalling"
@@ -156,3 +170,4 @@ fi
 echo "$STAMP_TEXT" > "$STAMP"
 log "done in $(( $(date +%s) - t0 ))s: $VENV ($(du -sh "$VENV" 2>/dev/null | cut -f1))"
 build_smollm2
+install_kvd_blend

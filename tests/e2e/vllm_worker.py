@@ -14,7 +14,8 @@ stdout (vLLM's own logs go to the same streams; the prefix tells them apart):
 
 Settings: model (folder), block_size, kv_cache_memory_bytes, max_model_len, and
 `connector`: null (no KV connector) or {"host", "port", "mode"} for LMCacheMPConnector
-(mode: lmcache_driven | engine_driven | auto), plus `connector_extra` (more
+(mode: lmcache_driven | engine_driven | auto; optional "class" and "module" name another
+connector class, e.g. KvdBlendConnector from kvd_blend.connector), plus `connector_extra` (more
 kv_connector_extra_config keys), `kv_load_failure_policy` (recompute | fail) and
 `engine_args` (more LLM keyword arguments).
 """
@@ -62,11 +63,13 @@ def build_llm(s: dict):
         }
         extra.update(s.get("connector_extra", {}))
         kwargs["kv_transfer_config"] = {
-            "kv_connector": "LMCacheMPConnector",
+            "kv_connector": conn.get("class", "LMCacheMPConnector"),
             "kv_role": "kv_both",
             "kv_connector_extra_config": extra,
             "kv_load_failure_policy": s.get("kv_load_failure_policy", "fail"),
         }
+        if conn.get("module"):  # a connector of our own (kvd_blend.connector)
+            kwargs["kv_transfer_config"]["kv_connector_module_path"] = conn["module"]
     kwargs.update(s.get("engine_args", {}))
     return LLM(**kwargs)
 
