@@ -14,6 +14,9 @@ struct HttpConfig {
   std::string host = "127.0.0.1";
   int port = 8080;              // 0: no HTTP endpoints (a kvd extension)
   bool metrics_enabled = true;  // --disable-metrics / --disable-observability turn it off
+  std::string admin_token;      // --admin-token, or the first line of --admin-token-file
+  std::string admin_token_file; // --admin-token-file (read at startup, after parsing)
+  double request_timeout_seconds = 10;  // --http-request-timeout-seconds
 };
 
 struct CliConfig {

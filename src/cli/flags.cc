@@ -399,6 +399,14 @@ Result<ParsedCommandLine> ParseServerCommandLine(std::span<const std::string> ar
       }
     }
   }
+  const bool token = given.count(FindFlag("--admin-token")) > 0;
+  if (token && given.count(FindFlag("--admin-token-file"))) {
+    return Status::InvalidArgument("--admin-token and --admin-token-file: give one of them");
+  }
+  if (token && !ValidAdminToken(c.http.admin_token)) {
+    return Status::InvalidArgument("--admin-token: must be 1 to 4096 visible ASCII characters "
+                                   "without blanks");
+  }
   if (!c.observability) c.server.kv_event_log_size = 0;
   // CacheBlend scatters into the worker's registered KV tensors: it needs the lmcache-driven
   // path, as in lmcache.
@@ -433,6 +441,11 @@ Result<ParsedCommandLine> ParseServerCommandLine(std::span<const std::string> ar
     }
   }
   return out;
+}
+
+bool ValidAdminToken(std::string_view token) {
+  return !token.empty() && token.size() <= 4096 &&
+         std::all_of(token.begin(), token.end(), [](char ch) { return ch > ' ' && ch < 0x7f; });
 }
 
 // ---- renderers ------------------------------------------------------------------------

@@ -25,6 +25,7 @@
 #include <functional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "cli/cli_config.h"
@@ -110,6 +111,10 @@ using EnvLookup = std::function<const char*(const char* name)>;
 // Parses the arguments after `kvd server`. InvalidArgument carries the one-line error.
 Result<ParsedCommandLine> ParseServerCommandLine(std::span<const std::string> args,
                                                  const EnvLookup& getenv);
+
+// An admin token (--admin-token, or the line of --admin-token-file): 1 to 4096 visible ASCII
+// characters, no blanks (what `Authorization: Bearer` can carry).
+bool ValidAdminToken(std::string_view token);
 
 // `kvd server --help`: usage and every visible flag, grouped as lmcache groups them.
 std::string ServerHelp();

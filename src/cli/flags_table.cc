@@ -574,6 +574,30 @@ const FlagSpec kFlags[] = {
              "(or 1/16 of the memory) left free on the host or in kvd's memory cgroup",
      .apply = [](const FlagValue& v, CliConfig& c) { c.server.l1_populate = v.text; },
      .show = [](const CliConfig& c) { return c.server.l1_populate; }},
+    {.name = "--admin-token", .group = kKvdGroup, .kind = K::kString, .origin = O::kKvd,
+     .lmcache_default = "none",
+     .note = "HTTP routes that change state (POST, PUT, DELETE) need 'Authorization: Bearer "
+             "<token>' and nothing else; without it they need a Host naming this kvd (an IP "
+             "address, localhost, --http-host, the hostname) and no foreign Origin. Every "
+             "local user can read a command line: prefer --admin-token-file",
+     .apply = [](const FlagValue& v, CliConfig& c) { c.http.admin_token = v.text; },
+     .show = [](const CliConfig& c) {
+       return std::string(c.http.admin_token.empty() && c.http.admin_token_file.empty() ? "none" : "set");
+     }},
+    {.name = "--admin-token-file", .group = kKvdGroup, .kind = K::kString, .origin = O::kKvd,
+     .lmcache_default = "none",
+     .note = "--admin-token read from the first line of this file at startup (keep it "
+             "readable by kvd's user only)",
+     .apply = [](const FlagValue& v, CliConfig& c) { c.http.admin_token_file = v.text; },
+     .show = [](const CliConfig& c) { return c.http.admin_token_file; }},
+    {.name = "--http-request-timeout-seconds", .group = kKvdGroup, .kind = K::kFloat,
+     .origin = O::kKvd, .lmcache_default = "10",
+     .note = "an HTTP request (head and body) must arrive whole within this many seconds of "
+             "its first byte, else it is answered 408 and its connection closed; a connection "
+             "waiting for a request is closed after 5 s",
+     .min = 0.1, .max = 3600,
+     .apply = [](const FlagValue& v, CliConfig& c) { c.http.request_timeout_seconds = v.AsFloat(); },
+     .show = [](const CliConfig& c) { return Num(c.http.request_timeout_seconds); }},
     {.name = "--list-flags", .group = kKvdGroup, .kind = K::kChoice, .origin = O::kKvd,
      .choices = "json|markdown",
      .note = "print this table of flags (as docs/cli.md shows it) and exit",

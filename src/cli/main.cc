@@ -21,8 +21,10 @@
 #include <array>
 #include <atomic>
 #include <chrono>
+#include <cerrno>
 #include <csignal>
 #include <cstdio>
+#include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
@@ -107,7 +109,9 @@ std::string ConfigJson(const kvd::server::ServerConfig& c, const HttpConfig& h) 
       {"zmq", {{"host", c.host}, {"port", c.port}, {"endpoint", c.ZmqEndpoint()},
                {"max_workers", c.max_workers}, {"copy_threads", c.copy_threads}}},
       {"http", {{"http_host", h.host}, {"http_port", h.port},
-                {"metrics_enabled", h.metrics_enabled}}},
+                {"metrics_enabled", h.metrics_enabled},
+                {"admin_token", h.admin_token.empty() ? "none" : "set"},
+                {"request_timeout_seconds", h.request_timeout_seconds}}},
       {"cache", {{"chunk_size", c.chunk_size}, {"hash_algorithm", c.hash_algorithm},
                  {"session_ttl_seconds", c.session_ttl_seconds},
                  {"supported_transfer_mode", c.supported_transfer_mode},
@@ -728,6 +732,8 @@ int RunServer(const CliConfig& cli) {
     ho.metrics_enabled = http_flags.metrics_enabled;
     ho.version = KVD_VERSION;
     ho.config_json = ConfigJson(cfg, http_flags);
+    ho.admin_token = http_flags.admin_token;
+    ho.connections.request_timeout_seconds = http_flags.request_timeout_seconds;
     std::unique_ptr<kvd::http::HttpServer> http;
     if (http_flags.port != 0) {
       http = std::make_unique<kvd::http::HttpServer>(ho, &stats, &stats);
@@ -735,9 +741,11 @@ int RunServer(const CliConfig& cli) {
         spdlog::error("cannot start: {}", st.message());
         return 1;
       }
-      if (!IsLoopback(http_flags.host)) {
-        spdlog::warn("HTTP on {} is reachable from other hosts: POST /clear-cache drops the "
-                     "cache and needs no credentials", http_flags.host);
+      http->RegisterMetrics(registry);
+      if (!IsLoopback(http_flags.host) && http_flags.admin_token.empty()) {
+        spdlog::warn("HTTP on {} is reachable from other hosts: any of them can clear the "
+                     "cache (POST /clear-cache) without credentials; set --admin-token-file",
+                     http_flags.host);
       }
     }
     const auto page_kind = svc->l1().page_kind();
@@ -843,6 +851,26 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "kvd: %s\n", a.status().message().c_str());
       return 2;
     }
+  }
+  // --admin-token-file: its first line is the token, read now so that --check-config checks it.
+  if (!cli.http.admin_token_file.empty()) {
+    std::ifstream f(cli.http.admin_token_file);
+    if (!f.is_open()) {
+      std::fprintf(stderr, "kvd: --admin-token-file %s: %s\n", cli.http.admin_token_file.c_str(),
+                   std::strerror(errno));
+      return 2;
+    }
+    std::string token;
+    std::getline(f, token);
+    while (!token.empty() && (token.back() == '\r' || token.back() == ' ' || token.back() == '\t')) {
+      token.pop_back();
+    }
+    if (!kvd::cli::ValidAdminToken(token)) {
+      std::fprintf(stderr, "kvd: --admin-token-file %s: the token must be 1 to 4096 visible ASCII "
+                           "characters without blanks\n", cli.http.admin_token_file.c_str());
+      return 2;
+    }
+    cli.http.admin_token = std::move(token);
   }
   cfg.log_level = cli.log_level;
   // L1 is shared memory unless it is in huge pages (private memory, no segment).

@@ -2,7 +2,7 @@
 
 #include "http/httplib_wrap.h"
 #include <spdlog/spdlog.h>
-#include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -36,6 +36,7 @@ void SendJson(httplib::Response& res, int status, const std::string& body) {
 void Send(httplib::Response& res, const Reply& r) {
   res.status = r.status;
   NoStore(res);
+  for (const auto& [name, value] : r.headers) res.set_header(name.c_str(), value);
   res.set_content(r.body, r.content_type);
 }
 
@@ -55,11 +56,24 @@ double MonoSeconds() {
       .count();
 }
 
+// The names a Host header may give this server besides IP literals and localhost (see
+// admin_guard.h): the --http-host name and this machine's hostname.
+AdminPolicy PolicyFor(const HttpOptions& o) {
+  AdminPolicy p;
+  p.token = o.admin_token;
+  if (!o.host.empty()) p.host_names.push_back(o.host);
+  char name[256] = {};
+  if (gethostname(name, sizeof(name) - 1) == 0 && name[0] != '\0') p.host_names.emplace_back(name);
+  return p;
+}
+
 }  // namespace
 
 struct HttpServer::Impl {
-  httplib::Server server;
-  Router router{server};
+  explicit Impl(const HttpOptions& o) : router(server, PolicyFor(o)), loop(&server, o.connections) {}
+  RoutedServer server;
+  Router router;
+  ConnectionLoop loop;
 };
 
 HttpServer::HttpServer(HttpOptions options, StatsSource* source, AdminPort* admin)
@@ -67,21 +81,9 @@ HttpServer::HttpServer(HttpOptions options, StatsSource* source, AdminPort* admi
       source_(source),
       admin_(admin),
       series_(options_.history_samples),
-      impl_(std::make_unique<Impl>()) {
+      impl_(std::make_unique<Impl>(options_)) {
   httplib::Server& svr = impl_->server;
   Router& routes = impl_->router;
-  const int threads = std::max(1, options_.threads);
-  svr.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
-  // httplib's default also sets SO_REUSEPORT, which would let a second kvd bind the
-  // same port and silently share it. SO_REUSEADDR alone still allows a quick restart.
-  svr.set_socket_options([](socket_t sock) {
-    int yes = 1;
-    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
-  });
-  svr.set_keep_alive_timeout(5);
-  svr.set_read_timeout(10);
-  svr.set_write_timeout(10);
-  svr.set_payload_max_length(kMaxBodyBytes);
 
   // Browsers get the dashboard; other clients lmcache's JSON (content negotiation).
   routes.Get("/", [](const httplib::Request& req, httplib::Response& res) {
@@ -143,6 +145,9 @@ HttpServer::HttpServer(HttpOptions options, StatsSource* source, AdminPort* admi
   routes.Get("/loglevel", [](const httplib::Request& req, httplib::Response& res) {
     Send(res, LogLevelReply(req.params));
   });
+  routes.Post("/loglevel", with_body([](const httplib::Request& req, const std::string&) {
+             return SetLogLevelReply(req.params);  // a body, if any, is read and ignored
+           }));
   routes.Get("/threads", [](const httplib::Request& req, httplib::Response& res) {
     Send(res, ThreadsReply(req.params));
   });
@@ -231,29 +236,14 @@ HttpServer::~HttpServer() { Stop(); }
 const std::vector<Route>& HttpServer::routes() const { return impl_->router.routes(); }
 
 Status HttpServer::Start() {
-  httplib::Server& svr = impl_->server;
   const std::string where = options_.host + ":" + std::to_string(options_.port);
-  errno = 0;
-  if (options_.port == 0) {
-    bound_port_ = svr.bind_to_any_port(options_.host);
-    if (bound_port_ <= 0) bound_port_ = 0;
-  } else if (svr.bind_to_port(options_.host, options_.port)) {
-    bound_port_ = options_.port;
-  }
-  if (bound_port_ == 0) {
-    const int err = errno;
-    std::string why = err == EADDRINUSE ? "address already in use"
-                      : err != 0        ? std::strerror(err)
-                                        : "cannot bind (bad host?)";
-    return Status::Unavailable("cannot listen for HTTP on " + where + ": " + why +
+  if (Status st = impl_->loop.Listen(options_.host, options_.port); !st.ok()) {
+    return Status::Unavailable("cannot listen for HTTP on " + where + ": " + st.message() +
                                " (choose another --http-port / --http-host)");
   }
+  bound_port_ = impl_->loop.port();
   SampleNow();
-  listener_ = std::thread([this] { impl_->server.listen_after_bind(); });
-  // Until the listener runs, httplib's stop() would be a no-op (and Stop would hang).
-  for (int i = 0; i < 2000 && !impl_->server.is_running(); ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
+  impl_->loop.Start();
   sampler_ = std::thread([this] { SamplerLoop(); });
   return Status::Ok();
 }
@@ -265,9 +255,58 @@ void HttpServer::Stop() {
     stopping_ = true;
   }
   stop_cv_.notify_all();
-  impl_->server.stop();
-  if (listener_.joinable()) listener_.join();
+  impl_->loop.Stop();
   if (sampler_.joinable()) sampler_.join();
+}
+
+const ConnectionStats& HttpServer::connection_stats() const { return impl_->loop.stats(); }
+
+std::string HttpServer::ServeForTest(std::string_view request) {
+  return ConnectionLoop::ServeBuffered(&impl_->server, request);
+}
+
+void HttpServer::RegisterMetrics(metrics::Registry& registry) {
+  using metrics::Kind;
+  struct Family {
+    const char* name;
+    Kind kind;
+    const char* help;
+    const std::atomic<uint64_t> ConnectionStats::*value;
+  };
+  static constexpr Family kFamilies[] = {
+      {"kvd_http_connections", Kind::kGauge, "Connections open on the HTTP port.", &ConnectionStats::open},
+      {"kvd_http_connections_accepted_total", Kind::kCounter, "HTTP connections accepted.",
+       &ConnectionStats::accepted},
+      {"kvd_http_connections_closed_total", Kind::kCounter, "HTTP connections closed (by the client or kvd).",
+       &ConnectionStats::closed},
+      {"kvd_http_request_timeouts_total", Kind::kCounter,
+       "HTTP requests answered 408: not arrived whole within the request timeout.", &ConnectionStats::timed_out},
+      {"kvd_http_requests_refused_total", Kind::kCounter,
+       "HTTP requests refused before routing: over a bound (414, 431, 413), malformed (400, 501) or "
+       "no buffer room (503).",
+       &ConnectionStats::refused},
+      {"kvd_http_connections_evicted_total", Kind::kCounter,
+       "HTTP connections waiting for a request closed to make room for a new connection.",
+       &ConnectionStats::evicted},
+      {"kvd_http_connections_rejected_total", Kind::kCounter,
+       "New HTTP connections closed at once: at the connection bound with every connection busy.",
+       &ConnectionStats::rejected},
+  };
+  const ConnectionStats* stats = &impl_->loop.stats();
+  for (const Family& f : kFamilies) {
+    const std::atomic<uint64_t>* v = &(stats->*f.value);
+    metric_handles_.push_back(registry.AddCollected(
+        {f.name, f.help, f.kind, {}, {}},
+        [v](metrics::SeriesSink& sink) { sink.Add(static_cast<double>(v->load(std::memory_order_relaxed))); }));
+  }
+  const std::atomic<uint64_t>* refused = &impl_->router.admin_refusals();
+  metric_handles_.push_back(registry.AddCollected(
+      {"kvd_http_admin_refused_total",
+       "Requests to routes that change state refused by the admin rules (401, 403, 415).",
+       Kind::kCounter, {}, {}},
+      [refused](metrics::SeriesSink& sink) {
+        sink.Add(static_cast<double>(refused->load(std::memory_order_relaxed)));
+      }));
 }
 
 void HttpServer::SampleNow() {

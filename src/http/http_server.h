@@ -4,6 +4,7 @@
 //   GET  /healthcheck      200 {"status":"healthy"} | 503 {"status":"unhealthy","reason":...}
 //   GET  /status           instances, L1, sessions, per-op request stats (JSON)
 //   POST /clear-cache      drop every L1 entry (kvd's answer)
+//   POST /loglevel         set the log level (lmcache sets it on GET /loglevel; kvd's GET only reads)
 //   GET  /conf             effective configuration (also /config, LMCache's path)
 //   GET  /api/version      kvd's version object
 //   GET  /metrics          Prometheus text; 404 when metrics are disabled
@@ -16,12 +17,19 @@
 // A path asked with a method it does not serve answers 405 with Allow (OPTIONS: 204).
 // See docs/operations.md and docs/openapi.json for the payloads.
 //
-// Threads: Start binds the port (failing cleanly when it is taken) and starts a small
-// worker pool plus one sampler thread that calls source->Collect() every
-// sample_interval and appends to the ring. Handlers run on the pool and call the
-// StatsSource and AdminPort concurrently. Stop (or the destructor) stops accepting, finishes the
-// requests being served and joins every thread. Start/Stop are not thread-safe with
-// respect to each other; call them from one thread.
+// Hostile clients (docs/reliability.md, issue 27 finding 8): connections are served by a
+// ConnectionLoop (connection_loop.h): requests are bounded and must arrive within a
+// deadline, and a slow or idle client never holds a thread, so /healthcheck is answered
+// whatever other clients do. Every route that changes state is a POST, PUT or DELETE and
+// passes the admin rules first (admin_guard.h: the token of --admin-token, else a Host that
+// names this kvd and no foreign Origin; a JSON body); a GET never changes state.
+//
+// Threads: Start binds the port (failing cleanly when it is taken) and starts the connection
+// loop (one I/O thread, a few handler threads) plus one sampler thread that calls
+// source->Collect() every sample_interval and appends to the ring. Handlers run on the
+// handler threads and call the StatsSource and AdminPort concurrently. Stop (or the
+// destructor) stops accepting, finishes the requests being served and joins every thread.
+// Start/Stop are not thread-safe with respect to each other; call them from one thread.
 #pragma once
 
 #include <atomic>
@@ -29,9 +37,12 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <thread>
 
+#include "common/metrics.h"
 #include "common/status.h"
+#include "http/connection_loop.h"
 #include "http/routes.h"
 #include "http/stats_source.h"
 #include "http/timeseries.h"
@@ -46,7 +57,11 @@ struct HttpOptions {
   std::string config_json = "{}";     // GET /conf body: the effective configuration
   double sample_interval_seconds = 1.0;
   size_t history_samples = 900;       // 15 minutes at 1 s
-  int threads = 4;                    // HTTP worker threads
+  // Non-empty (--admin-token): the routes that change state need `Authorization: Bearer
+  // <admin_token>` and nothing else; empty: they need a Host naming this kvd and no foreign
+  // Origin (admin_guard.h).
+  std::string admin_token;
+  ConnectionLimits connections;       // deadlines, bounds, handler threads (connection_loop.h)
 };
 
 class HttpServer {
@@ -70,6 +85,15 @@ class HttpServer {
   // Every route the server registered (method, OpenAPI path template): docs/openapi.json
   // describes exactly these (http_tests check it).
   const std::vector<Route>& routes() const;
+  // Runs one request, given as the bytes a client would send, through the routes on the
+  // calling thread and returns the response bytes: no socket, no connection bounds (tests,
+  // fuzzing; works without Start).
+  std::string ServeForTest(std::string_view request);
+  // Counters of the connection loop (tests; /metrics after RegisterMetrics).
+  const ConnectionStats& connection_stats() const;
+  // Adds the kvd_http_* families (connections, refusals) to `registry`, which must outlive
+  // this server's registration (it is removed when the server is destroyed).
+  void RegisterMetrics(metrics::Registry& registry);
 
  private:
   struct Impl;
@@ -81,8 +105,8 @@ class HttpServer {
   TimeSeries series_;
   std::unique_ptr<Impl> impl_;
   int bound_port_ = 0;
-  std::thread listener_;
   std::thread sampler_;
+  std::vector<metrics::CollectorHandle> metric_handles_;
   std::mutex stop_mu_;
   std::condition_variable stop_cv_;
   bool stopping_ = false;             // guarded by stop_mu_

@@ -30,12 +30,12 @@ constexpr const char* kNoL2 = "no L2 adapters configured";
 
 std::string Dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 
-Reply JsonReply(int status, const json& j) { return Reply{status, "application/json", Dump(j)}; }
+Reply JsonReply(int status, const json& j) { return Reply{status, "application/json", Dump(j), {}}; }
 
 Reply Detail(int status, const std::string& detail) { return JsonReply(status, {{"detail", detail}}); }
 
 Reply Text(int status, std::string body) {
-  return Reply{status, "text/plain; charset=utf-8", std::move(body)};
+  return Reply{status, "text/plain; charset=utf-8", std::move(body), {}};
 }
 
 // One FastAPI validation error (422).
@@ -570,13 +570,32 @@ Reply LogLevelReply(const QueryParams& q) {
   }
   if (name.empty() && LevelOf(Upper(level))) return JsonReply(200, nullptr);  // lmcache's null
   if (level.empty()) return Text(200, name + ": " + LevelName(logger->level()));
-  auto l = LevelOf(Upper(level));
   // Without a logger name lmcache answers null even for an unknown level; kvd refuses it.
+  if (!LevelOf(Upper(level))) return Text(400, "Invalid log level: " + level);
+  // lmcache sets the level here; a GET that changes state is what a web page can make a
+  // browser send (issue 27, finding 8), so kvd points at the POST.
+  Reply r = Detail(405, "GET /loglevel does not change the log level: send POST "
+                        "/loglevel?logger_name=<name>&level=<level> (lmcache 0.5.6 sets it on "
+                        "GET; kvd changes state only on POST, PUT and DELETE)");
+  r.headers.emplace_back("Allow", "GET, HEAD, POST");
+  return r;
+}
+
+Reply SetLogLevelReply(const QueryParams& q) {
+  const std::string name = Param(q, "logger_name").value_or("");
+  const std::string level = Param(q, "level").value_or("");
+  if (level.empty()) {
+    Invalid bad;
+    bad.Add("missing", {"query", "level"}, "Field required", nullptr);
+    return bad.reply();
+  }
+  auto l = LevelOf(Upper(level));
   if (!l) return Text(400, "Invalid log level: " + level);
   // kvd has one logger: every name sets it.
   spdlog::set_level(*l);
-  spdlog::info("http: log level set to {} (logger '{}')", Upper(level), name);
-  return Text(200, "Set " + name + " level to " + Upper(level) + " (including all handlers)");
+  const std::string shown = name.empty() ? "kvd" : name;
+  spdlog::info("http: log level set to {} (logger '{}')", Upper(level), shown);
+  return Text(200, "Set " + shown + " level to " + Upper(level) + " (including all handlers)");
 }
 
 Reply ThreadsReply(const QueryParams& q) {

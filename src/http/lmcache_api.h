@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <utility>
 #include <vector>
 #include <map>
 #include <string>
@@ -25,6 +26,7 @@ struct Reply {
   int status = 200;
   std::string content_type = "application/json";
   std::string body;
+  std::vector<std::pair<std::string, std::string>> headers;  // beyond Content-Type
 };
 
 // Query parameters, as httplib gives them (a name may repeat; the first value counts).
@@ -48,8 +50,13 @@ Reply DeleteObjectsReply(StatsSource& source, AdminPort& admin, std::string_view
 Reply SubmitPrefetchReply(StatsSource& source, std::string_view body);
 Reply PrefetchStatusReply(std::string_view request_id);
 
-// GET /loglevel[?logger_name[&level]] (text/plain, lmcache's wording).
+// GET /loglevel[?logger_name] (text/plain, lmcache's wording): the levels. lmcache's GET
+// also sets a level when given `logger_name` and `level`; kvd's GET never changes state: a
+// valid level there answers 405 naming POST /loglevel (an invalid one 400, as lmcache).
 Reply LogLevelReply(const QueryParams& q);
+// POST /loglevel?logger_name&level: sets the level (kvd has one logger: any name sets it),
+// answering lmcache's text; `level` is required (422 without it, 400 when unknown).
+Reply SetLogLevelReply(const QueryParams& q);
 // GET /threads[?name&thread_id] (text/plain): the process's threads from /proc/self/task.
 Reply ThreadsReply(const QueryParams& q);
 

@@ -1,9 +1,13 @@
 #include "http/routes.h"
 
 #include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <optional>
 #include <string_view>
 
 #include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
 
 namespace kvd::http {
 namespace {
@@ -55,7 +59,52 @@ httplib::Server::HandlerWithContentReader WithBody(Router::BodyHandler h, bool f
   };
 }
 
+// What the admin rules read of `req`.
+AdminRequest AdminView(const httplib::Request& req) {
+  AdminRequest a;
+  auto header = [&](const char* name) -> std::optional<std::string_view> {
+    auto it = req.headers.find(name);  // httplib's header map compares names ignoring case
+    if (it == req.headers.end()) return std::nullopt;
+    return std::string_view(it->second);
+  };
+  a.host = header("Host");
+  a.origin = header("Origin");
+  a.authorization = header("Authorization");
+  a.content_type = header("Content-Type").value_or("");
+  const auto length = header("Content-Length");
+  a.has_body = header("Transfer-Encoding").has_value() ||
+               (length && std::strtoull(std::string(*length).c_str(), nullptr, 10) > 0);
+  return a;
+}
+
 }  // namespace
+
+httplib::Server::HandlerWithContentReader Router::Guarded(BodyHandler h) {
+  return [this, body = WithBody(std::move(h))](const httplib::Request& req, httplib::Response& res,
+                                               const httplib::ContentReader& reader) {
+    const AdminRequest view = AdminView(req);
+    if (auto refusal = CheckAdminRequest(admin_, view)) {
+      admin_refusals_.fetch_add(1, std::memory_order_relaxed);
+      // One line a second at most: a page in a browser can send these in a loop.
+      static std::atomic<int64_t> last_log{0};
+      const int64_t now = std::chrono::duration_cast<std::chrono::seconds>(
+                              std::chrono::steady_clock::now().time_since_epoch()).count();
+      if (last_log.exchange(now) != now) {
+        spdlog::warn("http: {} {} from {} refused ({}): {}", req.method, req.path, req.remote_addr,
+                     refusal->status, refusal->detail);
+      }
+      res.status = refusal->status;
+      res.set_header("Cache-Control", "no-store");
+      if (view.has_body) res.set_header("Connection", "close");  // the body is not read
+      if (refusal->bearer_challenge) res.set_header("WWW-Authenticate", "Bearer realm=\"kvd\"");
+      res.set_content(nlohmann::json{{"detail", refusal->detail}}.dump(
+                          -1, ' ', false, nlohmann::json::error_handler_t::replace),
+                      "application/json");
+      return;
+    }
+    body(req, res, reader);
+  };
+}
 
 std::string Router::PathRegex(const std::string& path_template) {
   std::string out;
@@ -87,13 +136,13 @@ void Router::Get(const std::string& path, httplib::Server::Handler h) {
   server_.Get(Add("GET", path), std::move(h));
 }
 void Router::Post(const std::string& path, BodyHandler h) {
-  server_.Post(Add("POST", path), WithBody(std::move(h)));
+  server_.Post(Add("POST", path), Guarded(std::move(h)));
 }
 void Router::Put(const std::string& path, BodyHandler h) {
-  server_.Put(Add("PUT", path), WithBody(std::move(h)));
+  server_.Put(Add("PUT", path), Guarded(std::move(h)));
 }
 void Router::Delete(const std::string& path, BodyHandler h) {
-  server_.Delete(Add("DELETE", path), WithBody(std::move(h)));
+  server_.Delete(Add("DELETE", path), Guarded(std::move(h)));
 }
 
 std::vector<std::string> Router::MethodsAt(const std::string& request_path) const {

@@ -322,10 +322,33 @@ TEST_F(HttpServerTest, LogLevelThreadsAndMetricsReset) {
     return r->body;
   };
   EXPECT_EQ(text("/loglevel", 200).rfind("=== Loggers and Levels ===\nkvd: ", 0), 0u);
-  EXPECT_EQ(text("/loglevel?logger_name=lmcache&level=debug", 200),
-            "Set lmcache level to DEBUG (including all handlers)");
+  // A GET never changes state (issue 27, finding 8): lmcache sets the level here, kvd points
+  // at the POST.
+  auto g = client_->Get("/loglevel?logger_name=lmcache&level=debug");
+  ASSERT_TRUE(g);
+  EXPECT_EQ(g->status, 405);
+  EXPECT_EQ(g->get_header_value("Allow"), "GET, HEAD, POST");
+  EXPECT_NE(g->body.find("POST /loglevel?logger_name=<name>&level=<level>"), std::string::npos) << g->body;
+  EXPECT_EQ(spdlog::get_level(), before);
+  auto p = client_->Post("/loglevel?logger_name=lmcache&level=debug");
+  ASSERT_TRUE(p);
+  EXPECT_EQ(p->status, 200);
+  EXPECT_EQ(p->body, "Set lmcache level to DEBUG (including all handlers)");
   EXPECT_EQ(spdlog::get_level(), spdlog::level::debug);
   EXPECT_EQ(text("/loglevel?logger_name=kvd", 200), "kvd: DEBUG");
+  p = client_->Post("/loglevel?level=error");
+  ASSERT_TRUE(p);
+  EXPECT_EQ(p->status, 200);
+  EXPECT_EQ(p->body, "Set kvd level to ERROR (including all handlers)");
+  EXPECT_EQ(spdlog::get_level(), spdlog::level::err);
+  p = client_->Post("/loglevel?logger_name=kvd&level=loud");
+  ASSERT_TRUE(p);
+  EXPECT_EQ(p->status, 400);
+  EXPECT_EQ(p->body, "Invalid log level: loud");
+  p = client_->Post("/loglevel?logger_name=kvd");
+  ASSERT_TRUE(p);
+  EXPECT_EQ(p->status, 422) << "no level to set";
+  EXPECT_EQ(spdlog::get_level(), spdlog::level::err);
   EXPECT_EQ(text("/loglevel?logger_name=kvd&level=loud", 400), "Invalid log level: loud");
   spdlog::set_level(before);
   const std::string threads = text("/threads", 200);

@@ -171,13 +171,13 @@ TEST_F(OpenApiTest, AKnownPathAskedWithAnotherMethodAnswers405WithAllow) {
 // read timeout and then answered an empty 400.
 TEST_F(OpenApiTest, ABodyMethodWithoutContentLengthIsAnsweredAtOnce) {
   const auto t0 = std::chrono::steady_clock::now();
-  std::string r = Raw(server_->port(), "POST /cache/prefetches HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  std::string r = Raw(server_->port(), "POST /cache/prefetches HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
   EXPECT_EQ(r.rfind("HTTP/1.1 422", 0), 0u) << r;
   EXPECT_NE(r.find(R"("loc":["body"])"), std::string::npos) << r;
-  r = Raw(server_->port(), "PUT /quota/team-a HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  r = Raw(server_->port(), "PUT /quota/team-a HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
   EXPECT_EQ(r.rfind("HTTP/1.1 400", 0), 0u) << r;
   EXPECT_NE(r.find(R"({"error":)"), std::string::npos) << r;
-  r = Raw(server_->port(), "POST /cache/clear HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  r = Raw(server_->port(), "POST /cache/clear HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
   EXPECT_EQ(r.rfind("HTTP/1.1 200", 0), 0u) << r;
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(2));
 }
@@ -189,7 +189,7 @@ TEST_F(OpenApiTest, AMultipartBodyIs415AndTheConnectionIsClosed) {
   for (const std::string path : {"/cache/prefetches", "/cache/clear", "/quota/team-a"}) {
     const std::string method = path == "/quota/team-a" ? "PUT" : "POST";
     const std::string r = Raw(server_->port(), method + " " + path +
-                                                   " HTTP/1.1\r\nHost: x\r\nContent-Type: multipart/form-data\r\n"
+                                                   " HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: multipart/form-data\r\n"
                                                    "Content-Length: 2\r\n\r\n{}");
     EXPECT_EQ(r.rfind("HTTP/1.1 415", 0), 0u) << path << ":\n" << r;
     EXPECT_NE(r.find("Connection: close"), std::string::npos) << path << ":\n" << r;
@@ -197,7 +197,7 @@ TEST_F(OpenApiTest, AMultipartBodyIs415AndTheConnectionIsClosed) {
   }
   // A path that does not take the method still answers 405 first.
   const std::string r = Raw(server_->port(),
-                            "POST /status HTTP/1.1\r\nHost: x\r\nContent-Type: multipart/form-data\r\n"
+                            "POST /status HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: multipart/form-data\r\n"
                             "Content-Length: 2\r\n\r\n{}");
   EXPECT_EQ(r.rfind("HTTP/1.1 405", 0), 0u) << r;
   EXPECT_EQ(source_.clears.load(), 0) << "nothing was cleared";
@@ -209,12 +209,12 @@ TEST_F(OpenApiTest, AMultipartBodyIs415AndTheConnectionIsClosed) {
 TEST_F(OpenApiTest, ABodyTheServerDoesNotReadClosesTheConnection) {
   for (const std::string method : {"OPTIONS", "TRACE"}) {
     const std::string r = Raw(server_->port(), method +
-                                                   " /cache/prefetches HTTP/1.1\r\nHost: x\r\n"
+                                                   " /cache/prefetches HTTP/1.1\r\nHost: 127.0.0.1\r\n"
                                                    "Content-Length: 2\r\n\r\n{}");
     EXPECT_NE(r.find("Connection: close"), std::string::npos) << method << ":\n" << r;
   }
   // Without a body the connection is kept.
-  const std::string r = Raw(server_->port(), "OPTIONS /cache/prefetches HTTP/1.1\r\nHost: x\r\n\r\n", 1);
+  const std::string r = Raw(server_->port(), "OPTIONS /cache/prefetches HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n", 1);
   EXPECT_EQ(r.rfind("HTTP/1.1 204", 0), 0u) << r;
   EXPECT_EQ(r.find("Connection: close"), std::string::npos) << r;
 }
