@@ -3,9 +3,9 @@
 
     make_seeds.py OUT_DIR [--golden tests/wire_golden]
 
-creates OUT_DIR/request/, OUT_DIR/payload/, OUT_DIR/stream/, OUT_DIR/descriptor/, OUT_DIR/zmtp/ and
-OUT_DIR/cachegen/ (small object descriptions for the CacheGen decoder target; see
-cachegen_seeds) from:
+creates OUT_DIR/request/, OUT_DIR/payload/, OUT_DIR/stream/, OUT_DIR/descriptor/, OUT_DIR/zmtp/,
+OUT_DIR/http_json/ (HTTP bodies for each route; see http_json_seeds) and OUT_DIR/cachegen/
+(small object descriptions for the CacheGen decoder target; see cachegen_seeds) from:
 
 * frames captured from the real lmcache 0.5.6 client (tests/wire_golden/*.json, each
   {"op", "request_frames_hex", "response_frames_hex"}), one seed per captured request, plus
@@ -578,6 +578,38 @@ def write(dirpath: Path, seeds: dict[str, bytes]) -> None:
         (dirpath / f"{name}-{digest}").write_bytes(data)
 
 
+def http_json_seeds() -> dict[str, bytes]:
+    """Inputs of target "http_json" (tests/fuzz/http_json_fuzzer.cc): a control byte (bits
+    0-2: the route, 7 = a raw request; 3-4: the Content-Type; 5: a foreign Origin; 6:
+    chunked; 7: also ParseJsonBody directly), then the body."""
+    key = {"chunk_hash_hex": "ab" * 32, "model_name": "m", "kv_rank": 0, "cache_salt": ""}
+    bodies = {
+        0: [b"", b"{}", b'{"tier": "l1", "force": true}', b'{"tier": "l2"}', b'{"force": "yes"}'],
+        1: [json.dumps({"tier": "all", "keys": [key], "force": 1}).encode(), b'{"keys": []}',
+            json.dumps({"keys": [dict(key, kv_rank="7", layout_tag="0a")], "adapter": "fs"}).encode()],
+        2: [json.dumps({"model_name": 'llama"3', "world_size": 2, "token_ids": list(range(300)),
+                        "cache_salt": "s"}).encode(),
+            b'{"model_name": "m", "world_size": 1.0, "token_ids": ["1", 2.0]}'],
+        3: [b'{"limit_gb": 1.5}', b'{"limit_gb": -1}', b'{"limit_gb": 1e308}', b"[]"],
+        4: [b""],
+        5: [b"ignored"],
+        6: [b""],
+    }
+    seeds = {}
+    for route, items in bodies.items():
+        for i, body in enumerate(items):
+            seeds[f"http_route{route}_{i}"] = bytes([0x80 | route]) + body
+            seeds[f"http_route{route}_{i}_chunked_text"] = bytes([route | (2 << 3) | 0x40]) + body
+    seeds["http_nested"] = bytes([0x80 | 1]) + b'{"keys": ' + b"[" * 200 + b"}"
+    seeds["http_origin"] = bytes([0 | 0x20]) + b"{}"
+    raw = (b"POST /cache/clear HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+           b"Expect: 100-continue\r\nTransfer-Encoding: chunked\r\n\r\n3;x=y\r\n{}\n\r\n0\r\n\r\n")
+    seeds["http_raw_chunked"] = bytes([7]) + raw
+    seeds["http_raw_pipelined"] = bytes([7]) + b"GET /healthcheck HTTP/1.1\r\nHost: x\r\n\r\nGET / HTTP/1.1\r\n\r\n"
+    seeds["http_raw_loglevel"] = bytes([7]) + b"GET /loglevel?logger_name=kvd&level=debug HTTP/1.1\r\n\r\n"
+    return seeds
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out", type=Path)
@@ -592,6 +624,7 @@ def main() -> int:
     write(args.out / "descriptor", {**descriptor_seeds(), **gdescs})
     write(args.out / "cachegen", cachegen_seeds())
     write(args.out / "zmtp", zmtp_seeds())
+    write(args.out / "http_json", http_json_seeds())
     print(f"seeds: {len(flows)} packed flows, {len(gframes)} golden requests, "
           f"{len(descriptor_seeds()) + len(gdescs)} descriptors -> {args.out}")
     return 0

@@ -12,7 +12,7 @@ set -uo pipefail
 dir="${1:?usage: run_fuzzers.sh FUZZ_DIR SECONDS}"
 secs="${2:?usage: run_fuzzers.sh FUZZ_DIR SECONDS}"
 src="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-targets=(request payload descriptor stream cachegen zmtp)
+targets=(request payload descriptor stream cachegen zmtp http_json)
 mkdir -p "$dir/artifacts"
 trap 'rm -f /dev/shm/kvd_fuzz_kv_*' EXIT
 status=0
