@@ -379,6 +379,29 @@ TEST_F(BlendOpsTest, OverlappingMatchesKeepTheEarliest) {
   svc_->EndSession("o");
 }
 
+// Regression (found by tests/e2e/test_blend_vllm.py): the lmcache connector's lookup key ends
+// at the prompt's last full chunk (`end`), but its token ids are the whole prompt, and lmcache
+// probes all of them. kvd probed only [0, end): a document at an unaligned offset whose window
+// runs past `end` was never found.
+TEST_F(BlendOpsTest, UnalignedDocumentPastTheKeysEndIsFound) {
+  FakeWorker w("/kvd_test_blend_w");
+  w.Fill(5);
+  ASSERT_TRUE(svc_->RegisterKvCache(w.Registration(100, 1)).ok());
+  StoreSysDoc();  // doc = Segment(2), stored at 256
+  // 100 other tokens, the doc at [100, 356), then 37 more: 393 tokens, `end` = 256.
+  const std::vector<int64_t> other = Segment(9), more = Segment(7);
+  std::vector<int64_t> head(other.begin(), other.begin() + 100);
+  std::vector<int64_t> tail(more.begin(), more.begin() + 37);
+  auto key = Key(std::nullopt, {head, Segment(2), tail}, "u");
+  key.end = 256;
+  auto res = UnifiedLookup(key);
+  ASSERT_EQ(res.non_prefix_segments.size(), 1u);
+  EXPECT_EQ(res.non_prefix_segments[0].cur_st, 100);
+  EXPECT_EQ(res.non_prefix_segments[0].cur_ed, 356);
+  EXPECT_EQ(res.non_prefix_segments[0].old_st, 256);
+  svc_->EndSession("u");
+}
+
 TEST_F(BlendOpsTest, ParityModeLeavesChunkZeroToThePrefix) {
   ServerConfig cfg = cfg_;
   cfg.blend_lmcache_parity = true;
