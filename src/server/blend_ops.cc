@@ -282,8 +282,11 @@ Result<std::optional<wire::CbUnifiedLookupResult>> BlendOps::UnifiedLookup(
     m_.lookup_no_gpu_context_errors.Add();
   }
   std::vector<blend::MatchCandidate> candidates;
-  if (ns && num_tokens >= c) {
-    std::span<const uint32_t> tokens = key.token_ids.span().first(static_cast<size_t>(num_tokens));
+  // The matcher sees every token of the key, as lmcache's does: the connector's key ends at
+  // the prompt's last full chunk (`end`, the prefix leg's range), and a document at an
+  // unaligned offset can run past it.
+  if (ns && key.token_ids.size() >= static_cast<size_t>(c)) {
+    std::span<const uint32_t> tokens = key.token_ids.span();
     if (Status st = index_->matcher().Probe(*ns, tokens, prefix_tokens, &candidates); !st.ok()) {
       return st;
     }
