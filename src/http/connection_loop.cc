@@ -149,6 +149,7 @@ struct ConnectionLoop::Conn {
   State state = State::kReading;
   uint32_t watching = 0;           // epoll events registered (0: not in the epoll set)
   std::string in;                  // received, not yet handed over
+  size_t in_flight = 0;            // bytes of the request a handler has (kBusy)
   RequestFramer framer;
   bool started = false;            // a byte of the current request has arrived
   bool continue_sent = false;
@@ -414,7 +415,7 @@ void ConnectionLoop::Close(uint64_t id) {
   Conn& c = *it->second;
   if (c.watching != 0) epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, c.fd, nullptr);
   ::close(c.fd);
-  buffered_ -= c.in.size();
+  buffered_ -= c.in.size() + c.in_flight;
   if (auto p = per_peer_.find(c.peer_ip); p != per_peer_.end() && --p->second == 0) per_peer_.erase(p);
   conns_.erase(it);
   stats_.closed.fetch_add(1, std::memory_order_relaxed);
@@ -491,7 +492,7 @@ void ConnectionLoop::Dispatch(Conn& c) {
   job.local_port = c.local_port;
   job.close_after = stop_requested_.load() || c.served + 1 >= limits_.max_requests_per_connection;
   c.in.erase(0, size);
-  buffered_ -= size;
+  c.in_flight = size;  // still counted in buffered_ until its answer comes back
   c.framer.Reset();
   c.started = false;
   c.continue_sent = false;
@@ -520,6 +521,8 @@ void ConnectionLoop::TakeResponses(Clock::time_point now) {
     auto it = conns_.find(d.conn);
     if (it == conns_.end()) continue;
     Conn& c = *it->second;
+    buffered_ -= c.in_flight;
+    c.in_flight = 0;
     c.out = std::move(d.response);
     c.out_pos = 0;
     c.close_after = d.close || stop_requested_.load();

@@ -21,8 +21,8 @@
 // Capacity: at most max_connections connections, and max_connections_per_peer from one
 // address; a new connection beyond either bound closes the connection that has waited longest
 // for its request (of that address, for the per-peer bound), and is itself closed when none
-// is waiting (all are being served). Request bytes buffered across connections are bounded by
-// max_buffered_bytes (beyond: 503). When accept fails for lack of descriptors, the oldest
+// is waiting (all are being served). Request bytes held across connections, received or
+// being handled, are bounded by max_buffered_bytes (beyond: 503). When accept fails for lack of descriptors, the oldest
 // waiting connection is closed to make room, or accepting pauses for 100 ms (never a busy
 // loop).
 //
@@ -172,7 +172,7 @@ class ConnectionLoop {
   std::unordered_map<uint64_t, std::unique_ptr<Conn>> conns_;
   std::unordered_map<std::string, size_t> per_peer_;
   uint64_t next_id_ = 2;  // 0: the listening socket, 1: the wake-up eventfd
-  uint64_t buffered_ = 0;  // request bytes held by all connections
+  uint64_t buffered_ = 0;  // request bytes held by all connections and their handlers
   bool accept_paused_ = false;
   Clock::time_point accept_resume_{};
   Clock::time_point last_accept_warning_{};

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -73,7 +74,8 @@ class Socket {
 
 class ConnectionLoopTest : public ::testing::Test {
  protected:
-  void Start(int handler_threads = 1, size_t per_peer = 64) {
+  void Start(int handler_threads = 1, size_t per_peer = 64,
+             const std::function<void(ConnectionLimits&)>& tweak = nullptr) {
     source_.Set(SampleSnapshot());
     HttpOptions o;
     o.host = "127.0.0.1";
@@ -84,6 +86,7 @@ class ConnectionLoopTest : public ::testing::Test {
     o.connections.write_timeout_seconds = 0.3;
     o.connections.linger_seconds = 0.2;
     o.connections.max_connections_per_peer = per_peer;
+    if (tweak) tweak(o.connections);
     server_ = std::make_unique<HttpServer>(o, &source_, &source_);
     ASSERT_TRUE(server_->Start().ok());
   }
@@ -175,6 +178,29 @@ TEST_F(ConnectionLoopTest, Finding8HeadsAreBounded) {
   }
   EXPECT_LT(HealthcheckSeconds(), 0.25);
   EXPECT_EQ(server_->connection_stats().refused.load(), 4u);
+}
+
+TEST_F(ConnectionLoopTest, Finding8RequestBytesAreBoundedAcrossConnections) {
+  Start(1, 64, [](ConnectionLimits& l) {
+    l.max_buffered_bytes = 4096;
+    l.request_timeout_seconds = 5;
+  });
+  const std::string head =
+      "PUT /quota/t HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 3000\r\n\r\n";
+  Socket a(port());
+  ASSERT_TRUE(a.Send(head + std::string(2500, ' ')));  // 500 bytes still to come
+  std::this_thread::sleep_for(milliseconds(100));
+  Socket b(port());
+  ASSERT_TRUE(b.Send(head + std::string(2000, ' ')));
+  const std::string got = b.Read(milliseconds(2000), "}");
+  EXPECT_EQ(got.rfind("HTTP/1.1 503", 0), 0u) << got;
+  // The first one, once whole, is served; its bytes are given back after its answer.
+  ASSERT_TRUE(a.Send(std::string(486, ' ') + "{\"limit_gb\":1}"));
+  const std::string first = a.Read(milliseconds(2000), "}");
+  EXPECT_EQ(first.rfind("HTTP/1.1 200", 0), 0u) << first;
+  Socket c(port());
+  ASSERT_TRUE(c.Send(head + std::string(2986, ' ') + "{\"limit_gb\":1}"));
+  EXPECT_EQ(c.Read(milliseconds(2000), "}").rfind("HTTP/1.1 200", 0), 0u);
 }
 
 TEST_F(ConnectionLoopTest, KeepAliveAndPipelinedRequestsAreAnsweredInOrder) {
