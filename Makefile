@@ -74,7 +74,7 @@ test-asan: deps venv
 
 test-tsan: deps venv
 	@cmake -S . -B $(TSAN_DIR) $(SAN_FLAGS) -DKVD_TSAN=ON >/dev/null
-	@cmake --build $(TSAN_DIR) -j$(JOBS) --target kvd l1_tests l2_tests server_tests \
+	@cmake --build $(TSAN_DIR) -j$(JOBS) --target kvd l1_tests l2_tests server_tests http_tests \
 	  fuzz_replay_request fuzz_replay_payload fuzz_replay_descriptor fuzz_replay_stream \
 	  fuzz_replay_cachegen fuzz_replay_zmtp fuzz_replay_http_json codec_tests
 	@tests/sanitizers/run.sh tsan $(TSAN_DIR) $(VENV)

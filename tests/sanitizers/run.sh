@@ -37,8 +37,8 @@ case "$mode" in
     ;;
   tsan)
     export TSAN_OPTIONS="log_path=$logs/tsan:halt_on_error=0:second_deadlock_stack=1:suppressions=$here/tsan.supp"
-    echo "tsan: l1, l2, server and fuzz-replay unit tests ($dir)"
-    # `make test-tsan` builds only l1_tests, l2_tests, server_tests, codec_tests and fuzz_replay_*; ctest lists the
+    echo "tsan: l1, l2, server, http and fuzz-replay unit tests ($dir)"
+    # `make test-tsan` builds only l1_tests, l2_tests, server_tests, http_tests, codec_tests and fuzz_replay_*; ctest lists the
     # other test binaries as *_NOT_BUILT.
     ctest --test-dir "$dir" --output-on-failure -j"$(nproc)" --timeout 900 -E '_NOT_BUILT' \
       || status=1
