@@ -6,7 +6,7 @@ Run with `make e2e` (builds kvd, creates .venv-e2e, runs pytest from it).
   `lmcache server --supported-transfer-mode auto` from .venv-e2e).
 - `model_dir`: one small random-weight Llama-style model per session (model.py).
 - `start_server(**kw)`: starts a CacheServer of `server_kind` (stopped at the end).
-- `start_vllm(settings, name)`: starts one VllmProcess (closed at the end). Only one
+- `start_vllm(settings, name, env=None)`: starts one VllmProcess (closed at the end). Only one
   vLLM runs at a time (the machine is small): starting a second closes nothing, it
   fails the test.
 - `vllm_settings` (from e2e_harness) builds settings for a block size and a server.
@@ -68,10 +68,10 @@ _running: list[VllmProcess] = []
 def start_vllm(logdir):
     mine: list[VllmProcess] = []
 
-    def start(settings: dict, name: str) -> VllmProcess:
+    def start(settings: dict, name: str, env: dict | None = None) -> VllmProcess:
         live = [p for p in _running if p.proc is not None]
         assert not live, "one vLLM at a time: close the previous VllmProcess first"
-        p = VllmProcess(settings, logdir / f"vllm-{name}.log")
+        p = VllmProcess(settings, logdir / f"vllm-{name}.log", env=env)
         _running.append(p)
         mine.append(p)
         try:

@@ -1,0 +1,263 @@
+"""An offline CacheBlend reference: a Llama forward in float64 torch, written from the model's
+config.json and safetensors alone (no vLLM, no kvd_blend code), that computes what a blended
+prefill must give.
+
+    ref = RefLlama(model_dir)
+    src = ref.prefill(context_tokens)               # exact KV of a stored prompt
+    out = ref.blend(tokens, start, segments, reused, check_layer, ratio)
+    out.kept        # positions that ran after the check layer (HKVD: top ceil(ratio * n) reused
+                    # rows by squared K deviation, ties to the earlier row; plus every position
+                    # no segment covers, and the last)
+    ref.greedy(out.cache, n)                        # greedy tokens after the prompt
+
+`reused[p]` is, per layer, the (K before RoPE, V) of the stored token that lands at position p:
+the reused K at p is that K rotated to p (what the server's re-rotation from the old position
+computes, up to rounding). Positions before `start` are a prefix (computed exactly, as a loaded
+prefix is).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass
+
+import torch
+from safetensors.torch import load_file
+
+DT = torch.float64
+
+
+@dataclass
+class LayerCache:
+    k: torch.Tensor  # [n, kvh, d] after RoPE
+    v: torch.Tensor  # [n, kvh, d]
+
+
+@dataclass
+class BlendResult:
+    kept: list[int]
+    cache: list[LayerCache]
+    logits: torch.Tensor
+    deviation: dict[int, float]
+
+
+class RefLlama:
+    def __init__(self, folder: str, dtype: torch.dtype = DT) -> None:
+        self.dtype = dtype
+        with open(os.path.join(folder, "config.json")) as f:
+            c = json.load(f)
+        self.layers = c["num_hidden_layers"]
+        self.heads = c["num_attention_heads"]
+        self.kv_heads = c.get("num_key_value_heads", self.heads)
+        self.head_dim = c.get("head_dim") or c["hidden_size"] // self.heads
+        self.eps = c.get("rms_norm_eps", 1e-6)
+        theta = c.get("rope_theta") or (c.get("rope_parameters") or {}).get("rope_theta", 10000.0)
+        tensors = {}
+        for name in sorted(os.listdir(folder)):
+            if name.endswith(".safetensors"):
+                tensors.update(load_file(os.path.join(folder, name)))
+        self.w = {k: v.to(dtype) for k, v in tensors.items()}
+        if "lm_head.weight" not in self.w:
+            self.w["lm_head.weight"] = self.w["model.embed_tokens.weight"]
+        half = self.head_dim // 2
+        self.inv_freq = (1.0 / (theta ** (torch.arange(0, half, dtype=DT) * 2 / self.head_dim)))
+
+    # --- pieces ----------------------------------------------------------------------------
+
+    def _norm(self, x: torch.Tensor, w: str) -> torch.Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.w[w]
+
+    def rope(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        """NeoX rotation of x [n, h, d] to positions pos [n]."""
+        f = torch.outer(pos.to(DT), self.inv_freq)
+        cos, sin = f.cos()[:, None, :].to(x.dtype), f.sin()[:, None, :].to(x.dtype)
+        half = self.head_dim // 2
+        x1, x2 = x[..., :half], x[..., half:]
+        return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+
+    def _qkv(self, l: int, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        p = f"model.layers.{l}."
+        x = self._norm(h, p + "input_layernorm.weight")
+        q = (x @ self.w[p + "self_attn.q_proj.weight"].T).view(-1, self.heads, self.head_dim)
+        k = (x @ self.w[p + "self_attn.k_proj.weight"].T).view(-1, self.kv_heads, self.head_dim)
+        v = (x @ self.w[p + "self_attn.v_proj.weight"].T).view(-1, self.kv_heads, self.head_dim)
+        return q, k, v
+
+    def _attend(self, l: int, q: torch.Tensor, qpos: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """q [m, H, d] at positions qpos; k, v [n, kvh, d] at positions 0..n-1 (causal by
+        position: query p sees keys 0..p)."""
+        rep = self.heads // self.kv_heads
+        kk = k.repeat_interleave(rep, dim=1).transpose(0, 1)  # [H, n, d]
+        vv = v.repeat_interleave(rep, dim=1).transpose(0, 1)
+        allowed = torch.arange(k.shape[0])[None, :] <= qpos[:, None]  # [m, n]
+        o = torch.nn.functional.scaled_dot_product_attention(
+            q.transpose(0, 1), kk, vv, attn_mask=allowed, scale=1.0 / math.sqrt(self.head_dim))
+        o = o.transpose(0, 1).reshape(q.shape[0], -1)
+        return o @ self.w[f"model.layers.{l}.self_attn.o_proj.weight"].T
+
+    def _mlp(self, l: int, h: torch.Tensor) -> torch.Tensor:
+        p = f"model.layers.{l}."
+        x = self._norm(h, p + "post_attention_layernorm.weight")
+        g = x @ self.w[p + "mlp.gate_proj.weight"].T
+        u = x @ self.w[p + "mlp.up_proj.weight"].T
+        return (torch.nn.functional.silu(g) * u) @ self.w[p + "mlp.down_proj.weight"].T
+
+    def _logits(self, h: torch.Tensor) -> torch.Tensor:
+        return self._norm(h, "model.norm.weight") @ self.w["lm_head.weight"].T
+
+    # --- full prefill ----------------------------------------------------------------------
+
+    def prefill(self, tokens: list[int]) -> tuple[list[LayerCache], list[torch.Tensor], torch.Tensor]:
+        """Exact forward: per layer the cache (K after RoPE, V), per layer K before RoPE, and
+        the last row's logits."""
+        pos = torch.arange(len(tokens))
+        h = self.w["model.embed_tokens.weight"][torch.tensor(tokens)]
+        cache, k_pre = [], []
+        for l in range(self.layers):
+            q, k, v = self._qkv(l, h)
+            k_pre.append(k)
+            q, k = self.rope(q, pos), self.rope(k, pos)
+            cache.append(LayerCache(k, v))
+            h = h + self._attend(l, q, pos, k, v)
+            h = h + self._mlp(l, h)
+        return cache, k_pre, self._logits(h[-1:])[0]
+
+    # --- blended prefill -------------------------------------------------------------------
+
+    def blend(self, tokens: list[int], start: int, reused: dict[int, list[tuple[torch.Tensor, torch.Tensor]]],
+              check_layer: int, ratio: float, policy: str = "hkvd",
+              segments: list[tuple[int, int]] | None = None) -> BlendResult:
+        """policy: hkvd (top ceil(ratio * n) reused rows by deviation, ties to the earlier
+        row), random:SEED (ceil(ratio * n) rows drawn with torch's generator seeded SEED),
+        boundary:K (the first K rows of each segment [cur_st, cur_ed) in `segments`, or of each
+        run of consecutive reused positions when not given)."""
+        return self.blend_many(tokens, start, reused, check_layer, [(ratio, policy)], segments)[0]
+
+    def blend_many(self, tokens: list[int], start: int,
+                   reused: dict[int, list[tuple[torch.Tensor, torch.Tensor]]], check_layer: int,
+                   specs: list[tuple[float, str]],
+                   segments: list[tuple[int, int]] | None = None) -> list[BlendResult]:
+        """blend() for several (ratio, policy) at once: the layers before the check layer are
+        the same for all of them and run once."""
+        n = len(tokens)
+        pos = torch.arange(n)
+        reused_pos = sorted(p for p in reused if p >= start)
+        reused_set = set(reused_pos)
+        rp = torch.tensor(reused_pos, dtype=torch.long)
+        # Per layer, the reused K rotated to its new position, and V.
+        rk = [self.rope(torch.stack([reused[p][l][0] for p in reused_pos]).to(self.dtype), rp)
+              if reused_pos else None for l in range(self.layers)]
+        rv = [torch.stack([reused[p][l][1] for p in reused_pos]).to(self.dtype)
+              if reused_pos else None for l in range(self.layers)]
+        h0 = self.w["model.embed_tokens.weight"][torch.tensor(tokens)]
+        front: list[LayerCache] = []
+        for l in range(min(check_layer, self.layers)):
+            q, k, v = self._qkv(l, h0)
+            q, k = self.rope(q, pos), self.rope(k, pos)
+            front.append(LayerCache(k, v))
+            h0 = h0 + self._attend(l, q, pos, k, v)
+            h0 = h0 + self._mlp(l, h0)
+        out = []
+        for ratio, policy in specs:
+            h, rows, cache = h0, pos.clone(), list(front)
+            kept: list[int] = list(range(n))
+            deviation: dict[int, float] = {}
+            for l in range(len(front), self.layers):
+                q, k, v = self._qkv(l, h)
+                q, k = self.rope(q, rows), self.rope(k, rows)
+                if not reused_pos:
+                    kl, vl = k, v
+                else:
+                    kl = torch.empty(n, self.kv_heads, self.head_dim, dtype=self.dtype)
+                    vl = torch.empty_like(kl)
+                    kl[rp], vl[rp] = rk[l], rv[l]
+                    if l == check_layer:
+                        dev = ((k[rp] - kl[rp]) ** 2).flatten(1).sum(1)
+                        deviation = {p: float(d) for p, d in zip(reused_pos, dev)}
+                        chosen = self._choose(reused_pos, deviation, ratio, policy, segments)
+                        kept = sorted({p for p in range(n) if p not in reused_set} | chosen | {n - 1})
+                        idx = torch.tensor(kept)
+                        q, k, v, h, rows = q[idx], k[idx], v[idx], h[idx], rows[idx]
+                    # The kept rows' fresh KV replaces the reused.
+                    kl[rows] = k
+                    vl[rows] = v
+                    assert len(reused_set | set(rows.tolist())) == n, "a position has no KV"
+                cache.append(LayerCache(kl, vl))
+                h = h + self._attend(l, q, rows, kl, vl)
+                h = h + self._mlp(l, h)
+            out.append(BlendResult(kept=[p for p in kept if p >= start], cache=cache,
+                                   logits=self._logits(h[-1:])[0], deviation=deviation))
+        return out
+
+    @staticmethod
+    def _choose(reused_pos: list[int], deviation: dict[int, float], ratio: float, policy: str,
+                segments: list[tuple[int, int]] | None) -> set[int]:
+        quota = math.ceil(ratio * len(reused_pos) - 1e-9)
+        name, _, arg = policy.partition(":")
+        if name == "hkvd":
+            return set(sorted(reused_pos, key=lambda p: (-deviation[p], p))[:quota])
+        if name == "random":
+            g = torch.Generator().manual_seed(int(arg or 0))
+            pick = torch.randperm(len(reused_pos), generator=g)[:quota].tolist()
+            return {reused_pos[i] for i in pick}
+        if name == "boundary" and segments is not None:
+            return {p for a, b in segments for p in range(a, min(b, a + int(arg)))}
+        if name == "boundary":
+            k, out, prev = int(arg), set(), None
+            run_start = None
+            for p in reused_pos:
+                if prev is None or p != prev + 1:
+                    run_start = p
+                if p - run_start < k:
+                    out.add(p)
+                prev = p
+            return out
+        raise ValueError(f"unknown policy {policy!r}")
+
+    def greedy(self, cache: list[LayerCache], first_logits: torch.Tensor, n_new: int) -> list[int]:
+        """Greedy tokens from the prompt's cache and its last row's logits."""
+        cache = [LayerCache(c.k.clone(), c.v.clone()) for c in cache]
+        out = [int(first_logits.argmax())]
+        while len(out) < n_new:
+            p = cache[0].k.shape[0]
+            pos = torch.tensor([p])
+            h = self.w["model.embed_tokens.weight"][torch.tensor(out[-1:])]
+            for l in range(self.layers):
+                q, k, v = self._qkv(l, h)
+                q, k = self.rope(q, pos), self.rope(k, pos)
+                cache[l] = LayerCache(torch.cat([cache[l].k, k]), torch.cat([cache[l].v, v]))
+                h = h + self._attend(l, q, pos, cache[l].k, cache[l].v)
+                h = h + self._mlp(l, h)
+            out.append(int(self._logits(h)[0].argmax()))
+        return out
+
+    def greedy_many(self, caches: list[list[LayerCache]], first_logits: list[torch.Tensor],
+                    n_new: int) -> list[list[int]]:
+        """greedy() for several prompt caches of the same length at once (one batched step per
+        token instead of one per cache)."""
+        b = len(caches)
+        ks = [torch.stack([c[l].k for c in caches]) for l in range(self.layers)]  # [B, n, kvh, d]
+        vs = [torch.stack([c[l].v for c in caches]) for l in range(self.layers)]
+        outs = [[int(lg.argmax())] for lg in first_logits]
+        rep = self.heads // self.kv_heads
+        while len(outs[0]) < n_new:
+            p = ks[0].shape[1]
+            pos = torch.tensor([p])
+            h = self.w["model.embed_tokens.weight"][torch.tensor([o[-1] for o in outs])]  # [B, hidden]
+            for l in range(self.layers):
+                q, k, v = self._qkv(l, h)  # [B, H|kvh, d]
+                q, k = self.rope(q, pos.expand(b)), self.rope(k, pos.expand(b))
+                ks[l] = torch.cat([ks[l], k[:, None]], dim=1)
+                vs[l] = torch.cat([vs[l], v[:, None]], dim=1)
+                kk = ks[l].repeat_interleave(rep, dim=2).transpose(1, 2)  # [B, H, n+1, d]
+                vv = vs[l].repeat_interleave(rep, dim=2).transpose(1, 2)
+                o = torch.nn.functional.scaled_dot_product_attention(
+                    q[:, :, None, :], kk, vv, scale=1.0 / math.sqrt(self.head_dim))  # [B, H, 1, d]
+                h = h + o.reshape(b, -1) @ self.w[f"model.layers.{l}.self_attn.o_proj.weight"].T
+                h = h + self._mlp(l, h)
+            nxt = self._logits(h).argmax(-1).tolist()
+            for o, t in zip(outs, nxt):
+                o.append(int(t))
+        return outs

