@@ -96,6 +96,7 @@ class _BlendLookups:
         self._results: dict[str, int] = {}
         self.segments: dict[str, list[Segment]] = {}
         self.lookup_end: dict[str, int] = {}
+        self.lookup_ms: dict[str, float] = {}  # submit to answer, for the plan's log line
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
@@ -149,6 +150,7 @@ class _BlendLookups:
             return self._finish(request_id, 0, "lookup_reply", f"unaligned prefix {prefix}")
         if segs:
             self.segments[request_id] = segs
+            self.lookup_ms[request_id] = (time.monotonic() - submitted) * 1e3
             self._stats.lookups_with_segments += 1
         return self._finish(request_id, prefix, None)
 
@@ -168,6 +170,7 @@ class _BlendLookups:
         self.cleanup_lookup_result(request_id)
         self.segments.pop(request_id, None)
         self.lookup_end.pop(request_id, None)
+        self.lookup_ms.pop(request_id, None)
 
 
 class KvdBlendConnector(LMCacheMPConnector):
@@ -275,7 +278,8 @@ class KvdBlendConnector(LMCacheMPConnector):
         self.blend_stats.plans += 1
         self.blend_stats.reused_tokens += reused
         logger.info("kvd_blend: request %s: reusing %d tokens in %d segments of [%d, %d); "
-                    "storing at most %d tokens", req_id, reused, len(usable), num_computed, prompt, cap)
+                    "storing at most %d tokens; lookup %.1f ms", req_id, reused, len(usable),
+                    num_computed, prompt, cap, lookups.lookup_ms.get(req_id, 0.0))
         return BlendRequestPlan(
             req_id=req_id, token_ids=list(tracker.get_token_ids()),
             lookup_end=lookups.lookup_end.get(req_id, 0), start=num_computed, end=prompt,
@@ -286,6 +290,11 @@ class KvdBlendConnector(LMCacheMPConnector):
         if self._blend_lookups is not None:
             self._blend_lookups.forget(request.request_id)
         return super().request_finished(request, block_ids)
+
+    def request_finished_all_groups(self, request: Any, block_ids: Any) -> Any:
+        if self._blend_lookups is not None:
+            self._blend_lookups.forget(request.request_id)
+        return super().request_finished_all_groups(request, block_ids)
 
     # --- worker side --------------------------------------------------------------------------
 
@@ -343,6 +352,7 @@ class KvdBlendConnector(LMCacheMPConnector):
                              cache_salt=plan.cache_salt, request_configs=plan.request_configs)
         matches = [CBMatchResult(old_st=s.old_st, old_ed=s.old_ed, cur_st=s.cur_st, cur_ed=s.cur_ed,
                                  hash=s.hash) for s in plan.segments]
+        t0 = time.monotonic()
         try:
             _, ran = wa.req_client.cb_retrieve_pre_computed(
                 key, matches, plan.block_ids, wa.instance_id, b"").result(
@@ -350,6 +360,7 @@ class KvdBlendConnector(LMCacheMPConnector):
         except Exception as e:  # noqa: BLE001
             self.blend_stats.fallback("retrieve_error", plan.req_id, f"{type(e).__name__}: {e}")
             return False
+        plan.extra["retrieve_ms"] = (time.monotonic() - t0) * 1e3
         if not ran:
             self.blend_stats.fallback("scatter_not_run", plan.req_id,
                                       "the server answered scatter_ran=false")

@@ -29,7 +29,9 @@ Threads: the worker's execution thread only.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
+import os
 from typing import Any
 
 import torch
@@ -38,6 +40,15 @@ from kvd_blend import cpu_layout
 from kvd_blend.plan import BlendRequestPlan, choose_rows, k_deviation, reused_mask, runs
 
 logger = logging.getLogger("vllm.kvd_blend")  # under vLLM's logger: its handlers and level
+
+# Observability and fault injection for tests (read once, when vLLM imports the model):
+#   KVD_BLEND_TRACE=<file>   one JSON line per blended request: its segments and the positions
+#                            that ran after the check layer
+#   KVD_BLEND_FAULT=check_layer   raise inside the check layer's attention, after the reused
+#                            K was read and before the kept rows' KV is written (the fallback
+#                            path must still give an exact prefill)
+_TRACE = os.environ.get("KVD_BLEND_TRACE", "")
+_FAULT = os.environ.get("KVD_BLEND_FAULT", "")
 
 
 class BlendUnsupported(Exception):
@@ -163,9 +174,10 @@ class BlendForward:
         stats = self.conn.blend_stats
         stats.blended_requests += len(blended)
         stats.recomputed_rows += int(state.get("recomputed", 0))
-        logger.info("kvd_blend: blended %s: %d of %d rows run after layer %d (%s)",
+        logger.info("kvd_blend: blended %s: %d of %d rows run after layer %d (%s); retrieve %.1f ms",
                     ",".join(blended), n_rows if keep is None else int(keep.numel()), n_rows,
-                    check, self.cfg.policy)
+                    check, self.cfg.policy,
+                    sum(p.extra.get("retrieve_ms", 0.0) for p, _, _ in blended.values()))
         return hidden
 
     def _match(self, md: Any, input_ids: torch.Tensor, positions: torch.Tensor,
@@ -221,10 +233,14 @@ class BlendForward:
                 old_k = cpu_layout.read_k(attn.kv_cache, slot_mapping[rows])
                 dev[mask] = k_deviation(k3[rows], old_k)
                 chosen = choose_rows(plan, dev, self.cfg)
+                if _TRACE:
+                    _trace(plan, chosen, dev)
                 keep_mask[row0:row0 + n] = False
                 keep_mask[chosen + row0] = True
                 recomputed += int(chosen.numel())
             state["recomputed"] = recomputed
+            if _FAULT == "check_layer":
+                raise RuntimeError("KVD_BLEND_FAULT=check_layer")
             if bool(keep_mask.all()):
                 return original(query, key, value, *args, **kwargs)
             keep = torch.nonzero(keep_mask, as_tuple=False).flatten()
@@ -287,6 +303,14 @@ class BlendForward:
         while self._swapped:
             d, n, v = self._swapped.pop()
             d[n] = v
+
+
+def _trace(plan: BlendRequestPlan, chosen: torch.Tensor, dev: torch.Tensor) -> None:
+    rec = {"req_id": plan.req_id, "start": plan.start, "end": plan.end,
+           "segments": [[s.old_st, s.old_ed, s.cur_st, s.cur_ed] for s in plan.segments],
+           "kept": (chosen + plan.start).tolist(), "deviation": dev.tolist()}
+    with open(_TRACE, "a") as f:
+        f.write(json.dumps(rec) + "\n")
 
 
 def _classes() -> dict[str, type]:
