@@ -193,7 +193,14 @@ class CacheServer:
             return ""
 
 
-def vllm_settings(model: str, block_size: int, server: CacheServer | None = None,
+class ServerAt:
+    """A cache server started elsewhere (try_*.py): all vllm_settings needs of one, its port."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+
+
+def vllm_settings(model: str, block_size: int, server: "CacheServer | ServerAt | None" = None,
                   mode: str = "lmcache_driven", heartbeat: float = 2.0,
                   connector_extra: dict | None = None, engine_args: dict | None = None,
                   kv_cache_memory_bytes: int = 64 << 20, max_model_len: int = 4096) -> dict:

@@ -51,6 +51,10 @@ def _tokens() -> dict[str, list[int]]:
 
 
 T = _tokens()
+# A request that reuses nothing, sent with a blended one: it decodes while the other is blended.
+BESIDE = [t for t in reversed(T["q0"])][:40]
+BESIDE_TOKENS = 128  # it decodes for 128 steps while the other's lookup is answered
+MIXED = "unaligned_docs"  # no stored prefix: no load to wait for before its blended prefill
 CONTEXTS = [T["sys"] + T[f"doc{i}"] + T["tail"] for i in range(1, 5)]
 PROMPTS = {
     "two_docs_reordered": T["sys2"] + T["doc2"] + T["doc1"] + T["q"],
@@ -119,7 +123,9 @@ def kvd_only(server_kind):
 def full_prefill(kvd_only, model_dir, start_vllm) -> dict[str, list[int]]:
     v = start_vllm(vllm_settings(model_dir, BS), "blend-baseline")
     try:
-        return {name: v.generate([p], max_tokens=MAX_TOKENS)[0][0] for name, p in PROMPTS.items()}
+        out = {name: v.generate([p], max_tokens=MAX_TOKENS)[0][0] for name, p in PROMPTS.items()}
+        out["beside"] = v.generate([BESIDE], max_tokens=BESIDE_TOKENS)[0][0]
+        return out
     finally:
         v.close()
 
@@ -142,6 +148,11 @@ def runs(full_prefill, model_dir, start_server, start_vllm, logdir) -> dict[floa
         try:
             outputs = _run(v, PROMPTS)
             metrics = server.metrics()
+            # A blended request in the same batch as one that decodes: the blend starts a step
+            # or two after the other (its lookup is polled), which decodes for 128 steps.
+            v.reset_prefix_cache()
+            both = v.generate([BESIDE, PROMPTS[MIXED]], max_tokens=BESIDE_TOKENS)[0]
+            mixed = {"beside": both[0], MIXED: both[1][:MAX_TOKENS]}
             # A second run of each prompt: what the first one stored (the prefix up to its
             # first reused token) is a prefix hit now, nothing after it.
             hits = {}
@@ -151,7 +162,7 @@ def runs(full_prefill, model_dir, start_server, start_vllm, logdir) -> dict[floa
         finally:
             v.close()
         records = [json.loads(line) for line in trace.read_text().splitlines()] if trace.exists() else []
-        out[ratio] = {"outputs": outputs, "records": records, "metrics": metrics,
+        out[ratio] = {"outputs": outputs, "records": records, "metrics": metrics, "mixed": mixed,
                       "fallbacks": _fallbacks(v.log_path), "hits": hits, "server": server}
         _locks_released(server)
         server.stop()
@@ -180,7 +191,7 @@ def _reference(ref: RefLlama, name: str, start: int, ratio: float):
 
 def test_ratio_one_equals_full_prefill_and_kvd_scattered_every_document(runs, full_prefill):
     r = runs[1.0]
-    assert r["outputs"] == full_prefill
+    assert r["outputs"] == {k: full_prefill[k] for k in PROMPTS}
     assert not r["fallbacks"], r["fallbacks"]
     for name in PROMPTS:
         rec = _record_for(r["records"], name)
@@ -188,6 +199,18 @@ def test_ratio_one_equals_full_prefill_and_kvd_scattered_every_document(runs, fu
     docs = sum(len(s) for s in EXPECTED_SEGMENTS.values())
     assert r["metrics"].get("lmcache_blend_retrieve_chunks_total", 0) == docs
     assert r["metrics"].get("lmcache_blend_scatter_tokens_total", 0) == docs * CHUNK
+
+
+def test_a_blend_beside_a_decoding_request_leaves_it_exact(runs, full_prefill, reference):
+    for ratio in (1.0, 0.0):
+        m = runs[ratio]["mixed"]
+        assert m["beside"] == full_prefill["beside"], f"ratio {ratio}: the other request changed"
+        name = MIXED
+        recs = [r for r in runs[ratio]["records"] if r["end"] == len(PROMPTS[name])
+                and r["batch_rows"] > r["end"] - r["start"]]
+        assert recs, f"ratio {ratio}: the blend never shared its step with another request"
+        want = full_prefill[name] if ratio == 1.0 else _reference(reference, name, recs[0]["start"], 0.0)[1]
+        assert m[name] == want, f"ratio {ratio}: {m[name]} vs {want}"
 
 
 def test_ratio_zero_equals_the_offline_full_reuse_reference(runs, full_prefill, reference):
@@ -275,7 +298,7 @@ def test_a_server_that_cannot_blend_gives_full_prefill(full_prefill, model_dir, 
     # (the adapter then marks it unhealthy and no blend is tried at all).
     v = start_vllm(_blend_settings(model_dir, server, 0.0, heartbeat=10.0), f"blend-{backend}")
     try:
-        assert _run(v, PROMPTS) == full_prefill
+        assert _run(v, PROMPTS) == {k: full_prefill[k] for k in PROMPTS}
         log = v.log_path.read_text(errors="replace")
         if backend == "kvd-without-blend":
             assert "kvd_blend: disabled" in log

@@ -23,12 +23,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent.parent / "bench"))
-from e2e_harness import VllmProcess, vllm_settings  # noqa: E402
-
-
-class _Server:  # what vllm_settings needs of a server
-    def __init__(self, port: int) -> None:
-        self.port = port
+from e2e_harness import ServerAt, VllmProcess, vllm_settings  # noqa: E402
 
 
 def main() -> int:
@@ -50,7 +45,7 @@ def main() -> int:
     target = docs[0]
     question = tok.ids(f"\nWhat is the access code of {target['who']}? Reply with the 4-digit code."
                        f"<|im_end|>\n<|im_start|>assistant\nThe access code of {target['who']} is")
-    settings = vllm_settings(args.model_dir, 32, _Server(args.port), "lmcache_driven", heartbeat=10.0,
+    settings = vllm_settings(args.model_dir, 32, ServerAt(args.port), "lmcache_driven", heartbeat=10.0,
                              kv_cache_memory_bytes=512 << 20, connector_extra={"kvd.blend.enable": True,
                                               "kvd.blend.recompute_ratio": args.ratio})
     settings["connector"].update({"class": "KvdBlendConnector", "module": "kvd_blend.connector"})

@@ -17,13 +17,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from e2e_harness import VllmProcess  # noqa: E402
+from e2e_harness import ServerAt, VllmProcess  # noqa: E402
 from model import write_model  # noqa: E402
-
-
-class _Server:  # what vllm_settings needs of a server
-    def __init__(self, port: int) -> None:
-        self.port = port
 
 
 def main() -> int:
@@ -36,7 +31,7 @@ def main() -> int:
     from e2e_harness import vllm_settings
 
     model = write_model(args.model_dir)
-    settings = vllm_settings(model, args.block_size, _Server(args.port), args.mode, heartbeat=10.0)
+    settings = vllm_settings(model, args.block_size, ServerAt(args.port), args.mode, heartbeat=10.0)
     rng = random.Random(1)
     prompt = [rng.randrange(3, 2000) for _ in range(1000)]
     log = Path(tempfile.gettempdir()) / "kvd-try-vllm.log"

@@ -234,7 +234,7 @@ class BlendForward:
                 dev[mask] = k_deviation(k3[rows], old_k)
                 chosen = choose_rows(plan, dev, self.cfg)
                 if _TRACE:
-                    _trace(plan, chosen, dev)
+                    _trace(plan, chosen, dev, n_rows)
                 keep_mask[row0:row0 + n] = False
                 keep_mask[chosen + row0] = True
                 recomputed += int(chosen.numel())
@@ -305,8 +305,8 @@ class BlendForward:
             d[n] = v
 
 
-def _trace(plan: BlendRequestPlan, chosen: torch.Tensor, dev: torch.Tensor) -> None:
-    rec = {"req_id": plan.req_id, "start": plan.start, "end": plan.end,
+def _trace(plan: BlendRequestPlan, chosen: torch.Tensor, dev: torch.Tensor, batch_rows: int) -> None:
+    rec = {"req_id": plan.req_id, "start": plan.start, "end": plan.end, "batch_rows": batch_rows,
            "segments": [[s.old_st, s.old_ed, s.cur_st, s.cur_ed] for s in plan.segments],
            "kept": (chosen + plan.start).tolist(), "deviation": dev.tolist()}
     with open(_TRACE, "a") as f:
