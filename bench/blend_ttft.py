@@ -7,13 +7,16 @@ prompt size: a system prompt (256 tokens) and 256-token documents, each first st
 behind the system prompt, then a prompt of the system prompt, the documents in reverse order
 and a question. Three vLLM processes, one at a time:
 
-    full      no connector: plain full prefill
+    full      no connector: plain full prefill of the whole prompt
+    prefix    KvdBlendConnector with blend off (what LMCacheMPConnector does): the system
+              prompt's chunk loaded from kvd, everything after it computed; the engine without
+              CacheBlend, and the floor a failed blend is compared with
     blend     KvdBlendConnector, ratio 0.15, check layer 1, kvd --engine-type blend
     failed    the same, with KVD_BLEND_FAULT=check_layer: every blend fails in the check layer
               after the retrieve and the first layers, and falls back to a full prefill
 
-TTFT = wall time of a 1-token generate of the prompt after vLLM's prefix cache is reset,
-median of --reps. kvd's share of a blend TTFT is the plugin's lookup + retrieve time (the
+TTFT = wall time of a 1-token generate after vLLM's prefix cache is reset, median of --reps
+runs, each with the documents in another order (a new prompt every time). kvd's share of a blend TTFT is the plugin's lookup + retrieve time (the
 server round trips, logged by kvd_blend) over the TTFT.
 """
 
@@ -53,12 +56,16 @@ def main() -> int:
     rng = random.Random(3)
     system = Q.make_system(tok)
     sizes = [int(x) for x in args.sizes.split(",")]
+    # One prompt per size and run: the documents in another order each time (rotated), so that
+    # no run is a prefix hit of an earlier one (a repeated prompt would be one for `prefix`).
     prompts, contexts = {}, []
     for size in sizes:
         docs = [Q.make_doc(tok, rng, 256) for _ in range((size - 256) // 256)]
         contexts += [system + d["ids"] for d in docs]
         q = tok.ids(f"\nWhat is the access code of {docs[0]['who']}?<|im_end|>\n<|im_start|>assistant\n")
-        prompts[size] = system + [t for d in reversed(docs) for t in d["ids"]] + q
+        order = list(reversed(docs))
+        prompts[size] = [system + [t for d in order[r:] + order[:r] for t in d["ids"]] + q
+                         for r in range(args.reps)]
     logdir = Path(tempfile.mkdtemp(prefix="kvd-blend-ttft-"))
     print(f"[blend-ttft] logs in {logdir}", file=sys.stderr)
     results: dict[str, dict[int, list[float]]] = {}
@@ -66,15 +73,15 @@ def main() -> int:
 
     def measure(v: VllmProcess, name: str) -> None:
         results[name] = {}
-        for size, p in prompts.items():
+        for size, ps in prompts.items():
             times = []
-            for _ in range(args.reps):
+            for p in ps:
                 v.reset_prefix_cache()
                 t0 = time.monotonic()
                 v.generate([p], max_tokens=1)
                 times.append(time.monotonic() - t0)
             results[name][size] = times
-            print(f"[blend-ttft] {name} {len(p)} tokens: median {statistics.median(times):.3f} s "
+            print(f"[blend-ttft] {name} {len(ps[0])} tokens: median {statistics.median(times):.3f} s "
                   f"({', '.join(f'{t:.2f}' for t in times)})", file=sys.stderr)
 
     v = VllmProcess(vllm_settings(args.model, 32, max_model_len=8192, kv_cache_memory_bytes=1 << 30), logdir / "vllm-full.log").start()
@@ -82,10 +89,11 @@ def main() -> int:
         measure(v, "full")
     finally:
         v.close()
-    for name, env in (("blend", {}), ("failed", {"KVD_BLEND_FAULT": "check_layer"})):
+    for name, env in (("prefix", {}), ("blend", {}), ("failed", {"KVD_BLEND_FAULT": "check_layer"})):
         server = CacheServer("kvd", logdir, l1_size_gb=2.0, extra_args=["--engine-type", "blend"]).start()
         s = vllm_settings(args.model, 32, server, max_model_len=8192, kv_cache_memory_bytes=1 << 30,
-                          connector_extra={"kvd.blend.enable": True, "kvd.blend.recompute_ratio": args.ratio})
+                          connector_extra={"kvd.blend.enable": name != "prefix",
+                                           "kvd.blend.recompute_ratio": args.ratio})
         s["connector"].update({"class": "KvdBlendConnector", "module": "kvd_blend.connector"})
         v = VllmProcess(s, logdir / f"vllm-{name}.log", env=env).start()
         try:
@@ -107,14 +115,18 @@ def main() -> int:
 
     print(f"\n{args.reps} runs per cell (median), SmolLM2-135M-Instruct float32, block 32, "
           f"ratio {args.ratio}, check layer 1\n")
-    print("| prompt tokens | full prefill | blend | speedup | kvd share of blend TTFT | failed blend | failed / full |")
-    print("|---|---|---|---|---|---|---|")
-    for size, p in prompts.items():
+    print("| prompt tokens | full prefill | prefix from kvd, rest computed | blend | speedup vs full "
+          "| speedup vs prefix | kvd share of blend TTFT | failed blend | failed / prefix |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for size, ps in prompts.items():
+        p = ps[0]
         f = statistics.median(results["full"][size])
+        pf = statistics.median(results["prefix"][size])
         b = statistics.median(results["blend"][size])
         x = statistics.median(results["failed"][size])
         sh = statistics.median(shares[size]) if shares[size] else float("nan")
-        print(f"| {len(p)} | {f:.3f} s | {b:.3f} s | {f / b:.2f}x | {sh * 100:.1f}% | {x:.3f} s | {x / f:.3f} |")
+        print(f"| {len(p)} | {f:.3f} s | {pf:.3f} s | {b:.3f} s | {f / b:.2f}x | {pf / b:.2f}x | "
+              f"{sh * 100:.1f}% | {x:.3f} s | {x / pf:.3f} |")
     return 0
 
 
