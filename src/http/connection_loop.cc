@@ -485,13 +485,16 @@ void ConnectionLoop::Dispatch(Conn& c) {
   const size_t size = c.framer.request_size();
   Job job;
   job.conn = c.id;
-  job.request = c.in.substr(0, size);
+  // The request's bytes move to the job (a body may be 64 MiB): only what follows it, a
+  // pipelined next request, is copied back.
+  job.request = std::move(c.in);
+  c.in.assign(job.request, size);
+  job.request.resize(size);
   job.peer_ip = c.peer_ip;
   job.peer_port = c.peer_port;
   job.local_ip = c.local_ip;
   job.local_port = c.local_port;
   job.close_after = stop_requested_.load() || c.served + 1 >= limits_.max_requests_per_connection;
-  c.in.erase(0, size);
   c.in_flight = size;  // still counted in buffered_ until its answer comes back
   c.framer.Reset();
   c.started = false;
