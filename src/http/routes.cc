@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstdlib>
 #include <optional>
 #include <string_view>
 
@@ -71,9 +70,7 @@ AdminRequest AdminView(const httplib::Request& req) {
   a.origin = header("Origin");
   a.authorization = header("Authorization");
   a.content_type = header("Content-Type").value_or("");
-  const auto length = header("Content-Length");
-  a.has_body = header("Transfer-Encoding").has_value() ||
-               (length && std::strtoull(std::string(*length).c_str(), nullptr, 10) > 0);
+  a.has_body = req.has_header("Transfer-Encoding") || req.get_header_value<uint64_t>("Content-Length") > 0;
   return a;
 }
 
