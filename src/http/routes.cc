@@ -27,6 +27,14 @@ bool ReadBody(const httplib::Request& req, const httplib::ContentReader& reader,
   return !too_big;
 }
 
+// An error answer: `status`, {"detail": detail}, not to be cached.
+void SendDetail(httplib::Response& res, int status, const std::string& detail) {
+  res.status = status;
+  res.set_header("Cache-Control", "no-store");
+  res.set_content(nlohmann::json{{"detail", detail}}.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace),
+                  "application/json");
+}
+
 // `fallback`: the handler answers 405/404 whatever the body is.
 httplib::Server::HandlerWithContentReader WithBody(Router::BodyHandler h, bool fallback = false) {
   return [h = std::move(h), fallback](const httplib::Request& req, httplib::Response& res,
@@ -39,19 +47,13 @@ httplib::Server::HandlerWithContentReader WithBody(Router::BodyHandler h, bool f
         h(req, res, std::string());
         return;
       }
-      res.status = 415;
-      res.set_header("Cache-Control", "no-store");
-      res.set_content(nlohmann::json{{"detail", "Unsupported Media Type: the body is JSON, not "
-                                                "multipart/form-data"}}.dump(),
-                      "application/json");
+      SendDetail(res, 415, "Unsupported Media Type: the body is JSON, not multipart/form-data");
       return;
     }
     std::string body;
     if (!ReadBody(req, reader, &body)) {
-      res.status = 413;
-      res.set_header("Cache-Control", "no-store");
       res.set_header("Connection", "close");
-      res.set_content(nlohmann::json{{"detail", "request body too large"}}.dump(), "application/json");
+      SendDetail(res, 413, "request body too large");
       return;
     }
     h(req, res, body);
@@ -90,13 +92,9 @@ httplib::Server::HandlerWithContentReader Router::Guarded(BodyHandler h) {
         spdlog::warn("http: {} {} from {} refused ({}): {}", req.method, req.path, req.remote_addr,
                      refusal->status, refusal->detail);
       }
-      res.status = refusal->status;
-      res.set_header("Cache-Control", "no-store");
       if (view.has_body) res.set_header("Connection", "close");  // the body is not read
       if (refusal->bearer_challenge) res.set_header("WWW-Authenticate", "Bearer realm=\"kvd\"");
-      res.set_content(nlohmann::json{{"detail", refusal->detail}}.dump(
-                          -1, ' ', false, nlohmann::json::error_handler_t::replace),
-                      "application/json");
+      SendDetail(res, refusal->status, refusal->detail);
       return;
     }
     body(req, res, reader);
