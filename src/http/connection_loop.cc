@@ -276,11 +276,7 @@ void ConnectionLoop::Run() {
       ::close(listen_fd_);
       listen_fd_ = -1;
       accept_paused_ = false;
-      std::vector<uint64_t> idle;
-      for (const auto& [id, c] : conns_) {
-        if (c->state != Conn::State::kBusy && c->state != Conn::State::kWriting) idle.push_back(id);
-      }
-      for (uint64_t id : idle) Close(id);
+      CloseWaiting();
     }
     if (stopping && (conns_.empty() || now >= stop_deadline)) return;
     const int timeout = stopping ? 50 : NextTimeoutMs(now);
@@ -304,14 +300,8 @@ void ConnectionLoop::Run() {
     }
     TakeResponses(now);
     CheckDeadlines(now);
-    if (stopping) {
-      // Connections that finished writing their last answer are closed, not kept alive.
-      std::vector<uint64_t> done;
-      for (const auto& [id, c] : conns_) {
-        if (c->state == Conn::State::kReading || c->state == Conn::State::kDraining) done.push_back(id);
-      }
-      for (uint64_t id : done) Close(id);
-    }
+    // Connections that finished writing their last answer are closed, not kept alive.
+    if (stopping) CloseWaiting();
   }
 }
 
@@ -364,6 +354,14 @@ void ConnectionLoop::Accept(Clock::time_point now) {
     stats_.open.fetch_add(1, std::memory_order_relaxed);
     Watch(ref, EPOLLIN);
   }
+}
+
+void ConnectionLoop::CloseWaiting() {
+  std::vector<uint64_t> waiting;
+  for (const auto& [id, c] : conns_) {
+    if (c->state == Conn::State::kReading || c->state == Conn::State::kDraining) waiting.push_back(id);
+  }
+  for (uint64_t id : waiting) Close(id);
 }
 
 void ConnectionLoop::PauseAccept(Clock::time_point now) {

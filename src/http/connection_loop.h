@@ -149,6 +149,8 @@ class ConnectionLoop {
   bool EvictOldestWaiting(const std::string* peer);
   void Watch(Conn& c, uint32_t events);
   void Close(uint64_t id);
+  // Closes every connection not being served or answered (reading or draining): stopping.
+  void CloseWaiting();
   void PauseAccept(Clock::time_point now);
   void Wake();
   // Handler threads.
