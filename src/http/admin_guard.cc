@@ -117,9 +117,9 @@ bool SameOrigin(std::string_view origin, std::string_view host_header) {
   const std::string_view authority = origin.substr(kScheme.size());
   if (authority.find_first_of("/?#@") != std::string_view::npos) return false;
   const int origin_port = PortOfAuthority(authority, 80);
-  const int host_port = PortOfAuthority(host_header, 80);
-  return origin_port >= 0 && origin_port == host_port &&
-         HostOfAuthority(authority) == HostOfAuthority(host_header) && !HostOfAuthority(authority).empty();
+  if (origin_port < 0 || origin_port != PortOfAuthority(host_header, 80)) return false;
+  const std::string host = HostOfAuthority(authority);
+  return !host.empty() && host == HostOfAuthority(host_header);
 }
 
 bool IsJsonMediaType(std::string_view content_type) {
