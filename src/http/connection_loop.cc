@@ -500,7 +500,6 @@ void ConnectionLoop::Dispatch(Conn& c) {
   c.state = Conn::State::kBusy;
   Watch(c, 0);
   const bool first = IsHealthcheck(job.request);
-  stats_.requests.fetch_add(1, std::memory_order_relaxed);
   {
     MutexLock lock(&jobs_mu_);
     if (first) {

@@ -80,7 +80,6 @@ struct ConnectionStats {
   std::atomic<uint64_t> accepted{0};
   std::atomic<uint64_t> closed{0};
   std::atomic<uint64_t> open{0};
-  std::atomic<uint64_t> requests{0};        // handed to the routes
   std::atomic<uint64_t> timed_out{0};       // 408: a request not whole within the timeout
   std::atomic<uint64_t> idle_closed{0};     // no request within the idle timeout
   std::atomic<uint64_t> refused{0};         // 4xx/5xx before routing: bounds, malformed, 503
