@@ -128,7 +128,7 @@ def _as_int(key: str, v: Any, lo: int) -> int:
         i = int(v)
     except (TypeError, ValueError):
         raise ValueError(f"{key} must be an integer, got {v!r}") from None
-    if isinstance(v, float) and v != i or isinstance(v, bool):
+    if isinstance(v, bool) or (isinstance(v, float) and v != i):
         raise ValueError(f"{key} must be an integer, got {v!r}")
     if i < lo:
         raise ValueError(f"{key} must be >= {lo}, got {v!r}")

@@ -63,14 +63,9 @@ PROTOCOL_VERSION = 1
 
 @dataclass
 class BlendStats:
-    """Counters of one process (scheduler or worker), logged; the tests read the log lines."""
+    """Fallbacks of one process (scheduler or worker), by reason; each is logged with its
+    running total (the tests read the log lines)."""
 
-    lookups: int = 0
-    lookups_with_segments: int = 0
-    plans: int = 0
-    reused_tokens: int = 0
-    recomputed_rows: int = 0
-    blended_requests: int = 0
     fallbacks: dict[str, int] = field(default_factory=dict)
 
     def fallback(self, reason: str, req_id: str, detail: str = "") -> None:
@@ -85,9 +80,8 @@ class _BlendLookups:
     Wraps lmcache's LMCacheMPSchedulerAdapter (every other method is the wrapped one's). One
     server only (blend has no multi-server reconciliation)."""
 
-    def __init__(self, inner: Any, cfg: BlendConfig, stats: BlendStats) -> None:
+    def __init__(self, inner: Any, stats: BlendStats) -> None:
         self._inner = inner
-        self._cfg = cfg
         self._stats = stats
         self._client = next(iter(inner.req_clients.values()))
         self._mq_timeout = float(getattr(inner, "_mq_timeout", 30.0))
@@ -117,7 +111,6 @@ class _BlendLookups:
         self.lookup_end[request_id] = end
         self._pending[request_id] = (self._client.cb_unified_lookup(key, inner.tp_size), key,
                                      time.monotonic())
-        self._stats.lookups += 1
 
     def check_lookup_result(self, request_id: str) -> int | None:
         if request_id in self._results:
@@ -151,7 +144,6 @@ class _BlendLookups:
         if segs:
             self.segments[request_id] = segs
             self.lookup_ms[request_id] = (time.monotonic() - submitted) * 1e3
-            self._stats.lookups_with_segments += 1
         return self._finish(request_id, prefix, None)
 
     def _finish(self, request_id: str, value: int, reason: str | None, detail: str = "") -> int:
@@ -183,7 +175,6 @@ class KvdBlendConnector(LMCacheMPConnector):
         self.blend_stats = BlendStats()
         self._vllm_config = vllm_config
         self._blend_lookups: _BlendLookups | None = None
-        self._rope_registered = False
         self._rope_shm: Any = None  # keeps the shared-memory cos/sin table alive
         self.blend_active = False
         if not self.blend_config.enable:
@@ -195,7 +186,7 @@ class KvdBlendConnector(LMCacheMPConnector):
                 return
             if not self._handshake(next(iter(adapter.req_clients.values()))):
                 return
-            self._blend_lookups = _BlendLookups(adapter, self.blend_config, self.blend_stats)
+            self._blend_lookups = _BlendLookups(adapter, self.blend_stats)
             self.scheduler_adapter = self._blend_lookups
             self.blend_active = True
             logger.info("kvd_blend: scheduler on: check_layer=%d ratio=%.3f policy=%s "
@@ -265,18 +256,15 @@ class KvdBlendConnector(LMCacheMPConnector):
         usable = usable_segments(segs, num_computed, prompt)
         reused = sum(s.num_tokens for s in usable)
         if reused < max(1, self.blend_config.min_reused_tokens):
-            if segs:
-                logger.info("kvd_blend: request %s: %d reusable tokens after position %d, below "
-                            "min_reused_tokens=%d: normal prefill", req_id, reused, num_computed,
-                            self.blend_config.min_reused_tokens)
+            logger.info("kvd_blend: request %s: %d reusable tokens after position %d, below "
+                        "min_reused_tokens=%d: normal prefill", req_id, reused, num_computed,
+                        self.blend_config.min_reused_tokens)
             return None
         # Nothing from the first reused token on is stored: its KV is approximate.
         chunk = self.scheduler_adapter.lmcache_tokens_per_chunk
         cap = usable[0].cur_st // chunk * chunk
         tracker.max_offload_tokens = cap if tracker.max_offload_tokens is None else min(
             tracker.max_offload_tokens, cap)
-        self.blend_stats.plans += 1
-        self.blend_stats.reused_tokens += reused
         logger.info("kvd_blend: request %s: reusing %d tokens in %d segments of [%d, %d); "
                     "storing at most %d tokens; lookup %.1f ms", req_id, reused, len(usable),
                     num_computed, prompt, cap, lookups.lookup_ms.get(req_id, 0.0))
@@ -311,15 +299,15 @@ class KvdBlendConnector(LMCacheMPConnector):
         hf = mc.hf_text_config
         head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
         try:
+            if any(t.device.type != "cpu" for t in kv_caches.values()):
+                raise RuntimeError("kvd_blend registers its rope table from CPU memory only for now")
             rope = get_rope(head_dim, max_position=hf.max_position_embeddings,
                             is_neox_style=True, rope_parameters=getattr(hf, "rope_parameters", None),
                             dtype=mc.dtype)
             cos_sin = rope.cos_sin_cache.detach().to(torch.float32).contiguous().clone()
-            if any(t.device.type != "cpu" for t in kv_caches.values()):
-                raise RuntimeError("kvd_blend registers its rope table from CPU memory only for now")
             self._rope_shm = CpuShmTensorWrapper.wrap(cos_sin)
             rot = int(cos_sin.shape[1])
-            n_groups = max(1, len(getattr(self.worker_adapter, "engine_group_infos", []) or [None]))
+            n_groups = len(getattr(self.worker_adapter, "engine_group_infos", None) or ()) or 1
             self.worker_adapter.req_client.cb_register_rope(
                 self.worker_adapter.instance_id, [self._rope_shm], head_dim, True, [0] * n_groups,
                 [[0, rot]] * n_groups, [head_dim] * n_groups).result(timeout=60)
@@ -328,7 +316,6 @@ class KvdBlendConnector(LMCacheMPConnector):
             logger.warning("kvd_blend: disabled on this worker: cb_register_rope failed (%s: %s)",
                            type(e).__name__, e)
             return
-        self._rope_registered = True
         logger.info("kvd_blend: worker on: rope registered (head_dim=%d, rotary dims=%d, %d positions)",
                     head_dim, rot, cos_sin.shape[0])
 
@@ -352,7 +339,6 @@ class KvdBlendConnector(LMCacheMPConnector):
                              cache_salt=plan.cache_salt, request_configs=plan.request_configs)
         matches = [CBMatchResult(old_st=s.old_st, old_ed=s.old_ed, cur_st=s.cur_st, cur_ed=s.cur_ed,
                                  hash=s.hash) for s in plan.segments]
-        t0 = time.monotonic()
         try:
             _, ran = wa.req_client.cb_retrieve_pre_computed(
                 key, matches, plan.block_ids, wa.instance_id, b"").result(
@@ -360,7 +346,6 @@ class KvdBlendConnector(LMCacheMPConnector):
         except Exception as e:  # noqa: BLE001
             self.blend_stats.fallback("retrieve_error", plan.req_id, f"{type(e).__name__}: {e}")
             return False
-        plan.extra["retrieve_ms"] = (time.monotonic() - t0) * 1e3
         if not ran:
             self.blend_stats.fallback("scatter_not_run", plan.req_id,
                                       "the server answered scatter_ran=false")

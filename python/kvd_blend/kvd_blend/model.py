@@ -32,6 +32,7 @@ import dataclasses
 import json
 import logging
 import os
+import time
 from typing import Any
 
 import torch
@@ -104,7 +105,7 @@ class BlendForward:
         self.cfg = conn.blend_config
         self.plans = dict(plans)
         self._swapped: list[tuple[dict, str, Any]] = []
-        self._patched: list[tuple[Any, Any]] = []
+        self._patched: list[Any] = []  # attention modules whose forward is intercepted
 
     # --- the loop -----------------------------------------------------------------------------
 
@@ -142,26 +143,28 @@ class BlendForward:
             raise BlendUnsupported("padded, non-causal or dynamically causal batch")
 
         rows_of = self._match(md, input_ids, positions, attns[0].kv_cache.shape[2])
-        blended: dict[str, tuple[BlendRequestPlan, int, int]] = {}
-        for rid, (i, row0) in rows_of.items():
+        blended: dict[str, tuple[BlendRequestPlan, int]] = {}  # plan, its first row
+        t0 = time.monotonic()
+        for rid, row0 in rows_of.items():
             plan = self.plans[rid]
             if self.conn.retrieve_non_prefix(plan):
-                blended[rid] = (plan, i, row0)
-        self.plans = {}  # from here on, failures are counted per blended request
+                blended[rid] = (plan, row0)
+        retrieve_ms = (time.monotonic() - t0) * 1e3
+        # From here on, failures are counted per blended request.
+        self.plans = {rid: p for rid, (p, _) in blended.items()}
         if not blended:
             return None
-        self.plans = {rid: p for rid, (p, _, _) in blended.items()}
 
         hidden = model.embed_input_ids(input_ids) if inputs_embeds is None else inputs_embeds
         residual = None
         for layer in layers[:check]:
             hidden, residual = layer(positions, hidden, residual)
 
-        state: dict[str, Any] = {}
-        self._intercept(attns[check], md, fc, names, blended, positions, state)
+        kept: dict[str, torch.Tensor] = {}  # "keep": the rows that go on, unless all of them
+        self._intercept(attns[check], md, fc, names, blended, positions, kept)
         hidden, residual = layers[check](positions, hidden, residual)
         self._unintercept()
-        keep = state.get("keep")
+        keep = kept.get("keep")
         if keep is not None:
             hidden, residual, positions = hidden[keep], residual[keep], positions[keep]
         for layer in layers[check + 1:]:
@@ -171,22 +174,18 @@ class BlendForward:
             full = hidden.new_zeros((n_rows, hidden.shape[1]))
             full[keep] = hidden
             hidden = full
-        stats = self.conn.blend_stats
-        stats.blended_requests += len(blended)
-        stats.recomputed_rows += int(state.get("recomputed", 0))
         logger.info("kvd_blend: blended %s: %d of %d rows run after layer %d (%s); retrieve %.1f ms",
                     ",".join(blended), n_rows if keep is None else int(keep.numel()), n_rows,
-                    check, self.cfg.policy,
-                    sum(p.extra.get("retrieve_ms", 0.0) for p, _, _ in blended.values()))
+                    check, self.cfg.policy, retrieve_ms)
         return hidden
 
     def _match(self, md: Any, input_ids: torch.Tensor, positions: torch.Tensor,
-               block_size: int) -> dict[str, tuple[int, int]]:
-        """plan -> (batch index, first row); a plan that does not match exactly one request of
+               block_size: int) -> dict[str, int]:
+        """plan -> its first row in the batch; a plan that does not match exactly one request of
         the batch is dropped (counted)."""
         qsl = md.query_start_loc.tolist()
         seq = md.seq_lens.tolist()
-        out: dict[str, tuple[int, int]] = {}
+        out: dict[str, int] = {}
         taken: set[int] = set()
         for rid, plan in list(self.plans.items()):
             n = plan.end - plan.start
@@ -208,24 +207,23 @@ class BlendForward:
                                                f"{len(hits)} requests of the batch match its plan")
                 continue
             taken.add(hits[0])
-            out[rid] = (hits[0], qsl[hits[0]])
+            out[rid] = qsl[hits[0]]
         return out
 
     # --- the check layer ----------------------------------------------------------------------
 
     def _intercept(self, attn: Any, md: Any, fc: Any, names: list[str],
-                   blended: dict[str, tuple[BlendRequestPlan, int, int]],
-                   positions: torch.Tensor, state: dict[str, Any]) -> None:
+                   blended: dict[str, tuple[BlendRequestPlan, int]],
+                   positions: torch.Tensor, kept: dict[str, torch.Tensor]) -> None:
         original = attn.forward
         n_rows = int(md.num_actual_tokens)
 
         def check_forward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                           *args: Any, **kwargs: Any) -> torch.Tensor:
             keep_mask = torch.ones(n_rows, dtype=torch.bool)
-            recomputed = 0
             slot_mapping = fc.slot_mapping[attn.layer_name]
             k3 = key.view(n_rows, attn.num_kv_heads, attn.head_size)
-            for plan, _, row0 in blended.values():
+            for plan, row0 in blended.values():
                 n = plan.end - plan.start
                 mask = reused_mask(plan)
                 rows = torch.nonzero(mask, as_tuple=False).flatten() + row0
@@ -237,14 +235,12 @@ class BlendForward:
                     _trace(plan, chosen, dev, n_rows)
                 keep_mask[row0:row0 + n] = False
                 keep_mask[chosen + row0] = True
-                recomputed += int(chosen.numel())
-            state["recomputed"] = recomputed
             if _FAULT == "check_layer":
                 raise RuntimeError("KVD_BLEND_FAULT=check_layer")
             if bool(keep_mask.all()):
                 return original(query, key, value, *args, **kwargs)
             keep = torch.nonzero(keep_mask, as_tuple=False).flatten()
-            state["keep"] = keep
+            kept["keep"] = keep
             self._swap(fc, names, self._subset_metadata(md, attn, keep, keep_mask, positions,
                                                         query.dtype), slot_mapping[keep])
             out = original(query[keep], key[keep], value[keep], *args, **kwargs)
@@ -253,12 +249,11 @@ class BlendForward:
             return full
 
         attn.forward = check_forward
-        self._patched.append((attn, original))
+        self._patched.append(attn)
 
     def _unintercept(self) -> None:
         while self._patched:
-            attn, _ = self._patched.pop()
-            del attn.forward  # the instance attribute; the class method shows again
+            del self._patched.pop().forward  # the instance attribute; the class method shows again
 
     def _subset_metadata(self, md: Any, attn: Any, keep: torch.Tensor, keep_mask: torch.Tensor,
                          positions: torch.Tensor, dtype: torch.dtype) -> Any:

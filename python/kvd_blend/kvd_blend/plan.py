@@ -19,7 +19,7 @@ how the engine's attention kernels see a chunk of a prefill).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -56,11 +56,6 @@ class BlendRequestPlan:
     block_ids: list[list[int]]    # per KV cache group, the request's blocks from position 0
     cache_salt: str = ""
     request_configs: dict[str, Any] | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def reused_tokens(self) -> int:
-        return sum(s.num_tokens for s in self.segments)
 
 
 def usable_segments(segments: list[Segment], start: int, end: int) -> list[Segment]:
