@@ -8,7 +8,7 @@ prefill must give.
     out.kept        # positions that ran after the check layer (HKVD: top ceil(ratio * n) reused
                     # rows by squared K deviation, ties to the earlier row; plus every position
                     # no segment covers, and the last)
-    ref.greedy(out.cache, n)                        # greedy tokens after the prompt
+    ref.greedy(out.cache, out.logits, n)            # greedy tokens after the prompt
 
 `reused[p]` is, per layer, the (K before RoPE, V) of the stored token that lands at position p:
 the reused K at p is that K rotated to p (what the server's re-rotation from the old position
@@ -218,20 +218,7 @@ class RefLlama:
 
     def greedy(self, cache: list[LayerCache], first_logits: torch.Tensor, n_new: int) -> list[int]:
         """Greedy tokens from the prompt's cache and its last row's logits."""
-        cache = [LayerCache(c.k.clone(), c.v.clone()) for c in cache]
-        out = [int(first_logits.argmax())]
-        while len(out) < n_new:
-            p = cache[0].k.shape[0]
-            pos = torch.tensor([p])
-            h = self.w["model.embed_tokens.weight"][torch.tensor(out[-1:])]
-            for l in range(self.layers):
-                q, k, v = self._qkv(l, h)
-                q, k = self.rope(q, pos), self.rope(k, pos)
-                cache[l] = LayerCache(torch.cat([cache[l].k, k]), torch.cat([cache[l].v, v]))
-                h = h + self._attend(l, q, pos, cache[l].k, cache[l].v)
-                h = h + self._mlp(l, h)
-            out.append(int(self._logits(h)[0].argmax()))
-        return out
+        return self.greedy_many([cache], [first_logits], n_new)[0]
 
     def greedy_many(self, caches: list[list[LayerCache]], first_logits: list[torch.Tensor],
                     n_new: int) -> list[list[int]]:
