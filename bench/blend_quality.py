@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import random
 import statistics
@@ -46,6 +45,7 @@ REPO = HERE.parent
 sys.path.insert(0, str(REPO / "tests" / "e2e"))
 
 from blend_reference import RefLlama  # noqa: E402
+from smollm2 import default_out_dir  # noqa: E402
 
 CHUNK = 256
 SYLLABLES = ["ka", "ren", "to", "mi", "sol", "var", "el", "dor", "an", "qui", "bel", "tes", "ro",
@@ -118,8 +118,7 @@ def kl(p_logits: torch.Tensor, q_logits: torch.Tensor) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default=os.environ.get("KVD_E2E_SMOLLM2_DIR",
-                                                      str(REPO / ".cache" / "smollm2-135m-instruct-f32")))
+    ap.add_argument("--model", default=str(default_out_dir()))
     ap.add_argument("--n", type=int, default=100, help="prompts (default 100)")
     ap.add_argument("--pool", type=int, default=40, help="documents in the pool (default 40)")
     ap.add_argument("--check-layer", type=int, default=1)

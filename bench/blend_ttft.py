@@ -23,6 +23,7 @@ server round trips, logged by kvd_blend) over the TTFT.
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import re
 import statistics
@@ -37,6 +38,7 @@ sys.path.insert(0, str(REPO / "tests" / "e2e"))
 sys.path.insert(0, str(HERE))
 
 from e2e_harness import CacheServer, VllmProcess, vllm_settings  # noqa: E402
+from smollm2 import default_out_dir  # noqa: E402
 
 
 def main() -> int:
@@ -44,13 +46,11 @@ def main() -> int:
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--kvd", default=str(REPO / "build" / "kvd"))
-    ap.add_argument("--model", default=str(REPO / ".cache" / "smollm2-135m-instruct-f32"))
+    ap.add_argument("--model", default=str(default_out_dir()))
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--sizes", default="2048,4096")
     ap.add_argument("--ratio", type=float, default=0.15)
     args = ap.parse_args()
-    import os  # noqa: PLC0415
-
     os.environ["KVD_E2E_KVD_BIN"] = args.kvd
     tok = Q.Tok(args.model)
     rng = random.Random(3)
