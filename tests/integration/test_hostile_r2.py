@@ -93,6 +93,274 @@ def test_r2_finding5_model_names_that_collide_in_tier_keys_are_refused(tmp_path)
 
 
 # ---------------------------------------------------------------------------------------
+# Finding 7: Connections — no cap, no descriptor reserve, a busy loop on EMFILE, metrics
+# that miss how connections end
+# ---------------------------------------------------------------------------------------
+
+_ZMTP_GREETING = b"\xff" + b"\x00" * 8 + b"\x7f" + b"\x03\x00" + b"NULL" + b"\x00" * 16 + b"\x00" * 32
+_READY_BODY = b"\x05READY" + b"\x0bSocket-Type" + (6).to_bytes(4, "big") + b"DEALER"
+_ZMTP_READY = b"\x04" + bytes([len(_READY_BODY)]) + _READY_BODY
+
+
+def _raw_zmtp(port: int, handshake: bool = False):
+    """A raw TCP connection to the request port; with `handshake`, it sends a DEALER's greeting
+    and READY (and then nothing, as an idle client)."""
+    import socket
+
+    s = socket.create_connection(("127.0.0.1", port), timeout=5)
+    if handshake:
+        s.sendall(_ZMTP_GREETING + _ZMTP_READY)
+    return s
+
+
+def _closed_by_kvd(s, timeout: float) -> bool:
+    """Whether kvd closes `s` within `timeout` (what it sent before, greeting and READY, is
+    read and dropped)."""
+    import socket
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        s.settimeout(left)
+        try:
+            if not s.recv(4096):
+                return True
+        except socket.timeout:
+            return False
+        except OSError:  # reset
+            return True
+
+
+def _zmtp_metrics(kvd) -> dict[str, float]:
+    """kvd_zmtp_* samples of /metrics, keyed by name{labels}."""
+    status, _, text = kvd.get("/metrics")
+    assert status == 200
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("kvd_zmtp_"):
+            name, value = line.rsplit(" ", 1)
+            out[name] = float(value)
+    return out
+
+
+def _client_works(kvd, timeout_ms: int = 3000) -> bool:
+    try:
+        return F.raw_requests(kvd.url, [F.OP_GET_CHUNK_SIZE], timeout_ms=timeout_ms)[0] == H.CHUNK_SIZE
+    except TimeoutError:
+        return False
+
+
+def test_r2_finding7_connections_beyond_the_per_address_cap_are_closed(tmp_path):
+    """--max-connections-per-address 4: of 10 connections that never finish their handshake,
+    the oldest are closed as new ones come (at most 4 stay), and a real client still gets in
+    (it replaces the oldest unfinished handshake). Four connections that finished their
+    handshake are never closed for a newcomer: the fifth is closed at once (counted as
+    rejected), and gets in once one of them leaves. Before: no cap at all."""
+    import time
+
+    kvd = F.Kvd(tmp_path / "kvd.log", extra=["--max-connections-per-address", "4"]).start()
+    socks = []
+    try:
+        raw = [_raw_zmtp(kvd.port) for _ in range(10)]
+        socks += raw
+        time.sleep(0.5)
+        closed = [s for s in raw if _closed_by_kvd(s, 0.2)]
+        assert len(closed) == 6, len(closed)
+        assert closed == raw[:6], "the oldest unfinished handshakes go first"
+        assert _client_works(kvd)
+        m = _zmtp_metrics(kvd)
+        assert m['kvd_zmtp_connections_evicted_total'] >= 7, m
+
+        for s in raw:
+            s.close()
+        idle = [_raw_zmtp(kvd.port, handshake=True) for _ in range(4)]
+        socks += idle
+        time.sleep(0.3)
+        assert not _client_works(kvd, timeout_ms=1000)
+        assert not any(_closed_by_kvd(s, 0.1) for s in idle), "a handshaked connection was closed"
+        m = _zmtp_metrics(kvd)
+        assert m['kvd_zmtp_connections_rejected_total{reason="per_address"}'] >= 1, m
+        idle[0].close()
+        time.sleep(0.3)
+        assert _client_works(kvd)
+        assert kvd.proc.poll() is None
+    finally:
+        for s in socks:
+            s.close()
+        kvd.stop()
+
+
+class _LimitedKvd(F.Kvd):
+    """kvd under RLIMIT_NOFILE = 256 (soft and hard, so kvd cannot raise it)."""
+
+    def spawn(self):
+        import resource
+        import subprocess
+
+        def limit():
+            resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
+
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(self.command(), stdin=subprocess.DEVNULL, stdout=log,
+                                         stderr=subprocess.STDOUT, start_new_session=True,
+                                         preexec_fn=limit)
+        return self
+
+
+def _cpu_seconds(pid: int) -> float:
+    import os
+
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_r2_finding7_a_descriptor_flood_neither_spins_nor_starves_clients_and_tiers(tmp_path):
+    """kvd with 256 descriptors, 400 connections that never handshake: kvd keeps a reserve
+    of descriptors (it closes the oldest unfinished handshakes instead of running out), so
+    its loop stays idle (under 0.3 s of CPU in 2 s; before: accept failed with EMFILE and the
+    loop spun at 100%), a real client is served and a store still reaches the fs tier while
+    the flood is held, and after it is gone."""
+    import os
+    import socket
+    import time
+
+    import faults_util as FU
+
+    tier = tmp_path / "tier"
+    tier.mkdir()
+    kvd = _LimitedKvd(tmp_path / "kvd.log",
+                      extra=["--l2-adapter", json.dumps({"type": "fs", "base_path": str(tier)})]).start()
+    seg = FU.Segment(f"kvd_r2_f7_{os.getpid()}", FU.RAW_LAYER_BYTES)
+    flood = []
+    try:
+        for _ in range(400):
+            try:
+                flood.append(socket.create_connection(("127.0.0.1", kvd.port), timeout=0.5))
+            except OSError:
+                pass
+        time.sleep(0.5)
+        before = _cpu_seconds(kvd.proc.pid)
+        time.sleep(2.0)
+        spent = _cpu_seconds(kvd.proc.pid) - before
+        assert spent < 0.3, f"kvd's loop used {spent:.2f} s of CPU in 2 s with no requests"
+        assert _client_works(kvd, timeout_ms=5000)
+
+        def files() -> int:
+            return sum(len(f) for _, _, f in os.walk(tier))
+
+        c = FU.RawClient(kvd.url)
+        try:
+            FU.register_raw(c, 27701, "f7/model", "/" + seg.name)
+            for n, salt in enumerate((1, 2)):
+                toks = [11000 + 1000 * salt + i for i in range(H.CHUNK_SIZE)]
+                key = FU.cache_key("f7/model", 1, 0, toks, 0, H.CHUNK_SIZE, FU.rid(f"f7-{salt}"))
+                assert c.call("store", key, 27701, [list(range(16))], b"", timeout=10) == [b"", True]
+                assert FU.wait_until(lambda: files() > n, 10), "the store did not reach the fs tier"
+                if n == 0:
+                    for s in flood:
+                        s.close()
+                    flood.clear()
+                    time.sleep(0.5)
+            c.call("unregister_kv_cache", 27701, timeout=10)
+        finally:
+            c.close()
+        assert _client_works(kvd)
+        assert kvd.proc.poll() is None
+    finally:
+        for s in flood:
+            s.close()
+        seg.close()
+        kvd.stop()
+
+
+def test_r2_finding7_connections_that_never_handshake_are_closed_after_the_timeout(tmp_path):
+    """--handshake-timeout-seconds 1: a connection that sends nothing and one that sends only
+    its greeting are closed about 1 s after they connected, and /metrics shows it without any
+    other traffic (before: the flag did not exist, the timeout was 30 s, and the counters
+    were published only when a socket had an event); a client that finished its handshake
+    and then stays idle (as vLLM's do for hours) is not closed."""
+    import time
+
+    kvd = F.Kvd(tmp_path / "kvd.log", extra=["--handshake-timeout-seconds", "1"]).start()
+    socks = []
+    try:
+        idle = _raw_zmtp(kvd.port, handshake=True)
+        silent = _raw_zmtp(kvd.port)
+        half = _raw_zmtp(kvd.port)
+        half.sendall(_ZMTP_GREETING)
+        socks += [idle, silent, half]
+        t0 = time.monotonic()
+        assert _closed_by_kvd(silent, 3.0)
+        assert _closed_by_kvd(half, 3.0)
+        assert 0.7 < time.monotonic() - t0 < 2.5
+        assert not _closed_by_kvd(idle, 2.0)
+        time.sleep(0.3)
+        m = _zmtp_metrics(kvd)
+        assert m["kvd_zmtp_handshake_timeouts_total"] == 2, m
+        assert m['kvd_zmtp_connections_closed_total{reason="handshake_timeout"}'] == 2, m
+        assert m["kvd_zmtp_connections"] == 1, m
+    finally:
+        for s in socks:
+            s.close()
+        kvd.stop()
+
+
+def test_r2_finding7_the_connection_metrics_follow_every_way_a_connection_ends(tmp_path):
+    """Each way a connection ends is counted once, by reason, and accepted = open + closed:
+    closed by the client, for a protocol error, for not finishing the handshake, to make room
+    (evicted); a connection refused at the cap (rejected) is neither accepted nor closed."""
+    import time
+
+    kvd = F.Kvd(tmp_path / "kvd.log", extra=["--max-connections-per-address", "3",
+                                             "--handshake-timeout-seconds", "1"]).start()
+    socks = []
+    try:
+        bye = _raw_zmtp(kvd.port, handshake=True)  # closed by the client
+        time.sleep(0.2)
+        bye.close()
+        bad = _raw_zmtp(kvd.port)  # a protocol error
+        bad.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" + b" " * 64)
+        assert _closed_by_kvd(bad, 2.0)
+        bad.close()
+        silent = [_raw_zmtp(kvd.port) for _ in range(4)]  # one evicted, three time out
+        socks += silent
+        assert _closed_by_kvd(silent[0], 0.5)
+        assert all(_closed_by_kvd(s, 3.0) for s in silent[1:])
+        idle = [_raw_zmtp(kvd.port, handshake=True) for _ in range(3)]
+        socks += idle
+        time.sleep(0.3)
+        extra = _raw_zmtp(kvd.port, handshake=True)  # rejected: the address has 3
+        socks.append(extra)
+        assert _closed_by_kvd(extra, 2.0)
+        time.sleep(0.3)
+        m = _zmtp_metrics(kvd)
+        closed = {r: m.get(f'kvd_zmtp_connections_closed_total{{reason="{r}"}}', 0)
+                  for r in ("peer", "protocol_error", "handshake_timeout", "evicted")}
+        assert closed == {"peer": 1, "protocol_error": 1, "handshake_timeout": 3, "evicted": 1}, m
+        assert m["kvd_zmtp_connections"] == 3, m
+        assert m["kvd_zmtp_connections_accepted_total"] == 9, m
+        assert m['kvd_zmtp_connections_rejected_total{reason="per_address"}'] == 1, m
+        assert m["kvd_zmtp_connections_evicted_total"] == 1, m
+        assert m["kvd_zmtp_protocol_errors_total"] == 1 and m["kvd_zmtp_handshake_timeouts_total"] == 3, m
+        for s in idle:
+            s.close()
+        time.sleep(0.3)
+        m = _zmtp_metrics(kvd)
+        assert m['kvd_zmtp_connections_closed_total{reason="peer"}'] == 4, m
+        assert m["kvd_zmtp_connections"] == 0, m
+        total = sum(v for k, v in m.items() if k.startswith("kvd_zmtp_connections_closed_total"))
+        assert m["kvd_zmtp_connections_accepted_total"] == total + m["kvd_zmtp_connections"], m
+    finally:
+        for s in socks:
+            s.close()
+        kvd.stop()
+
+
+# ---------------------------------------------------------------------------------------
 # Finding 8: HTTP admin — slow clients, header floods, state changes from any origin
 # ---------------------------------------------------------------------------------------
 
@@ -386,4 +654,141 @@ def test_r2_finding8_admin_token_is_required_and_sufficient(tmp_path):
         assert kvd.get_json("/status")["l1"]["entries"] == 0
     finally:
         kvd.stop()
+        seg.close()
+
+
+# ---------------------------------------------------------------------------------------
+# Finding 11 (shutdown part): one SIGTERM with a hung Redis took 31 s, past a 30 s grace
+# ---------------------------------------------------------------------------------------
+
+
+def test_r2_finding11_sigterm_with_a_hung_redis_exits_within_the_grace(tmp_path):
+    """A Redis stopped with SIGSTOP accepts connections (the kernel does) and never answers.
+    kvd with store-behind writes to it still queued and in flight must exit 0 soon after one
+    SIGTERM: what the tier has not answered within the tier's shutdown grace (5 s) is
+    abandoned, counted and logged. Before: each write was retried on fresh connections, 5 s
+    each, and the shutdown took over 30 s."""
+    import os
+    import signal
+    import time
+
+    from kvd_harness import ServerProc, TPCluster, free_port
+    from tiers_util import Prompt, Redis, wait_until
+
+    r = Redis().start()
+    srv = None
+    stopped = False
+    try:
+        adapter = json.dumps({"type": "resp", "host": "127.0.0.1", "port": r.port,
+                              "num_workers": 2})
+        log = tmp_path / "kvd-f11.log"
+        srv = ServerProc(kind="kvd", port=free_port(), l1_size_gb=0.25, log_path=log,
+                         extra_args=["--l2-adapter", adapter]).start()
+        c = TPCluster(srv.url, "lmcache_driven", "org/Hung-Redis-1", tp=2)
+        a = Prompt(c, chunks=2, seed=1101)
+        a.store(c, "f11-a")
+        wait_until(lambda: len(r.keys()) == 4, what="4 objects in redis")
+        os.killpg(r.proc.pid, signal.SIGSTOP)
+        stopped = True
+        b = Prompt(c, chunks=4, seed=1102)  # 8 writes to the hung server
+        b.store(c, "f11-b")
+        c.close()
+        time.sleep(0.5)  # the writes reach the tier's workers
+        t0 = time.monotonic()
+        srv.proc.send_signal(signal.SIGTERM)
+        try:
+            rc = srv.proc.wait(timeout=60)
+        except Exception:  # noqa: BLE001
+            rc = None
+        took = time.monotonic() - t0
+        assert rc == 0 and took < 10, (f"SIGTERM with a hung Redis: exit {rc} after {took:.1f} s\n"
+                                       + srv.log_tail())
+        text = log.read_text(errors="replace")
+        assert "abandoned" in text, srv.log_tail()
+    finally:
+        if stopped:
+            os.killpg(r.proc.pid, signal.SIGCONT)
+        if srv is not None:
+            srv.stop()
+        r.close()
+
+
+# ---------------------------------------------------------------------------------------
+# Finding 6: memory per client-controlled size (uid frames, request ids) was unbounded
+# ---------------------------------------------------------------------------------------
+
+
+def _metric(http_port: int, name: str) -> float:
+    """The value of one unlabelled series on /metrics."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/metrics", timeout=10) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+    raise AssertionError(f"{name} not on /metrics")
+
+
+def test_r2_finding6_oversized_uid_frames_are_dropped_and_open_no_stream(tmp_path):
+    """lmcache's request uid is a msgpack int (at most 9 bytes). A KV-event subscription whose
+    uid frame is 16 MiB used to open a stream that kept the frame (+37 MB each, up to 4,096
+    streams); a PING with one got its 16 MiB echoed back. Both are now dropped before anything
+    is kept, and the connection keeps working."""
+    import msgspec
+
+    import faults_util as FU
+
+    with FU.kvd_server(tmp_path) as srv:
+        c = FU.RawClient(srv.url)
+        try:
+            enc = msgspec.msgpack.encode
+            big_uid = b"\x00" * (16 << 20)
+            for i in range(4):
+                c.sock.send_multipart([big_uid, enc("subscribe_kv_events"), enc(9000 + i),
+                                       enc("r2-uid-model"), enc(0), enc(16)])
+            c.sock.send_multipart([big_uid, enc(FU.OP["ping"])])
+            # A normal request on the same connection, sent after them, is answered; nothing
+            # answers the 16 MiB uids.
+            c.sock.send_multipart([enc(77), enc(FU.OP["ping"])])
+            uids = []
+            while c.sock.poll(2000):
+                frames = c.sock.recv_multipart()
+                uids.append(frames[0] if len(frames[0]) <= 16 else f"{len(frames[0])} bytes")
+            assert uids == [enc(77)], uids
+            assert _metric(srv.http_port, "kvd_kv_events_subscribers") == 0
+            assert srv.alive()
+        finally:
+            c.close()
+
+
+def test_r2_finding6_request_ids_over_1_kib_are_refused_and_hold_nothing(tmp_path):
+    """A LOOKUP that hits keeps a read-lock hold keyed by its request id for the read TTL
+    (300 s). 1 MiB request ids used to be kept as sent (+1 MB each). Ids over 1 KiB are now
+    refused by the decoder (the lookup answers as a failed one and locks nothing); 1 KiB
+    still works."""
+    import os
+
+    import faults_util as FU
+
+    seg = FU.Segment(f"kvd_r2_rid_{os.getpid()}", FU.RAW_LAYER_BYTES)
+    try:
+        with FU.kvd_server(tmp_path) as srv:
+            c = FU.RawClient(srv.url)
+            try:
+                model = "r2-rid-model"
+                FU.register_raw(c, 27601, model, "/" + seg.name)
+                toks = [9100 + i for i in range(H.CHUNK_SIZE)]
+                key = FU.cache_key(model, 1, 0, toks, 0, H.CHUNK_SIZE, FU.rid("rid"))
+                assert c.call("store", key, 27601, [list(range(16))], b"") == [b"", True]
+                for i in range(8):
+                    long_id = f"{i}-" + "x" * (1 << 20)
+                    c.call("lookup", FU.cache_key(model, 1, None, toks, 0, H.CHUNK_SIZE, long_id), 1)
+                assert srv.l1()["lookup_locks"] == 0, srv.l1()
+                ok_id = "y" * 1024
+                hits = c.call("lookup", FU.cache_key(model, 1, None, toks, 0, H.CHUNK_SIZE, ok_id), 1)
+                assert hits == H.CHUNK_SIZE, hits
+                assert srv.l1()["lookup_locks"] == 1, srv.l1()
+                c.call("unregister_kv_cache", 27601)
+            finally:
+                c.close()
+            assert srv.alive()
+    finally:
         seg.close()
