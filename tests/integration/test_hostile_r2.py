@@ -93,6 +93,142 @@ def test_r2_finding5_model_names_that_collide_in_tier_keys_are_refused(tmp_path)
 
 
 # ---------------------------------------------------------------------------------------
+# Finding 2: L1 locked by one client through the engine-driven ops
+# ---------------------------------------------------------------------------------------
+
+# An engine-driven object of 128 KiB: [2, 1 layer, 256 slots, 128] bf16, as large as the
+# bystander's (so L1 fills to its last object).
+_F2_REG = {"model_name": "r2-f2-hog", "world_size": 1, "block_size": 16, "num_layers": 1,
+           "hidden_dim_size": 128, "dtype_str": "bfloat16", "use_mla": False,
+           "num_physical_slots": 256}
+_F2_L1_GB = 0.05  # 51 MiB: about 409 of those objects
+_F2_ATTEMPTS = 450
+
+
+def _f2_tokens(seed: int) -> list[int]:
+    import os
+
+    base = 3_000_000 + (os.getpid() % 500) * 50_000 + seed * 977
+    return [base + i for i in range(H.CHUNK_SIZE)]
+
+
+def _f2_register_hog(c, iid: int) -> None:
+    reply = c.call(14, {**_F2_REG, "instance_id": iid})
+    assert reply.get("shm_name"), reply
+
+
+def _f2_key(FU, seed: int, rid: str) -> dict:
+    return FU.cache_key(_F2_REG["model_name"], 1, 0, _f2_tokens(seed), 0, H.CHUNK_SIZE, rid)
+
+
+def _f2_slots(reply) -> list:
+    return ((reply or {}).get("context") or {}).get("slots") or []
+
+
+def _f2_bystander_stores(FU, srv, c, n: int) -> list:
+    """Another tenant (lmcache-driven, its own segment) stores n distinct chunks: the replies."""
+    import os
+
+    seg = FU.Segment(f"kvd_r2_f2_b_{os.getpid()}_{srv.port}", FU.RAW_LAYER_BYTES)
+    try:
+        FU.register_raw(c, 27299, "r2-f2-bystander", "/" + seg.name)
+        out = []
+        for i in range(n):
+            toks = [9_000_000 + (os.getpid() % 500) * 50_000 + i * 977 + j for j in range(H.CHUNK_SIZE)]
+            key = FU.cache_key("r2-f2-bystander", 1, 0, toks, 0, H.CHUNK_SIZE, FU.rid("f2-b"))
+            out.append(c.call("store", key, 27299, [list(range(16))], b""))
+        return out
+    finally:
+        seg.close()
+
+
+def test_r2_finding2_uncommitted_prepare_stores_do_not_lock_l1_for_other_tenants(tmp_path):
+    """Client A PREPARE_STOREs 450 one-chunk requests of 128 KiB objects into a 51 MiB L1
+    and never commits. Before: every slot stayed staging (not evictable) until the write TTL
+    (600 s), L1 filled up and every STORE of another tenant failed. Now A holds at most its
+    share of L1 (--engine-driven-instance-held-fraction, 0.25 by default): its prepares beyond
+    are refused, and the bystander's 20 stores all succeed."""
+    import faults_util as FU
+
+    with FU.kvd_server(tmp_path, l1_gb=_F2_L1_GB) as srv:
+        c = FU.RawClient(srv.url)
+        try:
+            _f2_register_hog(c, 27201)
+            granted = 0
+            for i in range(_F2_ATTEMPTS):
+                granted += len(_f2_slots(c.call(16, _f2_key(FU, i, FU.rid(f"f2-hog{i}")), 27201)))
+            assert granted >= 50, "the attack was not made: A got almost no slots"
+            replies = _f2_bystander_stores(FU, srv, c, 20)
+            assert replies == [[b"", True]] * 20, (replies, srv.log()[-3000:])
+            assert srv.alive(), srv.log()[-3000:]
+        finally:
+            c.close()
+
+
+def test_r2_finding2_uncommitted_prepare_retrieves_do_not_pin_l1_for_other_tenants(tmp_path):
+    """Client A stores 450 chunks of 128 KiB (prepare + commit) and PREPARE_RETRIEVEs each right
+    after, never COMMIT_RETRIEVE, so every object it stored stays pinned. Before: the pins
+    held until the read TTL (300 s), L1 filled with pinned objects and another tenant's stores
+    failed. Now A's pins are bounded like its staging and the bystander's stores succeed."""
+    import faults_util as FU
+
+    with FU.kvd_server(tmp_path, l1_gb=_F2_L1_GB) as srv:
+        c = FU.RawClient(srv.url)
+        try:
+            _f2_register_hog(c, 27202)
+            pinned = 0
+            for i in range(_F2_ATTEMPTS):
+                key = _f2_key(FU, 1000 + i, FU.rid(f"f2-pin{i}"))
+                if _f2_slots(c.call(16, key, 27202)):
+                    c.call(17, key, 27202)  # committed: the object is resident
+                reply = c.call(18, _f2_key(FU, 1000 + i, FU.rid(f"f2-pinr{i}")), 27202)
+                pinned += len((reply or {}).get("context", {}).get("slots") or [])
+            assert pinned >= 50, "the attack was not made: A pinned almost nothing"
+            replies = _f2_bystander_stores(FU, srv, c, 20)
+            assert replies == [[b"", True]] * 20, (replies, srv.log()[-3000:])
+        finally:
+            c.close()
+
+
+def test_r2_finding2_prepared_ops_expire_while_the_client_keeps_pinging(tmp_path):
+    """--engine-driven-hold-timeout-seconds 2: A's uncommitted PREPARE_STORE and
+    PREPARE_RETRIEVE are dropped about 2 s later although A keeps pinging (before: the write
+    and read TTLs, 600 and 300 s), the staging object goes back to L1, and the expiries are
+    counted in /metrics."""
+    import time
+
+    import faults_util as FU
+
+    with FU.kvd_server(tmp_path, l1_gb=_F2_L1_GB,
+                       extra=["--engine-driven-hold-timeout-seconds", "2"]) as srv:
+        c = FU.RawClient(srv.url)
+        try:
+            _f2_register_hog(c, 27203)
+            stored = _f2_key(FU, 2000, FU.rid("f2-exp-s"))
+            assert _f2_slots(c.call(16, stored, 27203))
+            assert c.call(17, stored, 27203) is True
+            assert _f2_slots(c.call(18, _f2_key(FU, 2000, FU.rid("f2-exp-r")), 27203))
+            assert _f2_slots(c.call(16, _f2_key(FU, 2001, FU.rid("f2-exp-w")), 27203))
+            pending = (srv.status() or {}).get("pending_engine_driven")
+            assert pending == {"stores": 1, "retrieves": 1}, srv.status()
+            used = srv.l1()["used_bytes"]
+            deadline = time.monotonic() + 6
+            while time.monotonic() < deadline:
+                c.call("ping", 27203)
+                if (srv.status() or {}).get("pending_engine_driven") == {"stores": 0, "retrieves": 0}:
+                    break
+                time.sleep(0.2)
+            assert (srv.status() or {}).get("pending_engine_driven") == {"stores": 0, "retrieves": 0}
+            assert srv.l1()["used_bytes"] < used, "the expired staging object still holds L1"
+            with urllib.request.urlopen(f"http://127.0.0.1:{srv.http_port}/metrics", timeout=5) as r:
+                metrics = r.read().decode()
+            assert "kvd_engine_driven_staging_expired_total 1" in metrics, metrics[-2000:]
+            assert "kvd_engine_driven_pins_expired_total 1" in metrics
+        finally:
+            c.close()
+
+
+# ---------------------------------------------------------------------------------------
 # Finding 7: Connections — no cap, no descriptor reserve, a busy loop on EMFILE, metrics
 # that miss how connections end
 # ---------------------------------------------------------------------------------------
@@ -221,7 +357,7 @@ def _cpu_seconds(pid: int) -> float:
 def test_r2_finding7_a_descriptor_flood_neither_spins_nor_starves_clients_and_tiers(tmp_path):
     """kvd with 256 descriptors, 400 connections that never handshake: kvd keeps a reserve
     of descriptors (it closes the oldest unfinished handshakes instead of running out), so
-    its loop stays idle (under 0.3 s of CPU in 2 s; before: accept failed with EMFILE and the
+    its loop stays idle (under 0.2 s of CPU in 2 s; before: accept failed with EMFILE and the
     loop spun at 100%), a real client is served and a store still reaches the fs tier while
     the flood is held, and after it is gone."""
     import os
@@ -246,7 +382,7 @@ def test_r2_finding7_a_descriptor_flood_neither_spins_nor_starves_clients_and_ti
         before = _cpu_seconds(kvd.proc.pid)
         time.sleep(2.0)
         spent = _cpu_seconds(kvd.proc.pid) - before
-        assert spent < 0.3, f"kvd's loop used {spent:.2f} s of CPU in 2 s with no requests"
+        assert spent < 0.2, f"kvd's loop used {spent:.2f} s of CPU in 2 s with no requests"
         assert _client_works(kvd, timeout_ms=5000)
 
         def files() -> int:
