@@ -1,6 +1,7 @@
 #include "l2/resp_connection.h"
 
 #include <hiredis/hiredis.h>
+#include <sys/socket.h>
 #include <sys/time.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -70,6 +71,10 @@ Result<std::unique_ptr<RespConnection>> RespConnection::Connect(const RespEndpoi
 
 RespConnection::~RespConnection() {
   if (ctx_) redisFree(ctx_);
+}
+
+void RespConnection::Interrupt() {
+  if (ctx_ && ctx_->fd >= 0) ::shutdown(ctx_->fd, SHUT_RDWR);
 }
 
 Status RespConnection::IoError(const char* what) {

@@ -1,6 +1,7 @@
 // RespConnection: one blocking connection to one Redis/Valkey server over Debian's hiredis:
 // connect with a timeout, AUTH (username and password, or password only), SELECT, and
-// commands one at a time or pipelined. Owned and used by one thread at a time.
+// commands one at a time or pipelined. Owned and used by one thread at a time (Interrupt()
+// excepted).
 //
 // A connection that saw an I/O or protocol error is broken for good (broken() is true): the
 // owner drops it and connects again later. Server error replies (-ERR, -MOVED, ...) do not
@@ -75,6 +76,11 @@ class RespConnection {
   // once with writev from the caller's bytes, not copied into hiredis's output buffer.
   Status Append(const std::vector<RespArg>& args);
   Result<ReplyPtr> GetReply();
+
+  // Shuts the socket down (both ways), so that a command blocked on it fails at once: the
+  // one call another thread may make, while the owner cannot close the connection (the
+  // owner's lock around closing it). Used by RespTier::Close() to abandon a hung server.
+  void Interrupt();
 
   bool broken() const { return broken_; }
   const RespEndpoint& endpoint() const { return endpoint_; }

@@ -4,6 +4,7 @@
 #include <pthread.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 
@@ -78,12 +79,35 @@ RespTier::RespTier(const RespTierOptions& options) : options_(options) {
 RespTier::~RespTier() { Close(); }
 
 void RespTier::Close() {
+  std::deque<Queued> left;
+  int running = 0;
   {
-    std::lock_guard<std::mutex> lock(q_mu_);
+    std::unique_lock<std::mutex> lock(q_mu_);
     if (closed_ && threads_.empty()) return;
     closed_ = true;
+    q_cv_.notify_all();
+    // The grace: queued and running operations may still finish.
+    const auto deadline = std::chrono::steady_clock::now() +
+                          std::chrono::duration<double>(std::max(0.0, options_.close_grace_s));
+    idle_cv_.wait_until(lock, deadline, [&] { return queue_.empty() && running_ == 0; });
+    if (!queue_.empty() || running_ > 0) {
+      // Abandoned: what is queued answers now, what runs is interrupted and not retried.
+      abandon_.store(true);
+      left.swap(queue_);
+      running = running_;
+      for (Worker* w : workers_) {
+        std::lock_guard<std::mutex> wl(w->mu);
+        for (auto& [id, c] : w->conns) c->Interrupt();
+      }
+    }
   }
-  q_cv_.notify_all();
+  if (abandon_.load()) {
+    abandoned_ += left.size() + static_cast<uint64_t>(running);
+    spdlog::warn("{}: shutdown abandoned {} queued and {} running operation(s) (store-behind "
+                 "writes among them): no answer within {} s",
+                 Describe(), left.size(), running, options_.close_grace_s);
+  }
+  for (auto& q : left) q.on_closed();
   for (auto& t : threads_) {
     if (t.joinable()) t.join();
   }
@@ -104,7 +128,7 @@ void RespTier::Submit(Task task, std::function<void()> on_closed) {
   {
     std::lock_guard<std::mutex> lock(q_mu_);
     if (!closed_) {
-      queue_.push_back(std::move(task));
+      queue_.push_back({std::move(task), std::move(on_closed)});
       q_cv_.notify_one();
       return;
     }
@@ -114,17 +138,24 @@ void RespTier::Submit(Task task, std::function<void()> on_closed) {
 
 void RespTier::RunWorker() {
   Worker w;
+  std::unique_lock<std::mutex> lock(q_mu_);
+  workers_.push_back(&w);
   while (true) {
-    Task task;
-    {
-      std::unique_lock<std::mutex> lock(q_mu_);
-      q_cv_.wait(lock, [&] { return closed_ || !queue_.empty(); });
-      if (queue_.empty()) return;
-      task = std::move(queue_.front());
-      queue_.pop_front();
-    }
+    q_cv_.wait(lock, [&] { return closed_ || !queue_.empty(); });
+    if (queue_.empty()) break;
+    Task task = std::move(queue_.front().task);
+    queue_.pop_front();
+    running_++;
+    lock.unlock();
     task(w);
+    lock.lock();
+    running_--;
+    if (closed_) idle_cv_.notify_all();
   }
+  workers_.erase(std::find(workers_.begin(), workers_.end(), &w));
+  lock.unlock();
+  std::lock_guard<std::mutex> wl(w.mu);
+  w.conns.clear();
 }
 
 void RespTier::NoteError(const std::string& what) {
@@ -165,8 +196,12 @@ TierHealth RespTier::Health() const {
 Result<RespConnection*> RespTier::Conn(Worker& w, const RespEndpoint& ep) {
   const std::string id = ep.ToString();
   auto it = w.conns.find(id);
-  if (it != w.conns.end() && !it->second->broken()) return it->second.get();
-  if (it != w.conns.end()) w.conns.erase(it);
+  if (it != w.conns.end() && !it->second->broken() && !abandon_.load()) return it->second.get();
+  if (it != w.conns.end()) {
+    std::lock_guard<std::mutex> wl(w.mu);
+    w.conns.erase(it);
+  }
+  if (abandon_.load()) return Status::Unavailable(id + ": shutting down (abandoned)");
   const int64_t now = NowNs();
   {
     std::lock_guard<std::mutex> lock(backoff_mu_);
@@ -199,12 +234,20 @@ Result<RespConnection*> RespTier::Conn(Worker& w, const RespEndpoint& ep) {
     }
   }
   RespConnection* raw = c->get();
+  std::lock_guard<std::mutex> wl(w.mu);
+  // Close() sets abandon_ before it takes w.mu to interrupt connections: one made after that
+  // is not kept (it would not be interrupted).
+  if (abandon_.load()) return Status::Unavailable(id + ": shutting down (abandoned)");
   w.conns[id] = std::move(c).value();
   return raw;
 }
 
 void RespTier::DropConn(Worker& w, const RespEndpoint& ep, const Status& why) {
-  w.conns.erase(ep.ToString());
+  {
+    std::lock_guard<std::mutex> wl(w.mu);
+    w.conns.erase(ep.ToString());
+  }
+  if (abandon_.load()) return;  // interrupted by Close(): not the server's fault
   NoteError(why.message());
   std::lock_guard<std::mutex> lock(backoff_mu_);
   Backoff& b = backoff_[ep.ToString()];
@@ -288,6 +331,7 @@ Result<ReplyPtr> RespTier::Run(Worker& w, std::string_view key, const std::vecto
   bool asking = false;
   Status last = Status::Unavailable(Describe() + ": no node serves this key");
   for (int attempt = 0; attempt < kMaxAttempts; ++attempt) {
+    if (abandon_.load()) return Status::Unavailable(Describe() + ": shutting down (abandoned)");
     if (!asking) target = Route(key);
     if (!target) {
       RefreshMap(w, attempt == 0);

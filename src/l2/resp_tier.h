@@ -19,6 +19,14 @@
 // the caller: an unreachable server makes calls answer Unavailable after at most
 // connection_timeout (first attempt) and then at once while backed off. Create() never waits
 // for the server: kvd starts with the tier unreachable and keeps retrying.
+//
+// SHUTDOWN (issue 27, finding 11). Close() lets queued and running operations finish for at
+// most close_grace_s (5 s). What is left then is abandoned: queued operations answer
+// Unavailable without running, running ones are interrupted (their sockets are shut down, so
+// a server that accepts connections and never answers, e.g. one stopped with SIGSTOP, cannot
+// hold them) and are not retried; the count is logged and kept in abandoned(). A connection
+// attempt already under way when the grace ends may still take up to connection_timeout
+// (plus request_timeout for AUTH/SELECT) before it gives up.
 #pragma once
 
 #include <atomic>
@@ -48,6 +56,7 @@ struct RespTierOptions {
   std::optional<int64_t> ttl_seconds;
   RespConnectOptions connect;
   int num_workers = 8;
+  double close_grace_s = 5;  // Close(): how long unfinished operations may still run
 };
 
 class RespTier final : public Tier {
@@ -69,12 +78,21 @@ class RespTier final : public Tier {
   uint64_t redirects() const { return redirects_.load(); }
   uint64_t map_refreshes() const { return map_refreshes_.load(); }
   uint64_t reconnects() const { return reconnects_.load(); }
+  // Operations Close() abandoned (queued or running when its grace ended).
+  uint64_t abandoned() const { return abandoned_.load(); }
 
  private:
   struct Worker {
-    std::map<std::string, std::unique_ptr<RespConnection>> conns;  // by "host:port"
+    // By "host:port". Used by the worker's own thread; changed (and a connection closed)
+    // only with `mu` held, which Close() takes to interrupt the connections.
+    std::map<std::string, std::unique_ptr<RespConnection>> conns;
+    std::mutex mu;
   };
   using Task = std::function<void(Worker&)>;
+  struct Queued {
+    Task task;
+    std::function<void()> on_closed;  // answers the task's callers when it never runs
+  };
 
   explicit RespTier(const RespTierOptions& options);
   void Submit(Task task, std::function<void()> on_closed);
@@ -101,9 +119,15 @@ class RespTier final : public Tier {
 
   std::mutex q_mu_;
   std::condition_variable q_cv_;
-  std::deque<Task> queue_;        // guarded by q_mu_
+  std::condition_variable idle_cv_;  // Close() waits on it for the queue to drain
+  std::deque<Queued> queue_;      // guarded by q_mu_
   bool closed_ = false;           // guarded by q_mu_
+  int running_ = 0;               // tasks being run; guarded by q_mu_
+  std::vector<Worker*> workers_;  // guarded by q_mu_ (each worker while its thread runs)
   std::vector<std::thread> threads_;
+  // Set once Close()'s grace ended: no reconnects, no retries, nothing more is waited for.
+  std::atomic<bool> abandon_{false};
+  std::atomic<uint64_t> abandoned_{0};
 
   mutable std::shared_mutex map_mu_;
   SlotMap map_;                   // guarded by map_mu_
