@@ -541,6 +541,43 @@ const FlagSpec kFlags[] = {
      .show = [](const CliConfig& c) {
        return Num(static_cast<double>(c.server.max_session_bytes >> 20));
      }},
+    {.name = "--engine-driven-max-held-fraction", .group = kKvdGroup, .kind = K::kFloat,
+     .origin = O::kKvd, .lmcache_default = "0.5",
+     .note = "fraction of L1 that engine-driven PREPARE_STORE staging objects and "
+             "PREPARE_RETRIEVE pins not yet committed may hold, all workers together",
+     .min = 0.01, .max = 1,
+     .apply = [](const FlagValue& v, CliConfig& c) {
+       c.server.engine_driven_max_held_fraction = v.AsFloat();
+     },
+     .show = [](const CliConfig& c) { return Num(c.server.engine_driven_max_held_fraction); }},
+    {.name = "--engine-driven-instance-held-fraction", .group = kKvdGroup, .kind = K::kFloat,
+     .origin = O::kKvd, .lmcache_default = "0.25",
+     .note = "fraction of L1 the uncommitted engine-driven prepares of one worker (instance) "
+             "may hold; beyond, its holds older than --engine-driven-shed-age-seconds are "
+             "shed, else a store gets the chunks that fit and a retrieve is refused",
+     .min = 0.001, .max = 1,
+     .apply = [](const FlagValue& v, CliConfig& c) {
+       c.server.engine_driven_instance_held_fraction = v.AsFloat();
+     },
+     .show = [](const CliConfig& c) { return Num(c.server.engine_driven_instance_held_fraction); }},
+    {.name = "--engine-driven-hold-timeout-seconds", .group = kKvdGroup, .kind = K::kFloat,
+     .origin = O::kKvd, .lmcache_default = "60",
+     .note = "an engine-driven PREPARE_STORE / PREPARE_RETRIEVE not committed within this "
+             "time is dropped (its staging objects freed, its pins released), pings or not",
+     .min = 0.1, .max = 1e6,
+     .apply = [](const FlagValue& v, CliConfig& c) {
+       c.server.engine_driven_hold_timeout_seconds = v.AsFloat();
+     },
+     .show = [](const CliConfig& c) { return Num(c.server.engine_driven_hold_timeout_seconds); }},
+    {.name = "--engine-driven-shed-age-seconds", .group = kKvdGroup, .kind = K::kFloat,
+     .origin = O::kKvd, .lmcache_default = "5",
+     .note = "an uncommitted engine-driven prepare may be shed to make room for newer ones "
+             "once it is this old (younger ones are never shed: the worker may be copying)",
+     .min = 0, .max = 1e6,
+     .apply = [](const FlagValue& v, CliConfig& c) {
+       c.server.engine_driven_shed_age_seconds = v.AsFloat();
+     },
+     .show = [](const CliConfig& c) { return Num(c.server.engine_driven_shed_age_seconds); }},
     {.name = "--chunk-key-memo-mb", .group = kKvdGroup, .kind = K::kInt, .origin = O::kKvd,
      .lmcache_default = "32",
      .note = "MiB for the keys of recently hashed chunks, shared by all requests: a prefix "

@@ -711,6 +711,7 @@ int RunServer(const CliConfig& cli) {
     const auto l1 = svc->l1_stats();
     if (kvd::server::KvEventLog* events = svc->kv_events()) events->RegisterMetrics(registry);
     if (kvd::server::BlendOps* blend = svc->blend()) blend->RegisterMetrics(registry);
+    svc->engine_driven()->RegisterMetrics(registry);
     kvd::server::RequestMetrics metrics;
     metrics.RegisterMetrics(registry);
     // The server uses the service until it is destroyed: it goes first (below).

@@ -35,6 +35,17 @@ void ChunkWrites::Abort() {
   for (auto& r : reservations_) r.Abort();
 }
 
+void ChunkWrites::Truncate(size_t n) {
+  if (n >= reservations_.size()) return;
+  for (size_t j = n; j < reservations_.size(); ++j) {
+    bytes_ -= reservations_[j].size();
+    reservations_[j].Abort();
+  }
+  reservations_.resize(n);
+  keys_.resize(n);
+  chunks_.resize(n);
+}
+
 void ChunkPins::Release() {
   l1::ReleaseInReverse(pins_);
   TellTiers();

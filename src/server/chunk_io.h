@@ -85,6 +85,9 @@ class ChunkWrites {
   std::vector<l1::ChunkKey> CommitLastFirst(std::string_view lost_log);
   // Aborts what was not committed (request order); size() and bytes() stay.
   void Abort();
+  // Keeps the first n reservations and aborts the others (request order); size() and
+  // bytes() become those of the n kept. Nothing when n >= size().
+  void Truncate(size_t n);
 
  private:
   friend class ChunkIo;

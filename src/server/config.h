@@ -78,6 +78,15 @@ struct ServerConfig {
   std::vector<uint32_t> allowed_shm_uids;
   std::string allowed_shm_prefix;
 
+  // What engine-driven operations between PREPARE and COMMIT may hold of L1 (staging
+  // objects of prepared stores, read pins of prepared retrieves; server/engine_driven_holds.h):
+  // all instances together at most this fraction of L1, one instance at most that fraction;
+  // a hold older than the shed age may be shed to make room, and every hold is dropped after
+  // the hold timeout (or the write / read TTL, if shorter) whether or not the worker pings.
+  double engine_driven_max_held_fraction = 0.5;        // --engine-driven-max-held-fraction
+  double engine_driven_instance_held_fraction = 0.25;  // --engine-driven-instance-held-fraction
+  double engine_driven_hold_timeout_seconds = 60;      // --engine-driven-hold-timeout-seconds
+  double engine_driven_shed_age_seconds = 5;           // --engine-driven-shed-age-seconds
   bool lmcache_driven_enabled() const { return supported_transfer_mode != "engine_driven"; }
   bool engine_driven_enabled() const { return supported_transfer_mode != "lmcache_driven"; }
   // Tiers behind L1 (lmcache's --l2-* flags): adapter JSON in priority order.

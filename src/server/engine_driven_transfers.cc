@@ -27,7 +27,21 @@ std::string EngineDrivenNamespace(const wire::RegisterEngineDrivenRequest& req) 
   return "engine-driven single-plane block " + std::to_string(req.block_size);
 }
 
+HoldLedger::Limits HoldLimits(const ServerConfig& config, uint64_t l1_bytes) {
+  HoldLedger::Limits limits;
+  const auto l1 = static_cast<double>(l1_bytes);
+  limits.total_bytes = static_cast<uint64_t>(config.engine_driven_max_held_fraction * l1);
+  limits.instance_bytes = static_cast<uint64_t>(config.engine_driven_instance_held_fraction * l1);
+  limits.shed_age_ns = static_cast<int64_t>(config.engine_driven_shed_age_seconds * 1e9);
+  return limits;
+}
+
 }  // namespace
+
+void EngineDrivenTransfers::PendingRetrieve::Release(l1::L1Cache* l1) {
+  l1->ReleaseLocks(request_id, first_chunk, count, slot);
+  pins.ReleaseFirstToLast();
+}
 
 EngineDrivenTransfers::EngineDrivenTransfers(const ServerConfig& config, const Clock* clock,
                                              l1::L1Cache* l1, SessionTable* sessions,
@@ -37,12 +51,53 @@ EngineDrivenTransfers::EngineDrivenTransfers(const ServerConfig& config, const C
       l1_(l1),
       registry_(registry),
       counters_(counters),
-      io_(config.chunk_size, l1, sessions) {}
+      io_(config.chunk_size, l1, sessions),
+      ledger_(HoldLimits(config, l1->capacity_bytes())) {}
 
 EngineDrivenTransfers::~EngineDrivenTransfers() {
-  std::lock_guard<std::mutex> lock(mu_);
+  metric_handles_.clear();
+  MutexLock lock(&mu_);
   pending_stores_.clear();
   pending_retrieves_.clear();
+}
+
+void EngineDrivenTransfers::TakeHolds(const std::vector<HoldLedger::Hold>& holds, Dropped* out) {
+  for (const HoldLedger::Hold& h : holds) {
+    const PendingKey key{h.instance, h.name};
+    if (h.kind == kStaging) {
+      auto it = pending_stores_.find(key);
+      if (it == pending_stores_.end() || it->second.hold != h.id) continue;
+      out->stores.push_back(std::move(it->second));
+      pending_stores_.erase(it);
+    } else {
+      auto it = pending_retrieves_.find(key);
+      if (it == pending_retrieves_.end() || it->second.hold != h.id) continue;
+      out->retrieves.push_back(std::move(it->second));
+      pending_retrieves_.erase(it);
+    }
+  }
+}
+
+void EngineDrivenTransfers::CountShed(const std::vector<HoldLedger::Hold>& shed, const char* op,
+                                      int64_t instance_id) {
+  if (shed.empty()) return;
+  uint64_t stores = 0, bytes = 0;
+  for (const HoldLedger::Hold& h : shed) {
+    stores += h.kind == kStaging ? 1 : 0;
+    bytes += h.bytes;
+  }
+  staging_shed_ += stores;
+  pins_shed_ += shed.size() - stores;
+  spdlog::warn("{} of instance {}: shed {} prepared stores and {} prepared retrieves never "
+               "committed ({} bytes of L1, each at least {:.1f} s old) to stay within the "
+               "engine-driven bounds",
+               op, instance_id, stores, shed.size() - stores, bytes,
+               static_cast<double>(ledger_.limits().shed_age_ns) / 1e9);
+}
+
+void EngineDrivenTransfers::Finish(Dropped dropped) {
+  dropped.stores.clear();  // aborts the reservations: the staging objects are freed
+  for (PendingRetrieve& r : dropped.retrieves) r.Release(l1_);
 }
 
 Result<std::pair<std::string, uint64_t>> EngineDrivenTransfers::Register(
@@ -131,30 +186,60 @@ EngineDrivenTransfers::PrepareStore(const wire::EngineDrivenRequest& req) {
     return reserved.status();
   }
   pending.writes = std::move(reserved).value();
-  if (io_.store_hook() && pending.writes.slot() == 0 && !pending.writes.empty()) {
+  std::vector<wire::ShmSlot> slots;
+  std::vector<int64_t> indices;
+  if (pending.writes.empty()) return std::make_pair(std::move(slots), std::move(indices));
+  if (io_.store_hook() && pending.writes.slot() == 0) {
     pending.hooked = std::make_shared<const std::pair<wire::CacheKey, RequestChunks>>(
         req.key, std::move(chunks).value());
   }
-  std::vector<wire::ShmSlot> slots;
-  std::vector<int64_t> indices;
-  slots.reserve(pending.writes.size());
-  indices.reserve(pending.writes.size());
+  std::vector<uint64_t> sizes;
+  sizes.reserve(pending.writes.size());
   for (size_t j = 0; j < pending.writes.size(); ++j) {
-    const l1::WriteReservation& r = pending.writes.reservation(j);
-    slots.push_back({r.offset(), r.size(), inst->object_shape, inst->dtype});
-    indices.push_back(pending.writes.chunk(j));
+    sizes.push_back(pending.writes.reservation(j).size());
   }
-  if (!pending.writes.empty()) {
-    std::lock_guard<std::mutex> lock(mu_);
-    pending_stores_[{req.instance_id, PendingId(req.key)}] = std::move(pending);
+  const PendingKey key{req.instance_id, PendingId(req.key)};
+  Dropped shed;
+  {
+    MutexLock lock(&mu_);
+    HoldLedger::Admission a =
+        ledger_.Admit(req.instance_id, sizes, 1, pending.started_ns, kStaging, key.second);
+    if (!a.admitted) {
+      refused_++;
+      counters_->store_failures++;
+      return Status::ResourceExhausted("prepare_store: " + a.refusal);  // aborts the writes
+    }
+    CountShed(a.shed, "prepare_store", req.instance_id);
+    TakeHolds(a.shed, &shed);
+    if (a.items < pending.writes.size()) {
+      trimmed_chunks_ += pending.writes.size() - a.items;
+      pending.writes.Truncate(a.items);
+    }
+    slots.reserve(pending.writes.size());
+    indices.reserve(pending.writes.size());
+    for (size_t j = 0; j < pending.writes.size(); ++j) {
+      const l1::WriteReservation& r = pending.writes.reservation(j);
+      slots.push_back({r.offset(), r.size(), inst->object_shape, inst->dtype});
+      indices.push_back(pending.writes.chunk(j));
+    }
+    pending.hold = a.id;
+    // The same request prepared again: the earlier operation goes.
+    if (auto old = pending_stores_.find(key); old != pending_stores_.end()) {
+      ledger_.Remove(old->second.hold);
+      shed.stores.push_back(std::move(old->second));
+      old->second = std::move(pending);
+    } else {
+      pending_stores_.emplace(key, std::move(pending));
+    }
   }
+  Finish(std::move(shed));
   return std::make_pair(std::move(slots), std::move(indices));
 }
 
 Status EngineDrivenTransfers::CommitStore(const wire::EngineDrivenRequest& req) {
   PendingStore pending;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     auto it = pending_stores_.find({req.instance_id, PendingId(req.key)});
     if (it == pending_stores_.end()) {
       counters_->store_failures++;
@@ -163,6 +248,7 @@ Status EngineDrivenTransfers::CommitStore(const wire::EngineDrivenRequest& req) 
     }
     pending = std::move(it->second);
     pending_stores_.erase(it);
+    ledger_.Remove(pending.hold);
   }
   if (!req.data.empty()) {
     counters_->store_failures++;
@@ -222,19 +308,49 @@ Result<std::vector<wire::ShmSlot>> EngineDrivenTransfers::PrepareRetrieve(
                             " is not in L1");
   }
   std::vector<wire::ShmSlot> slots;
+  std::vector<uint64_t> sizes;
   slots.reserve(pending.pins.size());
+  sizes.reserve(pending.pins.size());
   for (const l1::ReadPin& pin : pending.pins) {
     slots.push_back({pin.offset(), pin.size(), inst->object_shape, inst->dtype});
+    sizes.push_back(pin.size());
   }
-  std::lock_guard<std::mutex> lock(mu_);
-  pending_retrieves_[{req.instance_id, PendingId(req.key)}] = std::move(pending);
+  const PendingKey key{req.instance_id, PendingId(req.key)};
+  Dropped shed;
+  std::string refusal;
+  {
+    MutexLock lock(&mu_);
+    HoldLedger::Admission a = ledger_.Admit(req.instance_id, sizes, sizes.size(),
+                                            pending.started_ns, kPins, key.second);
+    if (a.admitted) {
+      CountShed(a.shed, "prepare_retrieve", req.instance_id);
+      TakeHolds(a.shed, &shed);
+      pending.hold = a.id;
+      if (auto old = pending_retrieves_.find(key); old != pending_retrieves_.end()) {
+        ledger_.Remove(old->second.hold);
+        shed.retrieves.push_back(std::move(old->second));
+        old->second = std::move(pending);
+      } else {
+        pending_retrieves_.emplace(key, std::move(pending));
+      }
+    } else {
+      refusal = std::move(a.refusal);
+      shed.retrieves.push_back(std::move(pending));  // released below
+    }
+  }
+  Finish(std::move(shed));
+  if (!refusal.empty()) {
+    refused_++;
+    counters_->retrieve_failures++;
+    return Status::ResourceExhausted("prepare_retrieve: " + refusal);
+  }
   return slots;
 }
 
 Status EngineDrivenTransfers::CommitRetrieve(const wire::EngineDrivenRequest& req) {
   PendingRetrieve pending;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     auto it = pending_retrieves_.find({req.instance_id, PendingId(req.key)});
     if (it == pending_retrieves_.end()) {
       return Status::NotFound("commit_retrieve: no prepared retrieve for request '" +
@@ -242,34 +358,126 @@ Status EngineDrivenTransfers::CommitRetrieve(const wire::EngineDrivenRequest& re
     }
     pending = std::move(it->second);
     pending_retrieves_.erase(it);
+    ledger_.Remove(pending.hold);
   }
-  l1_->ReleaseLocks(pending.request_id, pending.first_chunk, pending.count, pending.slot);
   counters_->retrieved_chunks += pending.count;
   for (const auto& p : pending.pins) counters_->retrieved_bytes += p.size();
-  pending.pins.ReleaseFirstToLast();  // and tells the tiers
+  pending.Release(l1_);  // the locks, then the pins (and tells the tiers)
   return Status::Ok();
 }
 
 void EngineDrivenTransfers::DropInstance(int64_t instance_id) {
-  std::lock_guard<std::mutex> lock(mu_);
-  std::erase_if(pending_stores_, [&](const auto& kv) { return kv.first.first == instance_id; });
-  std::erase_if(pending_retrieves_, [&](const auto& kv) { return kv.first.first == instance_id; });
+  Dropped dropped;
+  {
+    MutexLock lock(&mu_);
+    TakeHolds(ledger_.RemoveInstance(instance_id), &dropped);
+  }
+  Finish(std::move(dropped));
 }
 
 void EngineDrivenTransfers::ExpirePending() {
   // A worker that prepared and never committed: its reservations and pins go back after
-  // the write / read TTL.
+  // the hold timeout (or the write / read TTL, if shorter), pings or not.
   const int64_t now = clock_->NowNanos();
-  const auto wttl = static_cast<int64_t>(config_.l1_write_ttl_seconds * 1e9);
-  const auto rttl = static_cast<int64_t>(config_.l1_read_ttl_seconds * 1e9);
-  std::lock_guard<std::mutex> lock(mu_);
-  std::erase_if(pending_stores_, [&](const auto& kv) { return now - kv.second.started_ns > wttl; });
-  std::erase_if(pending_retrieves_,
-                [&](const auto& kv) { return now - kv.second.started_ns > rttl; });
+  const double hold_s = config_.engine_driven_hold_timeout_seconds;
+  const auto wttl = static_cast<int64_t>(std::min(config_.l1_write_ttl_seconds, hold_s) * 1e9);
+  const auto rttl = static_cast<int64_t>(std::min(config_.l1_read_ttl_seconds, hold_s) * 1e9);
+  Dropped dropped;
+  {
+    MutexLock lock(&mu_);
+    for (auto it = pending_stores_.begin(); it != pending_stores_.end();) {
+      if (now - it->second.started_ns <= wttl) {
+        ++it;
+        continue;
+      }
+      ledger_.Remove(it->second.hold);
+      dropped.stores.push_back(std::move(it->second));
+      it = pending_stores_.erase(it);
+    }
+    for (auto it = pending_retrieves_.begin(); it != pending_retrieves_.end();) {
+      if (now - it->second.started_ns <= rttl) {
+        ++it;
+        continue;
+      }
+      ledger_.Remove(it->second.hold);
+      dropped.retrieves.push_back(std::move(it->second));
+      it = pending_retrieves_.erase(it);
+    }
+  }
+  if (!dropped.stores.empty() || !dropped.retrieves.empty()) {
+    staging_expired_ += dropped.stores.size();
+    pins_expired_ += dropped.retrieves.size();
+    spdlog::warn("engine-driven: dropped {} prepared stores and {} prepared retrieves not "
+                 "committed within {:.0f} / {:.0f} s", dropped.stores.size(),
+                 dropped.retrieves.size(), static_cast<double>(wttl) / 1e9,
+                 static_cast<double>(rttl) / 1e9);
+  }
+  Finish(std::move(dropped));
+}
+
+uint64_t EngineDrivenTransfers::HeldBytes() const {
+  MutexLock lock(&mu_);
+  return ledger_.held_bytes();
+}
+
+uint64_t EngineDrivenTransfers::HeldBytes(int64_t instance_id) const {
+  MutexLock lock(&mu_);
+  return ledger_.held_bytes(instance_id);
+}
+
+EngineDrivenTransfers::HoldStats EngineDrivenTransfers::hold_stats() const {
+  HoldStats s;
+  s.staging_shed = staging_shed_.load();
+  s.pins_shed = pins_shed_.load();
+  s.staging_expired = staging_expired_.load();
+  s.pins_expired = pins_expired_.load();
+  s.refused = refused_.load();
+  s.trimmed_chunks = trimmed_chunks_.load();
+  s.held_bytes = HeldBytes();
+  return s;
+}
+
+void EngineDrivenTransfers::RegisterMetrics(metrics::Registry& registry) {
+  using metrics::Kind;
+  struct Family {
+    const char* name;
+    Kind kind;
+    const char* help;
+    uint64_t HoldStats::*value;
+  };
+  static constexpr Family kFamilies[] = {
+      {"kvd_engine_driven_staging_shed_total", Kind::kCounter,
+       "Prepared engine-driven stores never committed, shed to make room within the bounds.",
+       &HoldStats::staging_shed},
+      {"kvd_engine_driven_pins_shed_total", Kind::kCounter,
+       "Prepared engine-driven retrieves never committed, shed (pins released) to make room.",
+       &HoldStats::pins_shed},
+      {"kvd_engine_driven_staging_expired_total", Kind::kCounter,
+       "Prepared engine-driven stores dropped for not committing within the hold timeout.",
+       &HoldStats::staging_expired},
+      {"kvd_engine_driven_pins_expired_total", Kind::kCounter,
+       "Prepared engine-driven retrieves dropped (pins released) for not committing in time.",
+       &HoldStats::pins_expired},
+      {"kvd_engine_driven_prepares_refused_total", Kind::kCounter,
+       "PREPARE_STORE / PREPARE_RETRIEVE refused: nothing fit within the held-bytes bounds.",
+       &HoldStats::refused},
+      {"kvd_engine_driven_trimmed_chunks_total", Kind::kCounter,
+       "Chunks of PREPARE_STORE given no slot: only a prefix fit within the bounds.",
+       &HoldStats::trimmed_chunks},
+      {"kvd_engine_driven_held_bytes", Kind::kGauge,
+       "Bytes of L1 objects held by prepared, uncommitted engine-driven operations.",
+       &HoldStats::held_bytes},
+  };
+  for (const Family& f : kFamilies) {
+    metric_handles_.push_back(registry.AddCollected(
+        {f.name, f.help, f.kind, {}, {}}, [this, v = f.value](metrics::SeriesSink& sink) {
+          sink.Add(static_cast<double>(hold_stats().*v));
+        }));
+  }
 }
 
 std::pair<size_t, size_t> EngineDrivenTransfers::PendingCounts() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return {pending_stores_.size(), pending_retrieves_.size()};
 }
 

@@ -152,6 +152,8 @@ class KvService {
   // The KV-event log (kv_events.h); null when --kv-event-log-size is 0 or observability is
   // off. Lives as long as the service.
   KvEventLog* kv_events() const { return kv_events_.get(); }
+  // The engine-driven mode (for its metrics: EngineDrivenTransfers::RegisterMetrics).
+  EngineDrivenTransfers* engine_driven() { return &engine_driven_; }
   // GET_EXPERIMENTAL: the capabilities this server advertises ("kv_event_stream").
   std::vector<std::string> ExperimentalCapabilities() const;
 
