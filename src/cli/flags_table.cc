@@ -635,6 +635,39 @@ const FlagSpec kFlags[] = {
      .min = 0.1, .max = 3600,
      .apply = [](const FlagValue& v, CliConfig& c) { c.http.request_timeout_seconds = v.AsFloat(); },
      .show = [](const CliConfig& c) { return Num(c.http.request_timeout_seconds); }},
+    {.name = "--max-connections", .group = kKvdGroup, .kind = K::kInt, .origin = O::kKvd,
+     .lmcache_default = "1024",
+     .note = "client connections on the request port at most; a new one beyond replaces the "
+             "connection that has waited longest for its ZMTP handshake, else it is closed at once "
+             "(a connection that finished its handshake is never closed for a newcomer)",
+     .min = 1, .max = 1e6,
+     .apply = [](const FlagValue& v, CliConfig& c) { c.server.max_connections = static_cast<uint32_t>(v.AsInt()); },
+     .show = [](const CliConfig& c) { return Num(c.server.max_connections); }},
+    {.name = "--max-connections-per-address", .group = kKvdGroup, .kind = K::kInt, .origin = O::kKvd,
+     .lmcache_default = "256",
+     .note = "client connections on the request port from one IP address at most (as "
+             "--max-connections, within that address)",
+     .min = 1, .max = 1e6,
+     .apply = [](const FlagValue& v, CliConfig& c) {
+       c.server.max_connections_per_address = static_cast<uint32_t>(v.AsInt());
+     },
+     .show = [](const CliConfig& c) { return Num(c.server.max_connections_per_address); }},
+    {.name = "--fd-reserve", .group = kKvdGroup, .kind = K::kInt, .origin = O::kKvd,
+     .lmcache_default = "256",
+     .note = "descriptors kept free for tier files and sockets and HTTP (at most half of "
+             "RLIMIT_NOFILE, whose soft limit kvd raises to the hard one): a connection on the "
+             "request port is not kept on a descriptor past the limit less this",
+     .min = 0, .max = 1e6,
+     .apply = [](const FlagValue& v, CliConfig& c) { c.server.fd_reserve = static_cast<uint32_t>(v.AsInt()); },
+     .show = [](const CliConfig& c) { return Num(c.server.fd_reserve); }},
+    {.name = "--handshake-timeout-seconds", .group = kKvdGroup, .kind = K::kFloat, .origin = O::kKvd,
+     .lmcache_default = "30",
+     .note = "a connection on the request port must finish its ZMTP handshake (greeting and "
+             "READY) within this, else it is closed (libzmq's ZMQ_HANDSHAKE_IVL); 0: no limit. "
+             "Connections that finished it are never closed for being idle",
+     .min = 0, .max = 3600,
+     .apply = [](const FlagValue& v, CliConfig& c) { c.server.handshake_timeout_seconds = v.AsFloat(); },
+     .show = [](const CliConfig& c) { return Num(c.server.handshake_timeout_seconds); }},
     {.name = "--list-flags", .group = kKvdGroup, .kind = K::kChoice, .origin = O::kKvd,
      .choices = "json|markdown",
      .note = "print this table of flags (as docs/cli.md shows it) and exit",

@@ -16,6 +16,7 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <array>
@@ -681,6 +682,30 @@ class ExtraLogger {
   uint64_t stored_ = 0, retrieved_ = 0, stored_chunks_ = 0, retrieved_chunks_ = 0;
 };
 
+// Descriptors: the soft RLIMIT_NOFILE is raised to the hard limit (as servers commonly do;
+// nothing here uses select(), so descriptors past 1024 are fine), so that the connection
+// bounds (--max-connections, --fd-reserve), not a low default, decide what a flood of
+// connections can take. Logged either way.
+void RaiseDescriptorLimit() {
+  rlimit rl{};
+  if (getrlimit(RLIMIT_NOFILE, &rl) != 0) return;
+  const rlim_t was = rl.rlim_cur;
+  if (rl.rlim_cur < rl.rlim_max) {
+    rlimit want = rl;
+    // An unlimited hard limit is not a number setrlimit takes for descriptors (fs.nr_open caps it).
+    if (want.rlim_max == RLIM_INFINITY) want.rlim_max = rlim_t{1} << 20;
+    want.rlim_cur = want.rlim_max;
+    if (setrlimit(RLIMIT_NOFILE, &want) == 0) rl = want;
+  }
+  if (rl.rlim_cur != was) {
+    spdlog::info("descriptors: RLIMIT_NOFILE raised from {} to {} (the hard limit)", static_cast<uint64_t>(was),
+                 static_cast<uint64_t>(rl.rlim_cur));
+  } else {
+    spdlog::info("descriptors: RLIMIT_NOFILE is {} (the hard limit is {})", static_cast<uint64_t>(rl.rlim_cur),
+                 rl.rlim_max == RLIM_INFINITY ? std::string("unlimited") : std::to_string(rl.rlim_max));
+  }
+}
+
 int RunServer(const CliConfig& cli) {
   const kvd::server::ServerConfig& cfg = cli.server;
   const HttpConfig& http_flags = cli.http;
@@ -697,6 +722,7 @@ int RunServer(const CliConfig& cli) {
   }
   std::signal(SIGINT, OnSignal);
   std::signal(SIGTERM, OnSignal);
+  RaiseDescriptorLimit();
   kvd::cli::ReclaimDeadKvdSegments();  // what crashed kvds left in /dev/shm (stale_segments.h)
   kvd::SteadyClock clock;
   {

@@ -7,7 +7,9 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <spdlog/spdlog.h>
+#include <poll.h>
 #include <sys/epoll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -19,6 +21,7 @@
 #include <cstring>
 #include <deque>
 #include <functional>
+#include <limits>
 #include <random>
 #include <unordered_map>
 
@@ -31,6 +34,7 @@ constexpr uint64_t kFirstPeerKey = 2;
 constexpr int kMaxEvents = 64;
 constexpr int kMaxIov = 64;
 constexpr int kBacklog = 100;  // libzmq's ZMQ_BACKLOG default
+constexpr int64_t kAcceptPauseNs = 100'000'000;
 
 int64_t NowNs() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -47,22 +51,40 @@ std::string_view View(const zmq::message_t& m) {
   return {static_cast<const char*>(m.data()), m.size()};
 }
 
-std::string PeerAddress(int fd) {
-  sockaddr_storage ss{};
-  socklen_t len = sizeof(ss);
-  if (getpeername(fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0) return "?";
+// The peer's IP address (an IPv4 peer of a "::" listener as IPv4) and "ip:port" for logs.
+void PeerAddress(const sockaddr_storage& ss, std::string* ip, std::string* address) {
   char host[INET6_ADDRSTRLEN] = "?";
-  int port = 0;
   if (ss.ss_family == AF_INET) {
     const auto* a = reinterpret_cast<const sockaddr_in*>(&ss);
     inet_ntop(AF_INET, &a->sin_addr, host, sizeof(host));
-    port = ntohs(a->sin_port);
-    return std::string(host) + ":" + std::to_string(port);
+    *ip = host;
+    *address = *ip + ":" + std::to_string(ntohs(a->sin_port));
+    return;
   }
-  const auto* a = reinterpret_cast<const sockaddr_in6*>(&ss);
-  inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof(host));
-  port = ntohs(a->sin6_port);
-  return "[" + std::string(host) + "]:" + std::to_string(port);
+  if (ss.ss_family == AF_INET6) {
+    const auto* a = reinterpret_cast<const sockaddr_in6*>(&ss);
+    if (IN6_IS_ADDR_V4MAPPED(&a->sin6_addr)) {
+      inet_ntop(AF_INET, &a->sin6_addr.s6_addr[12], host, sizeof(host));
+      *ip = host;
+      *address = *ip + ":" + std::to_string(ntohs(a->sin6_port));
+      return;
+    }
+    inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof(host));
+    *ip = host;
+    *address = "[" + *ip + "]:" + std::to_string(ntohs(a->sin6_port));
+    return;
+  }
+  *ip = "?";
+  *address = "?";
+}
+
+// Descriptors are numbered below this (RLIMIT_NOFILE's soft limit).
+int DescriptorLimit() {
+  rlimit rl{};
+  if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur > (1u << 30)) {
+    return 1 << 30;
+  }
+  return static_cast<int>(rl.rlim_cur);
 }
 
 // The address to listen on for `host` (see Bind).
@@ -131,7 +153,8 @@ struct ZmtpRouter::Peer {
   Peer(uint64_t k, int f, const ZmtpLimits& limits) : key(k), fd(f), decoder(limits) {}
   uint64_t key;
   int fd;
-  std::string address;
+  std::string ip;                    // the peer's IP address (per-address bound)
+  std::string address;               // ip:port, for logs
   std::string id;                    // routing id, set at READY
   enum class Phase : uint8_t { kGreeting, kReady, kOpen } phase = Phase::kGreeting;
   ZmtpDecoder decoder;
@@ -174,6 +197,7 @@ struct ZmtpRouter::Impl {
   // Peers accepted and their handshake deadlines, in accept order (so in deadline order);
   // entries of peers that finished or went are skipped when they come due.
   std::deque<std::pair<int64_t, uint64_t>> handshakes;
+  std::unordered_map<std::string, uint32_t> per_address;  // open connections per IP address
   uint64_t next_key = kFirstPeerKey;
   uint32_t next_id;
   Stats stats;
@@ -275,8 +299,29 @@ class ZmtpRouter::PeerSink final : public ZmtpSink {
   Peer& peer_;
 };
 
+const char* ZmtpRouter::CloseReasonName(CloseReason r) {
+  switch (r) {
+    case CloseReason::kPeer: return "peer";
+    case CloseReason::kProtocolError: return "protocol_error";
+    case CloseReason::kHandshakeTimeout: return "handshake_timeout";
+    case CloseReason::kEvicted: return "evicted";
+  }
+  return "?";
+}
+
+const char* ZmtpRouter::RejectReasonName(RejectReason r) {
+  switch (r) {
+    case RejectReason::kPerAddress: return "per_address";
+    case RejectReason::kTotal: return "total";
+    case RejectReason::kDescriptors: return "descriptors";
+  }
+  return "?";
+}
+
 ZmtpRouter::ZmtpRouter(const Options& options) : options_(options), impl_(std::make_unique<Impl>()) {
   epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
+  const int limit = DescriptorLimit();
+  fd_limit_ = limit - static_cast<int>(std::min<uint64_t>(options_.fd_reserve, static_cast<uint64_t>(limit / 2)));
   impl_->ready.reserve(64);
   impl_->dirty.reserve(64);
 }
@@ -347,25 +392,99 @@ void ZmtpRouter::SetInterest(Peer& p) {
   epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, p.fd, &ev);
 }
 
+ZmtpRouter::Peer* ZmtpRouter::OldestHandshake(const std::string* address) {
+  for (const auto& [deadline, key] : impl_->handshakes) {
+    Peer* p = impl_->Find(key);
+    if (!p || p->fd < 0 || p->phase == Peer::Phase::kOpen) continue;
+    if (address == nullptr || p->ip == *address) return p;
+  }
+  return nullptr;
+}
+
+void ZmtpRouter::PauseAccept(int64_t now_ns) {
+  if (!accept_paused_) epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, listen_fd_, nullptr);
+  accept_paused_ = true;
+  accept_resume_ns_ = now_ns + kAcceptPauseNs;
+  impl_->stats.accept_pauses++;
+}
+
+void ZmtpRouter::ResumeAccept() {
+  if (!accept_paused_) return;
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.u64 = kListenKey;
+  epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, listen_fd_, &ev);
+  accept_paused_ = false;
+}
+
 void ZmtpRouter::Accept() {
+  Impl& im = *impl_;
   const int64_t now = NowNs();
-  if (now < listen_paused_until_ns_) return;
-  for (int i = 0; i < kMaxEvents; ++i) {
-    const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+  for (int i = 0; i < kMaxEvents && !accept_paused_; ++i) {
+    sockaddr_storage ss{};
+    socklen_t ss_len = sizeof(ss);
+    const int fd = accept4(listen_fd_, reinterpret_cast<sockaddr*>(&ss), &ss_len, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) {
-      if (errno == EINTR) continue;
-      if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
-        // Out of descriptors: stop accepting for 100 ms instead of spinning on the listener.
-        spdlog::warn("cannot accept a connection: {}; retrying in 100 ms", std::strerror(errno));
-        listen_paused_until_ns_ = now + 100'000'000;
+      const int err = errno;
+      if (err == EINTR || err == ECONNABORTED || err == EPROTO) continue;
+      if (err != EMFILE && err != ENFILE && err != ENOBUFS && err != ENOMEM) return;  // EAGAIN
+      // Out of descriptors or memory. accept fails so before it looks at its queue: when no
+      // connection waits there, there is nothing to make room for.
+      pollfd pending{listen_fd_, POLLIN, 0};
+      if (poll(&pending, 1, 0) != 1) return;
+      // Make room by evicting the oldest unfinished handshake, else take the listener out of
+      // the poll set for a moment (it stays readable: polling it would spin).
+      if (Peer* victim = OldestHandshake(nullptr)) {
+        Close(*victim, CloseReason::kEvicted, Status::Unavailable("evicted: out of descriptors"));
+        continue;
       }
-      return;  // EAGAIN, or a connection that went away before it was taken
+      if (now - last_accept_warning_ns_ >= 10'000'000'000) {
+        last_accept_warning_ns_ = now;
+        spdlog::warn("cannot accept a connection on the request port ({}); accepting pauses for 100 ms "
+                     "or until a connection closes ({} open)",
+                     std::strerror(err), im.stats.connections);
+      }
+      PauseAccept(now);
+      return;
+    }
+    std::string ip, address;
+    PeerAddress(ss, &ip, &address);
+    // The bounds, most specific first. A connection beyond one replaces the oldest unfinished
+    // handshake (of its address for the per-address bound); when none waits it is rejected.
+    const auto same = im.per_address.find(ip);
+    const bool address_full = same != im.per_address.end() && same->second >= options_.max_connections_per_address;
+    const bool total_full = im.stats.connections >= options_.max_connections;
+    const bool fds_low = fd >= fd_limit_;
+    if (address_full || total_full || fds_low) {
+      const RejectReason why = address_full ? RejectReason::kPerAddress
+                               : total_full ? RejectReason::kTotal
+                                            : RejectReason::kDescriptors;
+      Peer* victim = OldestHandshake(address_full ? &ip : nullptr);
+      if (victim == nullptr) {
+        close(fd);
+        im.stats.rejected[static_cast<size_t>(why)]++;
+        if (now - last_accept_warning_ns_ >= 10'000'000'000) {
+          last_accept_warning_ns_ = now;
+          spdlog::warn("rejecting a connection from {}: {} (kvd_zmtp_connections_rejected_total counts "
+                       "them; logged once per 10 s)",
+                       address,
+                       why == RejectReason::kPerAddress ? fmt::format("{} connections from that address already",
+                                                                      options_.max_connections_per_address)
+                       : why == RejectReason::kTotal
+                           ? fmt::format("{} connections open already", options_.max_connections)
+                           : fmt::format("descriptor {} is past the {} kept for connections", fd, fd_limit_));
+        }
+        continue;
+      }
+      Close(*victim, CloseReason::kEvicted,
+            Status::Unavailable(std::string("evicted for a new connection: ") + RejectReasonName(why) + " bound"));
     }
     const int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-    const uint64_t key = impl_->next_key++;
+    const uint64_t key = im.next_key++;
     auto peer = std::make_unique<Peer>(key, fd, options_.limits);
-    peer->address = PeerAddress(fd);
+    peer->ip = std::move(ip);
+    peer->address = std::move(address);
     peer->pending_frames.reserve(16);
     peer->pending_counts.reserve(4);
     peer->out.reserve(16);
@@ -377,11 +496,22 @@ void ZmtpRouter::Accept() {
       continue;
     }
     Peer& p = *peer;
-    impl_->peers.emplace(key, std::move(peer));
-    impl_->stats.accepted++;
-    impl_->stats.connections++;
-    if (options_.handshake_timeout_ms > 0) {
-      impl_->handshakes.emplace_back(now + options_.handshake_timeout_ms * 1'000'000, key);
+    im.peers.emplace(key, std::move(peer));
+    im.per_address[p.ip]++;
+    im.stats.accepted++;
+    im.stats.connections++;
+    // Every new connection is listed (eviction takes the oldest); the deadline only with a
+    // timeout. Entries of connections that finished or went are dropped when they come due,
+    // or here when they outnumber the connections (no timeout: none comes due).
+    im.handshakes.emplace_back(options_.handshake_timeout_ms > 0
+                                   ? now + options_.handshake_timeout_ms * 1'000'000
+                                   : std::numeric_limits<int64_t>::max(),
+                               key);
+    if (im.handshakes.size() > 2 * im.stats.connections + 64) {
+      std::erase_if(im.handshakes, [&](const auto& h) {
+        const Peer* q = im.Find(h.second);
+        return !q || q->fd < 0 || q->phase == Peer::Phase::kOpen;
+      });
     }
     p.QueueRaw(EncodeGreeting());
     Write(p);
@@ -394,8 +524,7 @@ void ZmtpRouter::Read(Peer& p) {
   while (p.fd >= 0 && budget > 0 && !p.OverPending(options_)) {
     std::span<uint8_t> span = p.decoder.WritableSpan();
     if (span.empty()) {  // cannot happen: nothing the decoder waits for exceeds its buffer
-      impl_->stats.protocol_errors++;
-      Close(p, Status::InvalidArgument("internal: the decoder's buffer is full"));
+      Close(p, CloseReason::kProtocolError, Status::InvalidArgument("internal: the decoder's buffer is full"));
       return;
     }
     const size_t want = static_cast<size_t>(std::min<uint64_t>(span.size(), budget));
@@ -403,19 +532,20 @@ void ZmtpRouter::Read(Peer& p) {
     if (n > 0) {
       budget -= static_cast<uint64_t>(n);
       if (Status s = p.decoder.Commit(static_cast<size_t>(n), sink); !s.ok()) {
-        impl_->stats.protocol_errors++;
-        Close(p, s);
+        Close(p, CloseReason::kProtocolError, s);
         return;
       }
       if (static_cast<size_t>(n) < want) break;  // drained for now
       continue;
     }
     if (n == 0) {
-      Close(p, Status::Ok());  // the peer closed
+      Close(p, CloseReason::kPeer, Status::Ok());  // the peer closed
       return;
     }
     if (errno == EINTR) continue;
-    if (errno != EAGAIN && errno != EWOULDBLOCK) Close(p, Status::Unavailable(std::strerror(errno)));
+    if (errno != EAGAIN && errno != EWOULDBLOCK) {
+      Close(p, CloseReason::kPeer, Status::Unavailable(std::strerror(errno)));
+    }
     break;
   }
   if (p.fd >= 0 && p.reading && p.OverPending(options_)) {
@@ -453,7 +583,7 @@ void ZmtpRouter::Write(Peer& p) {
     if (n < 0) {
       if (errno == EINTR) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) break;
-      Close(p, Status::Unavailable(std::strerror(errno)));
+      Close(p, CloseReason::kPeer, Status::Unavailable(std::strerror(errno)));
       return;
     }
     // Advance over what was written.
@@ -485,7 +615,7 @@ void ZmtpRouter::Write(Peer& p) {
   }
 }
 
-void ZmtpRouter::Close(Peer& p, const Status& why) {
+void ZmtpRouter::Close(Peer& p, CloseReason reason, const Status& why) {
   if (p.fd < 0) return;
   if (!why.ok()) {
     const int64_t now = NowNs();
@@ -509,8 +639,16 @@ void ZmtpRouter::Close(Peer& p, const Status& why) {
   close(p.fd);
   p.fd = -1;
   p.closed = true;
-  impl_->stats.closed++;
-  impl_->stats.connections--;
+  Stats& st = impl_->stats;
+  st.closed++;
+  st.closed_by[static_cast<size_t>(reason)]++;
+  if (reason == CloseReason::kProtocolError) st.protocol_errors++;
+  if (reason == CloseReason::kHandshakeTimeout) st.handshake_timeouts++;
+  st.connections--;
+  if (auto a = impl_->per_address.find(p.ip); a != impl_->per_address.end() && --a->second == 0) {
+    impl_->per_address.erase(a);
+  }
+  if (accept_paused_) accept_resume_ns_ = 0;  // a descriptor is free: accept again at the next Wait
   if (!p.id.empty()) {
     auto it = impl_->ids.find(p.id);
     if (it != impl_->ids.end() && it->second == p.key) impl_->ids.erase(it);
@@ -541,9 +679,9 @@ void ZmtpRouter::CloseStalledHandshakes(int64_t now_ns) {
     im.handshakes.pop_front();
     Peer* p = im.Find(key);
     if (!p || p->fd < 0 || p->phase == Peer::Phase::kOpen) continue;
-    im.stats.handshake_timeouts++;
-    Close(*p, Status::InvalidArgument("no ZMTP handshake within " +
-                                      std::to_string(options_.handshake_timeout_ms) + " ms"));
+    Close(*p, CloseReason::kHandshakeTimeout,
+          Status::InvalidArgument("no ZMTP handshake within " + std::to_string(options_.handshake_timeout_ms) +
+                                  " ms"));
   }
 }
 
@@ -554,7 +692,7 @@ ZmtpRouter::Events ZmtpRouter::Wait(int timeout_ms) {
   epoll_event events[kMaxEvents];
   const bool have = im.ready_head < im.ready.size();
   int timeout = have ? 0 : timeout_ms;
-  if (!im.handshakes.empty()) {
+  if (!im.handshakes.empty() && options_.handshake_timeout_ms > 0) {
     const int64_t now = NowNs();
     CloseStalledHandshakes(now);
     if (!im.handshakes.empty()) {
@@ -562,10 +700,10 @@ ZmtpRouter::Events ZmtpRouter::Wait(int timeout_ms) {
       if (timeout < 0 || left_ms < timeout) timeout = static_cast<int>(std::max<int64_t>(left_ms, 0));
     }
   }
-  if (listen_paused_until_ns_ > 0) {
-    const int64_t left_ms = (listen_paused_until_ns_ - NowNs()) / 1'000'000;
+  if (accept_paused_) {
+    const int64_t left_ms = (accept_resume_ns_ - NowNs() + 999'999) / 1'000'000;
     if (left_ms <= 0) {
-      listen_paused_until_ns_ = 0;
+      ResumeAccept();
       Accept();
     } else if (timeout < 0 || left_ms < timeout) {
       timeout = static_cast<int>(left_ms);
@@ -592,7 +730,7 @@ ZmtpRouter::Events ZmtpRouter::Wait(int timeout_ms) {
       if (p->reading) {
         Read(*p);
       } else if (ev & (EPOLLHUP | EPOLLERR)) {
-        Close(*p, Status::Unavailable("connection lost"));
+        Close(*p, CloseReason::kPeer, Status::Unavailable("connection lost"));
       }
     }
   }
@@ -714,7 +852,7 @@ bool ZmtpRouter::Drain(int timeout_ms) {
       Peer* p = impl_->Find(events[i].data.u64);
       if (p && p->fd >= 0 && (events[i].events & EPOLLOUT)) Write(*p);
       if (p && p->fd >= 0 && (events[i].events & (EPOLLHUP | EPOLLERR))) {
-        Close(*p, Status::Unavailable("connection lost"));
+        Close(*p, CloseReason::kPeer, Status::Unavailable("connection lost"));
       }
     }
   }

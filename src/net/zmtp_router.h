@@ -22,7 +22,23 @@
 // greeting, unsupported mechanism, a frame, message or command over its limit, reserved
 // flags) closes that connection only, with one warning line. A connection that has not
 // finished its handshake (greeting and READY) handshake_timeout_ms after it was accepted is
-// closed (libzmq's ZMQ_HANDSHAKE_IVL, 30 s by default): idle sockets cannot pile up.
+// closed (libzmq's ZMQ_HANDSHAKE_IVL, 30 s by default): idle sockets cannot pile up. A
+// connection that finished its handshake is never closed for being idle: lmcache's client
+// keeps one DEALER connection open for the life of a vLLM worker, idle for hours at times,
+// and sets no ZMTP heartbeat (a PING it sends is answered all the same).
+//
+// CONNECTIONS AND DESCRIPTORS. At most max_connections connections, max_connections_per_address
+// from one IP address, and none on a descriptor numbered fd_limit() or above (RLIMIT_NOFILE
+// less fd_reserve, at most half of it: a new descriptor is the lowest free one, so that many
+// stay free for tier files, tier sockets and HTTP). A new connection beyond a bound replaces
+// the connection that has waited longest for its handshake (of the same address for the
+// per-address bound), which is closed (evicted); when none is waiting, the new one is closed
+// at once (rejected, never counted as accepted). A connection that finished its handshake
+// is never evicted. When accept fails for lack of descriptors or memory (EMFILE, ENFILE,
+// ENOBUFS, ENOMEM) the oldest unfinished handshake is evicted to make room, or else the
+// listener leaves the poll set for 100 ms or until a connection closes: never a busy loop.
+// Every connection accepted ends counted under one reason (CloseReason): accepted =
+// connections + the closed counts.
 //
 // THREADS. Not thread-safe: one thread calls every method (the request loop's). The fds
 // passed to Watch are only polled, never read.
@@ -52,14 +68,34 @@ class ZmtpRouter {
     uint64_t max_unsent_bytes = 64u << 20;  // per connection, ditto
     uint64_t read_budget = 1u << 20;        // bytes read from one connection per Wait
     int64_t handshake_timeout_ms = 30000;   // greeting and READY within this; 0: no limit
+    uint32_t max_connections = 1024;            // open at once, all addresses
+    uint32_t max_connections_per_address = 256;  // open at once from one IP address
+    uint32_t fd_reserve = 256;  // descriptors kept free (at most half of RLIMIT_NOFILE)
   };
+  // Why a connection ended.
+  enum class CloseReason : uint8_t {
+    kPeer,              // the client closed it, reset it, or the socket failed
+    kProtocolError,     // it broke ZMTP or a size limit
+    kHandshakeTimeout,  // no greeting and READY within handshake_timeout_ms
+    kEvicted,           // an unfinished handshake closed to make room for a new connection
+  };
+  static constexpr size_t kNumCloseReasons = 4;
+  static const char* CloseReasonName(CloseReason r);  // "peer", "protocol_error", ...
+  // Why a new connection was closed at once.
+  enum class RejectReason : uint8_t { kPerAddress, kTotal, kDescriptors };
+  static constexpr size_t kNumRejectReasons = 3;
+  static const char* RejectReasonName(RejectReason r);  // "per_address", "total", "descriptors"
   struct Stats {
     uint64_t accepted = 0;          // connections accepted
-    uint64_t closed = 0;            // connections closed (by the peer or for an error)
-    uint64_t protocol_errors = 0;   // of those, closed for breaking the protocol or a limit
-    uint64_t handshake_timeouts = 0;  // of those, closed for not finishing the handshake
+    uint64_t closed = 0;            // connections closed, for any reason (sum of closed_by)
+    uint64_t closed_by[kNumCloseReasons] = {};  // ... per CloseReason
+    uint64_t protocol_errors = 0;   // = closed_by[kProtocolError]
+    uint64_t handshake_timeouts = 0;  // = closed_by[kHandshakeTimeout]
+    uint64_t rejected[kNumRejectReasons] = {};  // new connections closed at once, per reason
+    uint64_t accept_pauses = 0;     // times accepting paused for lack of descriptors/memory
     uint64_t dropped_messages = 0;  // messages not sent: no such peer, or its queue full
     uint64_t connections = 0;       // open now
+    bool operator==(const Stats&) const = default;
   };
 
   explicit ZmtpRouter(const Options& options);
@@ -71,6 +107,8 @@ class ZmtpRouter {
   // "localhost", "*", or a network interface's name. Port 0: any free port (see port()).
   Status Bind(const std::string& host, int port);
   int port() const { return port_; }
+  // Connections are accepted only on descriptors below this (see CONNECTIONS AND DESCRIPTORS).
+  int fd_limit() const { return fd_limit_; }
 
   // Also reports readiness of `fd` (e.g. an eventfd) from Wait.
   void Watch(int fd);
@@ -108,7 +146,10 @@ class ZmtpRouter {
   void Accept();
   void Read(Peer& p);
   void Write(Peer& p);
-  void Close(Peer& p, const Status& why);
+  void Close(Peer& p, CloseReason reason, const Status& why);
+  Peer* OldestHandshake(const std::string* address);  // the longest-waiting unfinished one
+  void PauseAccept(int64_t now_ns);
+  void ResumeAccept();
   void SetInterest(Peer& p);
   void Forget(uint64_t key);
   void Reap();  // forgets the peers closed in this Wait that have nothing left
@@ -119,7 +160,10 @@ class ZmtpRouter {
   int epoll_fd_ = -1;
   int listen_fd_ = -1;
   int port_ = 0;
-  int64_t listen_paused_until_ns_ = 0;  // after EMFILE: stop accepting for a moment
+  int fd_limit_ = 0;
+  bool accept_paused_ = false;          // after EMFILE: the listener is out of the poll set ...
+  int64_t accept_resume_ns_ = 0;        // ... until then, or until a connection closes
+  int64_t last_accept_warning_ns_ = 0;
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

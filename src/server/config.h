@@ -56,6 +56,15 @@ struct ServerConfig {
   uint64_t max_queued_bytes_per_connection = 0;
   int zmq_rcvhwm = 1000;
   int zmq_sndhwm = 100000;
+  // Connections on the request port (net/zmtp_router.h, "CONNECTIONS AND DESCRIPTORS"): at
+  // most this many, this many from one IP address, none past RLIMIT_NOFILE less fd_reserve
+  // descriptors (at most half the limit), and a connection must finish its ZMTP handshake
+  // within handshake_timeout_seconds (0: no limit). A connection that finished its handshake
+  // is never closed for being idle (vLLM's stay open, idle at times, for hours).
+  uint32_t max_connections = 1024;               // --max-connections
+  uint32_t max_connections_per_address = 256;    // --max-connections-per-address
+  uint32_t fd_reserve = 256;                     // --fd-reserve
+  double handshake_timeout_seconds = 30;         // --handshake-timeout-seconds
   std::string log_level = "info";
   // Which transfer paths the server serves (--supported-transfer-mode): "auto" (both; kvd's
   // default), "lmcache_driven" (STORE/RETRIEVE into registered KV tensors) or

@@ -1,6 +1,9 @@
 #include "server/metrics.h"
 
 #include <chrono>
+#include <tuple>
+
+#include "net/zmtp_router.h"
 
 namespace kvd::server {
 namespace {
@@ -108,6 +111,11 @@ void RequestMetrics::SetTransport(const TransportSnapshot& t) {
   transport_protocol_errors_.store(t.protocol_errors, std::memory_order_relaxed);
   transport_dropped_.store(t.dropped_replies, std::memory_order_relaxed);
   transport_handshake_timeouts_.store(t.handshake_timeouts, std::memory_order_relaxed);
+  for (size_t i = 0; i < t.closed_by.size(); ++i) transport_closed_by_[i].store(t.closed_by[i], std::memory_order_relaxed);
+  for (size_t i = 0; i < t.rejected.size(); ++i) transport_rejected_[i].store(t.rejected[i], std::memory_order_relaxed);
+  transport_evicted_.store(t.closed_by[static_cast<size_t>(net::ZmtpRouter::CloseReason::kEvicted)],
+                           std::memory_order_relaxed);
+  transport_accept_pauses_.store(t.accept_pauses, std::memory_order_relaxed);
 }
 
 RequestMetrics::TransportSnapshot RequestMetrics::Transport() const {
@@ -118,6 +126,9 @@ RequestMetrics::TransportSnapshot RequestMetrics::Transport() const {
   t.protocol_errors = transport_protocol_errors_.load(std::memory_order_relaxed);
   t.dropped_replies = transport_dropped_.load(std::memory_order_relaxed);
   t.handshake_timeouts = transport_handshake_timeouts_.load(std::memory_order_relaxed);
+  for (size_t i = 0; i < t.closed_by.size(); ++i) t.closed_by[i] = transport_closed_by_[i].load(std::memory_order_relaxed);
+  for (size_t i = 0; i < t.rejected.size(); ++i) t.rejected[i] = transport_rejected_[i].load(std::memory_order_relaxed);
+  t.accept_pauses = transport_accept_pauses_.load(std::memory_order_relaxed);
   return t;
 }
 
@@ -170,17 +181,22 @@ void RequestMetrics::RegisterMetrics(metrics::Registry& registry) {
        &RequestMetrics::transport_connections_},
       {"kvd_zmtp_connections_accepted_total", Kind::kCounter, "Client connections accepted.",
        &RequestMetrics::transport_accepted_},
-      {"kvd_zmtp_connections_closed_total", Kind::kCounter, "Client connections closed (by the client or kvd).",
-       &RequestMetrics::transport_closed_},
       {"kvd_zmtp_protocol_errors_total", Kind::kCounter,
        "Connections kvd closed for breaking ZMTP or a size limit (frame, message, frames, command).",
        &RequestMetrics::transport_protocol_errors_},
       {"kvd_zmtp_handshake_timeouts_total", Kind::kCounter,
-       "Connections kvd closed for not finishing the ZMTP handshake within 30 s.",
+       "Connections kvd closed for not finishing the ZMTP handshake in time (--handshake-timeout-seconds).",
        &RequestMetrics::transport_handshake_timeouts_},
       {"kvd_zmtp_dropped_replies_total", Kind::kCounter,
        "Replies not sent: the client was gone, or did not read its replies (unsent queue full).",
        &RequestMetrics::transport_dropped_},
+      {"kvd_zmtp_connections_evicted_total", Kind::kCounter,
+       "Connections still in their ZMTP handshake closed to make room for a new connection.",
+       &RequestMetrics::transport_evicted_},
+      {"kvd_zmtp_accept_paused_total", Kind::kCounter,
+       "Times accepting on the request port paused (100 ms, or until a connection closed): no "
+       "descriptor or memory for a new connection.",
+       &RequestMetrics::transport_accept_pauses_},
   };
   for (const Family& f : kFamilies) {
     const std::atomic<uint64_t>* v = &(this->*f.value);
@@ -188,6 +204,31 @@ void RequestMetrics::RegisterMetrics(metrics::Registry& registry) {
         {f.name, f.help, f.kind, {}, {}},
         [v](metrics::SeriesSink& sink) { sink.Add(static_cast<double>(v->load(std::memory_order_relaxed))); }));
   }
+  using Router = net::ZmtpRouter;
+  static_assert(std::tuple_size_v<decltype(TransportSnapshot::closed_by)> == Router::kNumCloseReasons);
+  static_assert(std::tuple_size_v<decltype(TransportSnapshot::rejected)> == Router::kNumRejectReasons);
+  metric_handles_.push_back(registry.AddCollected(
+      {"kvd_zmtp_connections_closed_total",
+       "Client connections closed, by reason: peer (the client closed or reset it), protocol_error, "
+       "handshake_timeout, evicted (to make room).",
+       Kind::kCounter, {"reason"}, {}},
+      [this](metrics::SeriesSink& sink) {
+        for (size_t i = 0; i < Router::kNumCloseReasons; ++i) {
+          sink.Add({Router::CloseReasonName(static_cast<Router::CloseReason>(i))},
+                   static_cast<double>(transport_closed_by_[i].load(std::memory_order_relaxed)));
+        }
+      }));
+  metric_handles_.push_back(registry.AddCollected(
+      {"kvd_zmtp_connections_rejected_total",
+       "New connections closed at once, by the bound they met (per_address, total, descriptors) "
+       "with no unfinished handshake to evict.",
+       Kind::kCounter, {"reason"}, {}},
+      [this](metrics::SeriesSink& sink) {
+        for (size_t i = 0; i < Router::kNumRejectReasons; ++i) {
+          sink.Add({Router::RejectReasonName(static_cast<Router::RejectReason>(i))},
+                   static_cast<double>(transport_rejected_[i].load(std::memory_order_relaxed)));
+        }
+      }));
 }
 
 }  // namespace kvd::server

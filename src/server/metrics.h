@@ -87,6 +87,12 @@ class RequestMetrics {
     uint64_t protocol_errors = 0;  // closed for breaking ZMTP or a size limit
     uint64_t handshake_timeouts = 0;  // closed for not finishing the handshake in time
     uint64_t dropped_replies = 0;  // not sent: client gone, or not reading its replies
+    // Closed per reason (net::ZmtpRouter::CloseReason order: peer, protocol_error,
+    // handshake_timeout, evicted); they add up to `closed`.
+    std::array<uint64_t, 4> closed_by{};
+    // New connections closed at once (RejectReason order: per_address, total, descriptors).
+    std::array<uint64_t, 3> rejected{};
+    uint64_t accept_pauses = 0;    // accepting paused for lack of descriptors or memory
   };
   void SetTransport(const TransportSnapshot& t);
   TransportSnapshot Transport() const;
@@ -120,7 +126,10 @@ class RequestMetrics {
   std::atomic<int64_t> inline_longest_ns_{0};
   std::atomic<int> inline_longest_op_{-1};  // op of inline_longest_ns_
   std::atomic<uint64_t> transport_connections_{0}, transport_accepted_{0}, transport_closed_{0},
-      transport_protocol_errors_{0}, transport_dropped_{0}, transport_handshake_timeouts_{0};
+      transport_protocol_errors_{0}, transport_dropped_{0}, transport_handshake_timeouts_{0},
+      transport_evicted_{0}, transport_accept_pauses_{0};
+  std::array<std::atomic<uint64_t>, 4> transport_closed_by_{};
+  std::array<std::atomic<uint64_t>, 3> transport_rejected_{};
   std::vector<metrics::CollectorHandle> metric_handles_;  // last: unregistered first
 };
 

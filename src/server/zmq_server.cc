@@ -83,6 +83,10 @@ net::ZmtpRouter::Options RouterOptions(const ServerConfig& c) {
   o.limits.max_frames = ZmqServer::kMaxFramesPerMessage;
   o.max_pending_messages = static_cast<uint32_t>(std::max(c.zmq_rcvhwm, 1));
   o.max_unsent_messages = static_cast<uint32_t>(std::max(c.zmq_sndhwm, 1));
+  o.handshake_timeout_ms = static_cast<int64_t>(c.handshake_timeout_seconds * 1000);
+  o.max_connections = std::max<uint32_t>(c.max_connections, 1);
+  o.max_connections_per_address = std::max<uint32_t>(c.max_connections_per_address, 1);
+  o.fd_reserve = c.fd_reserve;
   return o;
 }
 
@@ -111,6 +115,25 @@ struct ZmqServer::Impl {
   PrefetchWaits<ParkedWait> waits;           // parked WAIT_PREFETCH_STATUS requests
   uint64_t prefetch_changes_seen = 0;        // service->prefetch_changes() at the last check
 
+  net::ZmtpRouter::Stats published;          // the router's counters as last published
+
+  // Publishes the router's connection counters to the metrics when they moved.
+  void PublishTransport() {
+    const net::ZmtpRouter::Stats t = router.stats();
+    if (t == published) return;
+    published = t;
+    RequestMetrics::TransportSnapshot snap;
+    snap.connections = t.connections;
+    snap.accepted = t.accepted;
+    snap.closed = t.closed;
+    snap.protocol_errors = t.protocol_errors;
+    snap.handshake_timeouts = t.handshake_timeouts;
+    snap.dropped_replies = t.dropped_messages;
+    std::copy(std::begin(t.closed_by), std::end(t.closed_by), snap.closed_by.begin());
+    std::copy(std::begin(t.rejected), std::end(t.rejected), snap.rejected.begin());
+    snap.accept_pauses = t.accept_pauses;
+    metrics->SetTransport(snap);
+  }
   Impl(const ServerConfig& c, KvService* s, RequestMetrics* m)
       : config(c),
         service(s),
@@ -427,7 +450,15 @@ ZmqServer::ZmqServer(const ServerConfig& config, KvService* service, RequestMetr
 ZmqServer::~ZmqServer() = default;
 
 Status ZmqServer::Bind() {
-  return impl_->router.Bind(impl_->config.host, impl_->config.port);
+  const ServerConfig& c = impl_->config;
+  Status st = impl_->router.Bind(c.host, c.port);
+  if (st.ok()) {
+    spdlog::info("request port: at most {} connections, {} per address, on descriptors below {}; "
+                 "ZMTP handshake within {} s",
+                 c.max_connections, c.max_connections_per_address, impl_->router.fd_limit(),
+                 c.handshake_timeout_seconds);
+  }
+  return st;
 }
 
 void ZmqServer::Run(const std::atomic<bool>& stop) {
@@ -457,12 +488,10 @@ void ZmqServer::Run(const std::atomic<bool>& stop) {
     s.AnswerWaits();
     s.SendAll();
     s.streams->Pump();  // new KV events, fresh credits, idle streams
-    if (ev.messages || ev.watched || ev.io_ns > 0) {
-      s.metrics->RecordLoopIteration(WallNs() - wall0);
-      const net::ZmtpRouter::Stats t = s.router.stats();
-      s.metrics->SetTransport({t.connections, t.accepted, t.closed, t.protocol_errors,
-                               t.dropped_messages, t.handshake_timeouts});
-    }
+    if (ev.messages || ev.watched || ev.io_ns > 0) s.metrics->RecordLoopIteration(WallNs() - wall0);
+    // Connections also end with no socket event (a handshake timeout, the send of a reply):
+    // the counters are published whenever they moved.
+    s.PublishTransport();
   }
   s.streams->CloseAll();
   // Stop accepting; let queued transfers finish and deliver their replies.

@@ -282,6 +282,19 @@ def _zmtp_metrics(kvd) -> dict[str, float]:
     return out
 
 
+def _zmtp_settled(kvd) -> dict[str, float]:
+    """The kvd_zmtp_* samples once no connection is open (kvd's /healthcheck probes its own
+    request port with a connection of its own, closed at once)."""
+    import time
+
+    deadline = time.monotonic() + 5
+    while True:
+        m = _zmtp_metrics(kvd)
+        if m.get("kvd_zmtp_connections", 0) == 0 or time.monotonic() > deadline:
+            return m
+        time.sleep(0.05)
+
+
 def _client_works(kvd, timeout_ms: int = 3000) -> bool:
     try:
         return F.raw_requests(kvd.url, [F.OP_GET_CHUNK_SIZE], timeout_ms=timeout_ms)[0] == H.CHUNK_SIZE
@@ -300,6 +313,7 @@ def test_r2_finding7_connections_beyond_the_per_address_cap_are_closed(tmp_path)
     kvd = F.Kvd(tmp_path / "kvd.log", extra=["--max-connections-per-address", "4"]).start()
     socks = []
     try:
+        _zmtp_settled(kvd)
         raw = [_raw_zmtp(kvd.port) for _ in range(10)]
         socks += raw
         time.sleep(0.5)
@@ -312,6 +326,7 @@ def test_r2_finding7_connections_beyond_the_per_address_cap_are_closed(tmp_path)
 
         for s in raw:
             s.close()
+        _zmtp_settled(kvd)
         idle = [_raw_zmtp(kvd.port, handshake=True) for _ in range(4)]
         socks += idle
         time.sleep(0.3)
@@ -455,6 +470,7 @@ def test_r2_finding7_the_connection_metrics_follow_every_way_a_connection_ends(t
                                              "--handshake-timeout-seconds", "1"]).start()
     socks = []
     try:
+        m0 = _zmtp_settled(kvd)
         bye = _raw_zmtp(kvd.port, handshake=True)  # closed by the client
         time.sleep(0.2)
         bye.close()
@@ -473,7 +489,8 @@ def test_r2_finding7_the_connection_metrics_follow_every_way_a_connection_ends(t
         socks.append(extra)
         assert _closed_by_kvd(extra, 2.0)
         time.sleep(0.3)
-        m = _zmtp_metrics(kvd)
+        m = {k: v - m0.get(k, 0) if k != "kvd_zmtp_connections" else v
+             for k, v in _zmtp_metrics(kvd).items()}
         closed = {r: m.get(f'kvd_zmtp_connections_closed_total{{reason="{r}"}}', 0)
                   for r in ("peer", "protocol_error", "handshake_timeout", "evicted")}
         assert closed == {"peer": 1, "protocol_error": 1, "handshake_timeout": 3, "evicted": 1}, m
@@ -486,7 +503,8 @@ def test_r2_finding7_the_connection_metrics_follow_every_way_a_connection_ends(t
             s.close()
         time.sleep(0.3)
         m = _zmtp_metrics(kvd)
-        assert m['kvd_zmtp_connections_closed_total{reason="peer"}'] == 4, m
+        assert m['kvd_zmtp_connections_closed_total{reason="peer"}'] - \
+            m0['kvd_zmtp_connections_closed_total{reason="peer"}'] == 4, m
         assert m["kvd_zmtp_connections"] == 0, m
         total = sum(v for k, v in m.items() if k.startswith("kvd_zmtp_connections_closed_total"))
         assert m["kvd_zmtp_connections_accepted_total"] == total + m["kvd_zmtp_connections"], m

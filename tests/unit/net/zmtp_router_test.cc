@@ -5,11 +5,13 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <functional>
@@ -333,6 +335,127 @@ TEST_F(ZmtpRouterTest, AConnectionThatNeverFinishesItsHandshakeIsClosed) {
   EXPECT_EQ(got[0][1], "still here");
   close(silent);
   close(half);
+}
+
+// Finding 7 (issue 27): bounds on connections, descriptors, and how connections end.
+bool ClosedByRouter(int fd, int timeout_ms = 500) {
+  timeval tv{timeout_ms / 1000, (timeout_ms % 1000) * 1000};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  char buf[256];
+  for (;;) {
+    const ssize_t r = read(fd, buf, sizeof(buf));
+    if (r == 0 || (r < 0 && errno == ECONNRESET)) return true;
+    if (r < 0) return false;  // timed out: still open
+  }
+}
+
+void ExpectEndsAddUp(const ZmtpRouter::Stats& s) {
+  uint64_t sum = 0;
+  for (uint64_t n : s.closed_by) sum += n;
+  EXPECT_EQ(sum, s.closed);
+  EXPECT_EQ(s.accepted, s.connections + s.closed);
+}
+
+TEST_F(ZmtpRouterTest, Finding7APerAddressBoundEvictsTheOldestHandshakeThenRejects) {
+  ZmtpRouter::Options o;
+  o.max_connections_per_address = 2;
+  Start(o);
+  const int a = RawConnect(), b = RawConnect();
+  Pump(50);
+  const int c = RawConnect();  // replaces a, the oldest unfinished handshake
+  Pump(50);
+  EXPECT_TRUE(ClosedByRouter(a));
+  EXPECT_FALSE(ClosedByRouter(b, 50));
+  RawHandshake(b);
+  RawHandshake(c);
+  Pump(50);
+  const int d = RawConnect();  // both finished their handshake: d is rejected
+  Pump(50);
+  EXPECT_TRUE(ClosedByRouter(d));
+  EXPECT_FALSE(ClosedByRouter(b, 50));
+  EXPECT_FALSE(ClosedByRouter(c, 50));
+  const ZmtpRouter::Stats s = router_->stats();
+  EXPECT_EQ(s.connections, 2u);
+  EXPECT_EQ(s.closed_by[static_cast<size_t>(ZmtpRouter::CloseReason::kEvicted)], 1u);
+  EXPECT_EQ(s.rejected[static_cast<size_t>(ZmtpRouter::RejectReason::kPerAddress)], 1u);
+  ExpectEndsAddUp(s);
+  for (int fd : {a, b, c, d}) close(fd);
+  Pump(50);
+  EXPECT_EQ(router_->stats().connections, 0u);
+  EXPECT_EQ(router_->stats().closed_by[static_cast<size_t>(ZmtpRouter::CloseReason::kPeer)], 2u);
+  ExpectEndsAddUp(router_->stats());
+}
+
+TEST_F(ZmtpRouterTest, Finding7TheTotalBoundKeepsHandshakedClientsAndRejectsNewcomers) {
+  ZmtpRouter::Options o;
+  o.max_connections = 1;
+  Start(o);
+  auto d = Dealer("d");
+  d.send(zmq::str_buffer("hi"), zmq::send_flags::none);
+  ASSERT_EQ(ReceiveN(1).size(), 1u);
+  const int late = RawConnect();
+  Pump(50);
+  EXPECT_TRUE(ClosedByRouter(late));
+  EXPECT_EQ(router_->stats().rejected[static_cast<size_t>(ZmtpRouter::RejectReason::kTotal)], 1u);
+  d.send(zmq::str_buffer("still here"), zmq::send_flags::none);
+  ASSERT_EQ(ReceiveN(1).size(), 1u);
+  close(late);
+  ExpectEndsAddUp(router_->stats());
+}
+
+TEST_F(ZmtpRouterTest, Finding7OutOfDescriptorsAcceptingPausesInsteadOfSpinning) {
+  Start();
+  auto d = Dealer("d");  // handshaked: nothing to evict
+  d.send(zmq::str_buffer("hi"), zmq::send_flags::none);
+  ASSERT_EQ(ReceiveN(1).size(), 1u);
+  const int waiting = RawConnect();  // in the backlog until the router accepts it
+  rlimit old{};
+  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &old), 0);
+  const int probe = dup(0);
+  close(probe);
+  rlimit low = old;
+  low.rlim_cur = static_cast<rlim_t>(probe + 8);
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &low), 0);
+  std::vector<int> filler;
+  for (int fd; (fd = dup(0)) >= 0;) filler.push_back(fd);
+  int waits = 0;
+  const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(300);
+  while (std::chrono::steady_clock::now() < end) {
+    router_->Wait(50);
+    ++waits;
+  }
+  for (int fd : filler) close(fd);
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &old), 0);
+  EXPECT_LT(waits, 40) << "the loop spun on the listener";
+  EXPECT_GE(router_->stats().accept_pauses, 1u);
+  EXPECT_EQ(router_->stats().connections, 1u);
+  Pump(250);  // accepting resumed
+  EXPECT_EQ(router_->stats().connections, 2u);
+  close(waiting);
+}
+
+TEST_F(ZmtpRouterTest, Finding7OutOfDescriptorsTheOldestUnfinishedHandshakeMakesRoom) {
+  Start();
+  const int silent = RawConnect();
+  Pump(50);
+  const int waiting = RawConnect();
+  rlimit old{};
+  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &old), 0);
+  const int probe = dup(0);
+  close(probe);
+  rlimit low = old;
+  low.rlim_cur = static_cast<rlim_t>(probe + 8);
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &low), 0);
+  std::vector<int> filler;
+  for (int fd; (fd = dup(0)) >= 0;) filler.push_back(fd);
+  Pump(50);
+  for (int fd : filler) close(fd);
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &old), 0);
+  EXPECT_TRUE(ClosedByRouter(silent));
+  EXPECT_EQ(router_->stats().closed_by[static_cast<size_t>(ZmtpRouter::CloseReason::kEvicted)], 1u);
+  EXPECT_EQ(router_->stats().connections, 1u);  // `waiting` took its place
+  close(silent);
+  close(waiting);
 }
 
 TEST_F(ZmtpRouterTest, BindErrorsNameTheAddress) {
