@@ -10,10 +10,36 @@
 #include <cerrno>
 #include <charconv>
 #include <cstring>
+#include <mutex>
 #include <string>
 
 namespace kvd::l2 {
 namespace {
+// hiredis's reply builders, with arrays bounded: an array header announcing more than
+// kMaxReplyElements elements is refused before hiredis allocates its element table (the
+// reader then fails the reply). Installed on every connection's reader.
+const redisReplyObjectFunctions* g_hiredis_fns = nullptr;
+redisReplyObjectFunctions g_bounded_fns;
+std::once_flag g_fns_once;
+thread_local long long t_refused_elements = -1;
+
+void* BoundedCreateArray(const redisReadTask* task, int elements) {
+  if (elements > RespConnection::kMaxReplyElements) {
+    t_refused_elements = elements;
+    return nullptr;
+  }
+  return g_hiredis_fns->createArray(task, elements);
+}
+
+void InstallBoundedFns(redisContext* c) {
+  std::call_once(g_fns_once, [c] {
+    g_hiredis_fns = c->reader->fn;
+    g_bounded_fns = *g_hiredis_fns;
+    g_bounded_fns.createArray = BoundedCreateArray;
+  });
+  if (c->reader->fn == g_hiredis_fns) c->reader->fn = &g_bounded_fns;
+}
+
 timeval ToTimeval(double s) {
   timeval tv;
   tv.tv_sec = static_cast<time_t>(s);
@@ -45,6 +71,7 @@ Result<std::unique_ptr<RespConnection>> RespConnection::Connect(const RespEndpoi
     return Status::Unavailable(msg);
   }
   redisSetTimeout(c, ToTimeval(options.request_timeout_s));
+  InstallBoundedFns(c);
   std::unique_ptr<RespConnection> conn(new RespConnection(c, endpoint));
   if (!options.password.empty()) {
     std::vector<RespArg> auth = {"AUTH"};
@@ -153,9 +180,41 @@ Status RespConnection::WriteDirect(const std::vector<RespArg>& args) {
 
 Result<ReplyPtr> RespConnection::GetReply() {
   if (broken_) return Status::Unavailable(endpoint_.ToString() + ": connection is broken");
+  // hiredis's redisGetReply, with the bytes fed to the reader counted: a reply not complete
+  // after kMaxReplyBytes is refused rather than buffered further.
   void* reply = nullptr;
-  if (redisGetReply(ctx_, &reply) != REDIS_OK || reply == nullptr) return IoError("reply");
+  t_refused_elements = -1;
+  if (redisGetReplyFromReader(ctx_, &reply) != REDIS_OK) return ReaderError();
+  if (reply != nullptr) return ReplyPtr(static_cast<redisReply*>(reply));
+  int done = 0;
+  while (!done) {
+    if (redisBufferWrite(ctx_, &done) != REDIS_OK) return IoError("write");
+  }
+  scratch_.resize(kScratchBytes);
+  uint64_t fed = 0;
+  while (reply == nullptr) {
+    if (fed > kMaxReplyBytes) {
+      broken_ = true;
+      return Status::Unavailable(endpoint_.ToString() + ": reply: more than " +
+                                 std::to_string(kMaxReplyBytes) + " bytes (refused)");
+    }
+    auto n = ReadSome(scratch_.data(), scratch_.size());
+    if (!n.ok()) return n.status();
+    fed += *n;
+    if (redisReaderFeed(ctx_->reader, scratch_.data(), *n) != REDIS_OK) return IoError("reply");
+    if (redisGetReplyFromReader(ctx_, &reply) != REDIS_OK) return ReaderError();
+  }
   return ReplyPtr(static_cast<redisReply*>(reply));
+}
+
+Status RespConnection::ReaderError() {
+  if (t_refused_elements >= 0) {
+    broken_ = true;
+    return Status::Unavailable(endpoint_.ToString() + ": reply: an array of " +
+                               std::to_string(t_refused_elements) + " elements, more than " +
+                               std::to_string(kMaxReplyElements) + " (refused)");
+  }
+  return IoError("reply");
 }
 
 Result<ReplyPtr> RespConnection::Command(const std::vector<RespArg>& args, BulkSink* sink) {
@@ -179,6 +238,7 @@ Result<size_t> RespConnection::ReadSome(void* dst, size_t len) {
 
 Result<ReplyPtr> RespConnection::GetReplyInto(BulkSink& sink) {
   sink.filled = false;
+  sink.too_long = false;
   sink.size = 0;
   if (broken_) return Status::Unavailable(endpoint_.ToString() + ": connection is broken");
   redisReader* reader = ctx_->reader;
@@ -214,13 +274,35 @@ Result<ReplyPtr> RespConnection::GetReplyInto(BulkSink& sink) {
     const auto [ptr, ec] = std::from_chars(scratch_.data() + 1, end, len);
     value = ec == std::errc() && ptr == end;
   }
-  if (!value || len > sink.capacity) {
+  if (!value) {
     // Everything else goes through hiredis's parser, from the bytes read so far.
     if (redisReaderFeed(reader, scratch_.data(), have) != REDIS_OK) return IoError("reply");
     return GetReply();
   }
   const size_t body = line_end + 2;
   const size_t buffered = have - body;
+  if (len > sink.capacity) {
+    // Longer than the room for it: never buffered (issue 27, finding 6).
+    sink.too_long = true;
+    sink.size = len;
+    if (len - sink.capacity > kDrainBytes) {
+      broken_ = true;  // not worth reading: the owner drops the connection
+      return ReplyPtr();
+    }
+    const uint64_t need = len + 2;  // the value and its CRLF, read and discarded
+    if (buffered > need) {
+      if (redisReaderFeed(reader, scratch_.data() + body + need, buffered - need) != REDIS_OK) {
+        return IoError("reply");
+      }
+      return ReplyPtr();
+    }
+    for (uint64_t got = buffered; got < need;) {
+      auto n = ReadSome(scratch_.data(), static_cast<size_t>(std::min<uint64_t>(need - got, scratch_.size())));
+      if (!n.ok()) return n.status();
+      got += *n;
+    }
+    return ReplyPtr();
+  }
   const size_t first = static_cast<size_t>(std::min<uint64_t>(buffered, len));
   if (first > 0) std::memcpy(sink.dst, scratch_.data() + body, first);
   uint64_t got = first;

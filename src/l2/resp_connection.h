@@ -6,6 +6,13 @@
 // A connection that saw an I/O or protocol error is broken for good (broken() is true): the
 // owner drops it and connects again later. Server error replies (-ERR, -MOVED, ...) do not
 // break it.
+//
+// BOUNDS (issue 27, finding 6). The server controls every size in a reply; none is trusted
+// before memory is committed to it. A value read into a BulkSink: at most its capacity (see
+// BulkSink). Any other reply: at most kMaxReplyBytes of it are buffered before it is
+// complete (a longer one breaks the connection: the call answers Unavailable), an array may
+// announce at most kMaxReplyElements elements (checked before hiredis allocates them), and
+// hiredis refuses nesting deeper than 7. A reply's first line is at most 64 KiB.
 #pragma once
 
 #include <cstdint>
@@ -46,12 +53,17 @@ using ReplyPtr = std::unique_ptr<redisReply, ReplyDeleter>;
 using RespArg = std::string_view;
 
 // Where a command's bulk-string reply (a GET's value) goes instead of a reply object: read
-// from the socket straight into `dst` when it is at most `capacity` bytes. Any other reply
-// (an error, nil, another type, a longer value) is returned as a reply object as usual.
+// from the socket straight into `dst` when it is at most `capacity` bytes. A longer value is
+// never buffered (issue 27, finding 6): too_long is set, size says how long it claimed to be,
+// and no reply object comes back; when it is at most kDrainBytes longer than `capacity` it
+// is read and discarded 64 KiB at a time (the connection stays usable), else the connection
+// is broken (the owner drops it). Any other reply (an error, nil, another type) is returned
+// as a reply object as usual.
 struct BulkSink {
   uint8_t* dst = nullptr;
   uint64_t capacity = 0;
-  bool filled = false;  // set by the command: the value is in dst[0, size)
+  bool filled = false;    // set by the command: the value is in dst[0, size)
+  bool too_long = false;  // set by the command: a value of `size` bytes, not read
   uint64_t size = 0;
 };
 
@@ -83,11 +95,19 @@ class RespConnection {
   void Interrupt();
 
   bool broken() const { return broken_; }
+
+  // The bounds above. Replies other than values are small (SCAN pages of 1,000 keys, slot
+  // maps, integers, OK); a value may be at most kDrainBytes longer than the room for it to
+  // be discarded without losing the connection.
+  static constexpr uint64_t kMaxReplyBytes = 2ull << 20;
+  static constexpr int kMaxReplyElements = 1 << 16;
+  static constexpr uint64_t kDrainBytes = 4ull << 20;
   const RespEndpoint& endpoint() const { return endpoint_; }
 
  private:
   RespConnection(redisContext* c, RespEndpoint endpoint) : ctx_(c), endpoint_(std::move(endpoint)) {}
   Status IoError(const char* what);
+  Status ReaderError();  // the reader failed a reply (a refused array, a protocol error)
   Status WriteDirect(const std::vector<RespArg>& args);
   Result<ReplyPtr> GetReplyInto(BulkSink& sink);
   // read(2) on the socket with EINTR retried; an error or EOF breaks the connection.

@@ -427,11 +427,16 @@ ItemResult RespTier::LoadOne(Worker& w, const LoadItem& item) {
   if (Status st = ValidateObjectKey(item.key); !st.ok()) return {st, 0};
   const std::string key = RespKey(item.key, options_.key_prefix);
   // The value is read from the socket straight into the destination when it fits there;
-  // otherwise (a longer value) it comes as a reply object and is checked the same way.
+  // a longer value is not read at all (RespConnection's BulkSink).
   BulkSink sink{item.dst, item.size};
   auto r = Run(w, key, {"GET", key}, &sink);
   if (!r.ok()) return {r.status(), 0};
   const redisReply* rep = r->get();
+  if (sink.too_long) {  // not read (issue 27, finding 6): a counted miss
+    return {Status::Internal(key + ": a value of " + std::to_string(sink.size) +
+                             " bytes, longer than the " + std::to_string(item.size) +
+                             " expected (not read)"), 0};
+  }
   if (!sink.filled) {
     if (IsError(rep)) return {Status::Internal(std::string(ReplyString(rep))), 0};
     if (IsNil(rep)) return {Status::NotFound(key), 0};
