@@ -524,7 +524,8 @@ const FlagSpec kFlags[] = {
     {.name = "--max-sessions", .group = kKvdGroup, .kind = K::kInt, .origin = O::kKvd,
      .lmcache_default = "65536",
      .note = "live request sessions kept at most; the least recently used is dropped beyond "
-             "(a dropped session's chunks are hashed again on its next request)",
+             "(a dropped session's chunks are hashed again on its next request); also the "
+             "bound on lookup read-lock holds (the oldest are released early beyond)",
      .min = 1, .max = 1e9,
      .apply = [](const FlagValue& v, CliConfig& c) {
        c.server.max_sessions = static_cast<uint64_t>(v.AsInt());

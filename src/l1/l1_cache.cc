@@ -214,7 +214,8 @@ L1Cache::L1Cache(const L1CacheOptions& options, std::unique_ptr<MemoryPool> pool
       alloc_(std::move(alloc)),
       quotas_(options.eviction_watermark, options.eviction_ratio),
       policy_shared_(eviction::MakeSharedState(policy_name_)),
-      locks_(std::make_unique<Locks>(std::max<uint64_t>(1, options.max_read_lock_slots))) {
+      locks_(std::make_unique<Locks>(std::max<uint64_t>(1, options.max_read_lock_slots),
+                                     std::max<uint64_t>(1, options.max_lookup_holds))) {
   shards_.reserve(detail::kShards);
   for (uint32_t i = 0; i < detail::kShards; ++i) {
     auto sh = std::make_unique<Shard>(i, seed_);

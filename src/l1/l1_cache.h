@@ -85,6 +85,11 @@ struct L1CacheOptions {
   // holds are released early (l1_cache_locks.h). 2^24: at most ~100 MB of hold records
   // (2 B per counter + 4 B per chunk).
   uint64_t max_read_lock_slots = uint64_t{1} << 24;
+  // Bound on lookup holds (owners) at once, with the same early release of the oldest: a hold
+  // of one chunk costs one counter but ~200 B of record plus its owner's request id (at most
+  // wire::kMaxRequestIdBytes), so the counter bound alone let gigabytes of holds pile up
+  // (issue 27, finding 6). The server sets it to --max-sessions: ~80 MB at 65,536.
+  uint64_t max_lookup_holds = 65536;
   double write_ttl_seconds = 600;
   double eviction_watermark = 0.8;  // EvictToWatermark acts when used/capacity >= this
   double eviction_ratio = 0.2;      // ... and then frees about this fraction of capacity

@@ -85,28 +85,38 @@ void L1Cache::ShedOldestHoldsOnce(uint64_t need) {
   const uint64_t max = locks_->max_held_slots;
   const uint64_t used = locks_->held_slots.load(std::memory_order_relaxed);
   // Room for this lookup, and a quarter of the bound for the next ones; a single lookup never
-  // sheds more than half of the bound.
+  // sheds more than half of the bound. The same for the number of holds (this lookup adds one).
   const uint64_t target = max - std::max(max / 4, std::min(need, max / 2));
-  if (used <= target) return;
+  const uint64_t max_holds = locks_->max_holds;
+  const uint64_t holds_used = locks_->owners.load(std::memory_order_relaxed);
+  const uint64_t holds_target = max_holds - std::max<uint64_t>(max_holds / 4, 1);
+  if (used <= target && holds_used <= holds_target) return;
   // Deadlines are the take time plus the read TTL, so the oldest holds have the earliest; all
   // lie within one TTL from now (an expired one the sweep has not reached counts as now).
-  // Counters per deadline bucket (1/256 of the TTL), then a cutoff at the bucket that frees
-  // enough: one pass to count, one to release, no sort.
+  // Counters and holds per deadline bucket (1/256 of the TTL), then a cutoff at the bucket
+  // that frees enough: one pass to count, one to release, no sort.
   constexpr int kBuckets = 256;
   std::array<uint64_t, kBuckets> slots_in{};
+  std::array<uint64_t, kBuckets> holds_in{};
   const int64_t now = clock_->NowNanos();
   const int64_t width = read_ttl_ns_ / kBuckets + 1;
   for (auto& ls : locks_->shards) {
     MutexLock owner_lock(&ls.mu);
     for (const auto& [owner, h] : ls.holds) {
-      const int64_t b = std::clamp<int64_t>((h.deadline_ns - now) / width, 0, kBuckets - 1);
-      slots_in[static_cast<size_t>(b)] += uint64_t{h.live} * h.num_slots;
+      const auto b = static_cast<size_t>(
+          std::clamp<int64_t>((h.deadline_ns - now) / width, 0, kBuckets - 1));
+      slots_in[b] += uint64_t{h.live} * h.num_slots;
+      holds_in[b] += 1;
     }
   }
   uint64_t freed = 0;
+  uint64_t freed_holds = 0;
   int64_t cutoff = now;
-  for (int b = 0; b < kBuckets && used - std::min(freed, used) > target; ++b) {
+  for (int b = 0; b < kBuckets && (used - std::min(freed, used) > target ||
+                                   holds_used - std::min(freed_holds, holds_used) > holds_target);
+       ++b) {
     freed += slots_in[static_cast<size_t>(b)];
+    freed_holds += holds_in[static_cast<size_t>(b)];
     cutoff = b == kBuckets - 1 ? INT64_MAX : now + (b + 1) * width - 1;
   }
   uint64_t holds = 0;
@@ -115,10 +125,11 @@ void L1Cache::ShedOldestHoldsOnce(uint64_t need) {
   const double min_age_s =
       cutoff == INT64_MAX ? 0.0
                           : static_cast<double>(std::max<int64_t>(0, now - (cutoff - read_ttl_ns_))) / 1e9;
-  spdlog::warn("l1: {} of {} read-lock counters in use (lookups that are never retrieved or "
-               "freed?): released the {} oldest lookup holds early ({} chunks, each taken at least "
-               "{:.1f} s ago; the read TTL is {:.0f} s)",
-               used, max, holds, chunks, min_age_s, static_cast<double>(read_ttl_ns_) / 1e9);
+  spdlog::warn("l1: {} of {} read-lock counters and {} of {} lookup holds in use (lookups that "
+               "are never retrieved or freed?): released the {} oldest lookup holds early ({} "
+               "chunks, each taken at least {:.1f} s ago; the read TTL is {:.0f} s)",
+               used, max, holds_used, max_holds, holds, chunks, min_age_s,
+               static_cast<double>(read_ttl_ns_) / 1e9);
 }
 
 size_t L1Cache::LookupAndLock(std::string_view owner, uint64_t first_chunk,
@@ -127,7 +138,8 @@ size_t L1Cache::LookupAndLock(std::string_view owner, uint64_t first_chunk,
   const uint16_t readers = static_cast<uint16_t>(std::min<uint32_t>(readers_per_slot, 0xFFFF));
   if (readers > 0 && num_slots > 0) {
     const uint64_t need = uint64_t{keys.size()} * num_slots;
-    if (locks_->held_slots.load(std::memory_order_relaxed) + need > locks_->max_held_slots) {
+    if (locks_->held_slots.load(std::memory_order_relaxed) + need > locks_->max_held_slots ||
+        locks_->owners.load(std::memory_order_relaxed) + 1 > locks_->max_holds) {
       ShedOldestHolds(need);
     }
   }
@@ -139,15 +151,18 @@ size_t L1Cache::LookupAndLock(std::string_view owner, uint64_t first_chunk,
     ls.holds.erase(it);
     locks_->owners.fetch_sub(1, std::memory_order_relaxed);
   }
-  // How many chunks the bound on reader counters still allows this lookup to lock.
+  // How many chunks the bounds on reader counters and holds still allow this lookup to lock
+  // (less than asked only when shedding could not make room: another thread was shedding).
   size_t allowed = keys.size();
   if (readers > 0 && num_slots > 0) {
     const uint64_t used = locks_->held_slots.load(std::memory_order_relaxed);
     const uint64_t room = used >= locks_->max_held_slots ? 0 : locks_->max_held_slots - used;
     allowed = std::min<uint64_t>(allowed, room / num_slots);
+    if (locks_->owners.load(std::memory_order_relaxed) >= locks_->max_holds) allowed = 0;
     if (allowed < keys.size()) {
-      spdlog::warn("l1: {} read-lock counters in use; lookup '{}' locks at most {} of {} chunks",
-                   used, owner, allowed, keys.size());
+      spdlog::warn("l1: {} read-lock counters and {} lookup holds in use; a lookup locks at most "
+                   "{} of {} chunks",
+                   used, locks_->owners.load(std::memory_order_relaxed), allowed, keys.size());
     }
   }
 

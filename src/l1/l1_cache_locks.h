@@ -5,8 +5,9 @@
 // unlocked (EntryLocks::holders - 1) when all its readers are done or the hold is dropped.
 // Holds are kept in 64 shards by owner, each with its own mutex.
 //
-// Bound: at most max_held_slots (chunk x slot) reader counters across all holds
-// (L1CacheOptions::max_read_lock_slots). A lookup that would pass it first releases the
+// Bounds: at most max_held_slots (chunk x slot) reader counters across all holds
+// (L1CacheOptions::max_read_lock_slots), and at most max_holds holds
+// (L1CacheOptions::max_lookup_holds). A lookup that would pass either first releases the
 // oldest holds early (ShedOldestHolds: down to 3/4 of the bound, or the room it needs): a
 // client that looks up and never retrieves fills the bound in seconds, and refusing new locks
 // instead would make every client's lookups miss until those holds expired (the read TTL,
@@ -34,7 +35,8 @@
 namespace kvd::l1 {
 
 struct L1Cache::Locks {
-  explicit Locks(uint64_t max_held) : max_held_slots(max_held) {}
+  Locks(uint64_t max_held, uint64_t max_hold_count)
+      : max_held_slots(max_held), max_holds(max_hold_count) {}
 
   struct Hold {
     uint64_t first_chunk = 0;
@@ -54,6 +56,7 @@ struct L1Cache::Locks {
   }
 
   const uint64_t max_held_slots;
+  const uint64_t max_holds;
   std::array<LockShard, 64> shards;
   std::atomic<uint64_t> held_slots{0};  // reader counters in use, for the bound
   std::atomic<uint64_t> owners{0};      // holds in use (stats)

@@ -22,6 +22,7 @@ Result<std::unique_ptr<KvService>> KvService::Create(const ServerConfig& config,
     return Status::InvalidArgument("unknown --l1-populate mode '" + config.l1_populate + "'");
   }
   o.read_ttl_seconds = config.l1_read_ttl_seconds;
+  o.max_lookup_holds = config.max_sessions;  // one hold per request, as one session
   o.write_ttl_seconds = config.l1_write_ttl_seconds;
   o.eviction_watermark = config.eviction_trigger_watermark;
   o.eviction_ratio = config.eviction_ratio;

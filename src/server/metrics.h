@@ -60,6 +60,9 @@ class RequestMetrics {
   int64_t End(wire::Op op, int64_t begin_ns);
   // A request whose op frame could not be decoded.
   void CountUnknownOp() { unknown_ops_.fetch_add(1, std::memory_order_relaxed); }
+  // A message dropped unanswered: fewer frames than [uid, op], or a uid frame over
+  // wire::kMaxRequestUidBytes (a reply would echo it).
+  void CountMalformedMessage() { malformed_messages_.fetch_add(1, std::memory_order_relaxed); }
 
   // Ops that have seen at least one request, in op-table order.
   std::vector<OpSnapshot> Snapshot() const;
@@ -121,6 +124,7 @@ class RequestMetrics {
 
   std::array<PerOp, kMaxOps> ops_{};
   std::atomic<uint64_t> unknown_ops_{0};
+  std::atomic<uint64_t> malformed_messages_{0};
   Histogram loop_;
   std::atomic<int64_t> loop_longest_ns_{0};
   std::atomic<int64_t> inline_longest_ns_{0};

@@ -110,11 +110,11 @@ struct ZmqServer::Impl {
   std::vector<std::string_view> payload_views;
   std::unordered_map<std::string, uint64_t, StringHash, std::equal_to<>> queued_bytes;
   int64_t last_refusal_log_ns = 0;
+  int64_t last_malformed_log_ns = 0;  // rate limit of the "dropped unanswered" warning
   SteadyClock clock;
   std::unique_ptr<KvEventStreams> streams;  // subscribe_kv_events (kv_event_streams.h)
   PrefetchWaits<ParkedWait> waits;           // parked WAIT_PREFETCH_STATUS requests
   uint64_t prefetch_changes_seen = 0;        // service->prefetch_changes() at the last check
-
   net::ZmtpRouter::Stats published;          // the router's counters as last published
 
   // Publishes the router's connection counters to the metrics when they moved.
@@ -134,6 +134,7 @@ struct ZmqServer::Impl {
     snap.accept_pauses = t.accept_pauses;
     metrics->SetTransport(snap);
   }
+
   Impl(const ServerConfig& c, KvService* s, RequestMetrics* m)
       : config(c),
         service(s),
@@ -332,8 +333,20 @@ struct ZmqServer::Impl {
   int64_t OnRequest() {
     // [identity, uid, op, payload...]
     if (frames.size() < 3) {
+      metrics->CountMalformedMessage();
       spdlog::warn("dropping a message of {} frame(s): expected [uid, op, payload...]",
                    frames.empty() ? 0 : frames.size() - 1);
+      return 0;
+    }
+    if (frames[1].size() > wire::kMaxRequestUidBytes) {  // any reply would echo it
+      metrics->CountMalformedMessage();
+      const int64_t now = WallNs();
+      if (now - last_malformed_log_ns > 1'000'000'000) {  // at most one line a second
+        last_malformed_log_ns = now;
+        spdlog::warn("request from {}: dropped unanswered, its uid frame has {} bytes (at most {}; "
+                     "lmcache's request uid is a msgpack int)",
+                     ClientTag(View(frames[0])), frames[1].size(), wire::kMaxRequestUidBytes);
+      }
       return 0;
     }
     streams->Touch(View(frames[0]));

@@ -23,7 +23,9 @@
 // hold at most max_queued_bytes_per_connection bytes of frames: beyond that a request is
 // answered at once with its op's failure reply (counted as refused) and its frames are
 // freed. A single request larger than the bound is still accepted when nothing else of its
-// connection is queued. docs/reliability.md adds these up.
+// connection is queued. A message whose uid frame is over wire::kMaxRequestUidBytes is
+// dropped unanswered before anything keeps it (a reply, a parked wait or a KV-event stream
+// would hold the uid). docs/reliability.md adds these up.
 //
 // Steady state of PING / QUERY_PREFETCH_STATUS / END_SESSION: no heap allocation on the
 // socket thread (frames are received into reused storage, replies are small messages,

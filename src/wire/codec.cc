@@ -78,8 +78,25 @@ Result<bool> ReadBool(const object& o, std::string_view ctx, std::string_view fi
 }
 
 Result<std::string> ReadStr(const object& o, std::string_view ctx, std::string_view field) {
-  if (o.type == mt::STR) return std::string(o.via.str.ptr, o.via.str.size);
-  return TypeError(ctx, field, "string");
+  if (o.type != mt::STR) return TypeError(ctx, field, "string");
+  if (o.via.str.size > kMaxStringFieldBytes) {
+    return Status::InvalidArgument(Where(ctx, field) + ": at most " +
+                                   std::to_string(kMaxStringFieldBytes) + " bytes, got " +
+                                   std::to_string(o.via.str.size));
+  }
+  return std::string(o.via.str.ptr, o.via.str.size);
+}
+
+// A request id: a string of at most kMaxRequestIdBytes.
+Result<std::string> ReadRequestId(const object& o, std::string_view ctx, std::string_view field) {
+  std::string id;
+  KVD_ASSIGN(id, ReadStr(o, ctx, field));
+  if (id.size() > kMaxRequestIdBytes) {
+    return Status::InvalidArgument(Where(ctx, field) + ": at most " +
+                                   std::to_string(kMaxRequestIdBytes) + " bytes, got " +
+                                   std::to_string(id.size()));
+  }
+  return id;
 }
 
 Result<std::string> ReadBytes(const object& o, std::string_view ctx, std::string_view field) {
@@ -333,7 +350,7 @@ Result<ReportBlockAllocationRequest> DecodeReportBlockAllocation(Frames p) {
     constexpr std::string_view ctx = "report_block_allocation.records[]";
     KVD_RETURN_IF_ERROR(RequireMap(o, ctx));
     BlockAllocationRecord rec;
-    KVD_ASSIGN(rec.req_id, Required(o, ctx, "req_id", ReadStr));
+    KVD_ASSIGN(rec.req_id, Required(o, ctx, "req_id", ReadRequestId));
     KVD_ASSIGN(rec.new_block_ids, Required(o, ctx, "new_block_ids", ReadIntArray));
     KVD_ASSIGN(rec.new_token_ids, Required(o, ctx, "new_token_ids", ReadIntArray));
     r.records.push_back(std::move(rec));

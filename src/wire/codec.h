@@ -36,6 +36,21 @@ struct DecodeLimits {
   size_t max_depth = 16;
 };
 
+// Client strings kvd keeps (issue 27, finding 6): each is bounded where it is decoded, so
+// what a request leaves behind (a session, a lookup hold, a parked wait, a stream) costs a
+// known amount whatever the client sends.
+//   - A request id (a key's request_id, QUERY/WAIT_PREFETCH_STATUS, END_SESSION,
+//     report_block_allocation's req_id) is at most kMaxRequestIdBytes: vLLM's ids are ~50
+//     bytes ("cmpl-<uuid>-0-<8 hex>", or a client's X-Request-Id in their place). A key with
+//     a longer one is refused as any malformed key is (a LOOKUP answers as failed, 0 hits).
+//   - Any other string field (names, dtypes, tags, layouts) is at most kMaxStringFieldBytes.
+//   - The request uid frame (lmcache's RequestUID, a msgpack int of at most 9 bytes) is at
+//     most kMaxRequestUidBytes; a message with a longer one is dropped unanswered by the
+//     server (server/zmq_server.h), since any reply would echo it.
+inline constexpr size_t kMaxRequestIdBytes = 1024;
+inline constexpr size_t kMaxStringFieldBytes = 4096;
+inline constexpr size_t kMaxRequestUidBytes = 64;
+
 // The op frame: a msgpack int (frozen id) or str (op name). NotFound for unknown ops.
 Result<const OpInfo*> DecodeOp(std::string_view op_frame);
 

@@ -67,9 +67,14 @@ Result<double> FloatOf(const MpItem& v, std::string_view ctx, std::string_view f
   return TypeError(ctx, field, "number");
 }
 
-Result<std::string_view> StrOf(const MpItem& v, std::string_view ctx, std::string_view field) {
-  if (v.kind == MpKind::kStr) return v.bytes;
-  return TypeError(ctx, field, "string");
+Result<std::string_view> StrOf(const MpItem& v, std::string_view ctx, std::string_view field,
+                               size_t max_bytes = kMaxStringFieldBytes) {
+  if (v.kind != MpKind::kStr) return TypeError(ctx, field, "string");
+  if (v.bytes.size() > max_bytes) {
+    return Status::InvalidArgument(Where(ctx, field) + ": at most " + std::to_string(max_bytes) +
+                                   " bytes, got " + std::to_string(v.bytes.size()));
+  }
+  return v.bytes;
 }
 
 Result<std::string_view> BytesOf(const MpItem& v, std::string_view ctx, std::string_view field) {
@@ -206,7 +211,7 @@ Result<CacheKey> DecodeKeyFrame(std::string_view frame, std::string_view what, s
   KVD_RETURN_IF_ERROR(required(end, "end"));
   KVD_ASSIGN(key.end, IntOf(end.value, ctx, "end"));
   KVD_RETURN_IF_ERROR(required(request, "request_id"));
-  KVD_ASSIGN(sv, StrOf(request.value, ctx, "request_id"));
+  KVD_ASSIGN(sv, StrOf(request.value, ctx, "request_id", kMaxRequestIdBytes));
   key.request_id.assign(sv);
   if (salt.present && salt.value.kind != MpKind::kNil) {
     KVD_ASSIGN(sv, StrOf(salt.value, ctx, "cache_salt"));
@@ -527,7 +532,7 @@ Result<std::string_view> DecodeRequestId(Frames p) {
   if (p.empty() || p.size() > 2) return Status::InvalidArgument("expected 1 payload frame (request_id)");
   auto v = ScalarFrame(p[0], "request_id");
   if (!v.ok()) return v.status();
-  return StrOf(*v, "request_id", "");
+  return StrOf(*v, "request_id", "", kMaxRequestIdBytes);
 }
 
 Result<std::pair<std::string_view, double>> DecodeWaitPrefetch(Frames p) {

@@ -25,6 +25,8 @@ void CheckKey(const wire::CacheKey& k) {
   Check(k.cache_salt.find_first_of(std::string_view("@/\\\0", 4)) == std::string::npos,
         "cache_salt has no '@', '/', '\\' or NUL");
   Check(k.model_name.find('@') == std::string::npos, "model_name has no '@'");
+  Check(k.request_id.size() <= wire::kMaxRequestIdBytes, "request_id at most 1 KiB");
+  Check(k.model_name.size() <= wire::kMaxStringFieldBytes, "model_name at most 4 KiB");
 }
 
 void CheckDescriptor(const wire::TensorDescriptor& d) {
@@ -50,8 +52,11 @@ void DecodeAll(wire::Frames p) {
     Check(r->skip_first_n_tokens >= 0, "retrieve skip_first_n_tokens non-negative");
   }
   if (auto r = wire::DecodeLookup(p); r.ok()) CheckKey(r->key);
-  (void)wire::DecodeRequestId(p);
+  if (auto r = wire::DecodeRequestId(p); r.ok()) {
+    Check(r->size() <= wire::kMaxRequestIdBytes, "request id at most 1 KiB");
+  }
   if (auto r = wire::DecodeWaitPrefetch(p); r.ok()) {
+    Check(r->first.size() <= wire::kMaxRequestIdBytes, "wait request id at most 1 KiB");
     Check(std::isfinite(r->second) && r->second >= 0, "wait timeout finite, non-negative");
   }
   (void)wire::DecodePing(p);
@@ -61,7 +66,12 @@ void DecodeAll(wire::Frames p) {
     CheckKey(r->key);
     Check(r->key.worker_id.has_value(), "engine-driven key has a worker_id");
   }
-  (void)wire::DecodeReportBlockAllocation(p);
+  if (auto r = wire::DecodeReportBlockAllocation(p); r.ok()) {
+    Check(r->model_name.size() <= wire::kMaxStringFieldBytes, "model_name at most 4 KiB");
+    for (const auto& rec : r->records) {
+      Check(rec.req_id.size() <= wire::kMaxRequestIdBytes, "req_id at most 1 KiB");
+    }
+  }
   CheckBlendDecoders(p, nullptr);  // every CacheBlend decoder (fuzz_common.cc)
   if (auto r = wire::DecodeSubscribeKvEvents(p); r.ok()) {
     // Whatever decodes must encode back into one well-formed batch message.

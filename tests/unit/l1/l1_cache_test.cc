@@ -31,8 +31,10 @@ constexpr uint64_t kPage = 4096;
 class L1CacheTest : public ::testing::Test {
  protected:
   std::unique_ptr<L1Cache> Make(uint64_t pages, double watermark = 0.8, double ratio = 0.2,
-                                const std::string& policy = "LRU") {
+                                const std::string& policy = "LRU",
+                                uint64_t max_lookup_holds = L1CacheOptions{}.max_lookup_holds) {
     L1CacheOptions options;
+    options.max_lookup_holds = max_lookup_holds;
     options.eviction_policy = policy;
     options.capacity_bytes = pages * kPage;
     options.read_ttl_seconds = 300;
@@ -359,7 +361,8 @@ TEST_F(L1CacheTest, ReadLocksBelongToTheLookupThatTookThem) {
 // looks up and ends sessions; kvd-bench's 8- and 64-client hit cases) was refused its lock
 // and answered a miss, for every client, until holds expired 300 s later.
 TEST_F(L1CacheTest, AHotChunkStillHitsPastSixtyFiveThousandHolds) {
-  auto cache = Make(4);
+  // More holds than the default bound on holds (this tests the entry's counter, not it).
+  auto cache = Make(4, 0.8, 0.2, "LRU", uint64_t{1} << 20);
   const ChunkKey k = Key(1);
   ASSERT_TRUE(WriteObject(*cache, k, 1, 0, kPage).ok());
   constexpr int kOwners = EntryLocks::kMax + 1000;
@@ -414,6 +417,38 @@ TEST_F(L1CacheTest, AtTheReadLockBoundTheOldestHoldsAreReleasedEarly) {
   cache.ReleaseAllLocks("old0");  // gone already: changes nothing
   EXPECT_EQ(cache.DescribeSlot(keys[0], 0)->read_locks, 4u);
   for (const char* owner : {"old1", "old2", "old3", "new"}) cache.ReleaseAllLocks(owner);
+  EXPECT_EQ(cache.stats().lookup_locks, 0u);
+  EXPECT_EQ(cache.stats().locked_entries, 0u);
+}
+
+// Issue 27, finding 6: a hold costs memory beyond its counters (its request id, its record),
+// and a lookup that holds one chunk costs one counter, so the counter bound alone let 2^24
+// holds pile up (gigabytes of records). The number of holds is bounded too: at that bound the
+// oldest holds go early, as at the counter bound.
+TEST_F(L1CacheTest, Finding6AtTheHoldBoundTheOldestHoldsAreReleasedEarly) {
+  L1CacheOptions options;
+  options.capacity_bytes = 16 * kPage;
+  options.max_lookup_holds = 8;
+  options.clock = &clock_;
+  auto made = L1Cache::Create(options);
+  ASSERT_TRUE(made.ok()) << made.status().ToString();
+  L1Cache& cache = **made;
+  ASSERT_EQ(Ns(cache), 0u);  // Key(i)'s namespace
+  const ChunkKey k = Key(1);
+  ASSERT_TRUE(WriteObject(cache, k, 1, 0, kPage).ok());
+  for (int i = 0; i < 40; ++i) {
+    ASSERT_EQ(cache.LookupAndLock(std::string("owner") + std::to_string(i), 0, {&k, 1}, 1, 1), 1u)
+        << i;  // every lookup still locks its hit
+    EXPECT_LE(cache.stats().lookup_locks, 8u) << i;
+    clock_.AdvanceSeconds(1);
+  }
+  const L1Stats st = cache.stats();
+  EXPECT_GE(st.shed_lookup_locks, 32u);
+  EXPECT_EQ(cache.DescribeSlot(k, 0)->read_locks, static_cast<uint32_t>(st.lookup_locks));
+  // The newest hold survived the shedding; releasing every owner leaves nothing locked.
+  cache.ReleaseLocks("owner39", 0, 1, 0);
+  EXPECT_EQ(cache.DescribeSlot(k, 0)->read_locks, static_cast<uint32_t>(st.lookup_locks - 1));
+  for (int i = 0; i < 40; ++i) cache.ReleaseAllLocks(std::string("owner") + std::to_string(i));
   EXPECT_EQ(cache.stats().lookup_locks, 0u);
   EXPECT_EQ(cache.stats().locked_entries, 0u);
 }

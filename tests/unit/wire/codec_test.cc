@@ -196,6 +196,30 @@ TEST(DecodeStore, OversizeArraysAreRefusedBeforeAllocation) {
   ASSERT_FALSE(r.ok());
 }
 
+// Issue 27, finding 6: a request id is kept as long as the request's session and lookup hold
+// (the read TTL, 300 s), so it is bounded where it is decoded: 1 KiB is accepted, one byte
+// more is refused naming the field, in a key and as a bare request id frame.
+TEST(DecodeLookup, Finding6RequestIdsOver1KiBAreRefused) {
+  KeySpec k;
+  k.worker_id.reset();
+  k.request_id = std::string(kMaxRequestIdBytes, 'r');
+  std::vector<std::string> f = {PackKey(k), PackInt(1)};
+  std::vector<std::string_view> v(f.begin(), f.end());
+  ASSERT_TRUE(DecodeLookup(v).ok());
+  k.request_id.push_back('r');
+  f[0] = PackKey(k);
+  v.assign(f.begin(), f.end());
+  auto r = DecodeLookup(v);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("request_id"), std::string::npos) << r.status().message();
+  for (size_t n : {kMaxRequestIdBytes, kMaxRequestIdBytes + 1}) {
+    const std::string id = Pack([&](Packer& pk) { Str(pk, std::string(n, 'q')); });
+    std::vector<std::string_view> one = {id};
+    EXPECT_EQ(DecodeRequestId(one).ok(), n == kMaxRequestIdBytes) << n;
+    EXPECT_EQ(DecodeWaitPrefetch(one).ok(), n == kMaxRequestIdBytes) << n;
+  }
+}
+
 TEST(DecodeRetrieve, SkipTokensIsOptionalAndNonNegative) {
   KeySpec k;
   std::vector<std::string> f = {PackKey(k), PackInt(1), PackBlockIds({{1, 2}}), PackBin("e")};
