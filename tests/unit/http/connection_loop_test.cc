@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -251,6 +252,47 @@ TEST_F(ConnectionLoopTest, Finding8APeerAtItsBoundLosesItsOldestWaitingConnectio
   EXPECT_LT(HealthcheckSeconds(), 0.25) << "the probe takes the place of the oldest";
   EXPECT_TRUE(idle[0]->ClosedWithin(milliseconds(200)));
   EXPECT_GE(server_->connection_stats().evicted.load(), 1u);
+}
+
+// At the descriptor limit accept fails with EMFILE even when no connection waits (the kernel
+// looks for a free descriptor before it looks at its queue). The loop took that as a client
+// waiting and closed the oldest waiting connection for it: at the limit, each accepted
+// connection cost another client its connection. (Issue 27, finding 7's class, on HTTP.)
+TEST_F(ConnectionLoopTest, OutOfDescriptorsWithNothingWaitingClosesNoOne) {
+  Start(/*handler_threads=*/1, /*per_peer=*/64, [](ConnectionLimits& l) {
+    l.idle_timeout_seconds = 5;
+    l.request_timeout_seconds = 5;
+  });
+  Socket a(port());  // waits for its request: the one the old code closed
+  ASSERT_TRUE(a.connected());
+  std::this_thread::sleep_for(milliseconds(50));
+  const int b = socket(AF_INET, SOCK_STREAM, 0);  // connects once descriptors are short
+  ASSERT_GE(b, 0);
+  rlimit old{};
+  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &old), 0);
+  const int probe = dup(0);
+  close(probe);
+  rlimit low = old;
+  low.rlim_cur = static_cast<rlim_t>(probe + 8);
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &low), 0);
+  std::vector<int> filler;
+  for (int fd; (fd = dup(0)) >= 0;) filler.push_back(fd);
+  close(filler.back());  // one descriptor left: the server's accept of `b` takes it
+  filler.pop_back();
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port()));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  const bool b_connected = connect(b, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  std::this_thread::sleep_for(milliseconds(150));
+  for (int fd : filler) close(fd);
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &old), 0);
+  EXPECT_TRUE(b_connected);
+  EXPECT_EQ(server_->connection_stats().evicted.load(), 0u);
+  ASSERT_TRUE(a.Send("GET /healthcheck HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"));
+  EXPECT_NE(a.Read(milliseconds(1000), "\r\n\r\n").find(" 200 "), std::string::npos)
+      << "the waiting connection was closed";
+  close(b);
 }
 
 TEST_F(ConnectionLoopTest, AClientThatDoesNotReadHoldsNoHandler) {
