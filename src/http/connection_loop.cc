@@ -7,6 +7,7 @@
 #include <spdlog/spdlog.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -314,7 +315,13 @@ void ConnectionLoop::Accept(Clock::time_point now) {
       const int err = errno;
       if (err == EAGAIN || err == EWOULDBLOCK) return;
       if (err == EINTR || err == ECONNABORTED || err == EPROTO) continue;
-      if ((err == EMFILE || err == ENFILE) && EvictOldestWaiting(nullptr)) continue;
+      if (err == EMFILE || err == ENFILE) {
+        // accept fails so before it looks at its queue: when no connection waits there,
+        // there is nothing to make room for (the listener is not readable: no spin).
+        pollfd pending{listen_fd_, POLLIN, 0};
+        if (poll(&pending, 1, 0) != 1) return;
+        if (EvictOldestWaiting(nullptr)) continue;
+      }
       if (now - last_accept_warning_ >= std::chrono::seconds(10)) {
         last_accept_warning_ = now;
         spdlog::warn("http: cannot accept a connection ({}); accepting pauses for 100 ms",
