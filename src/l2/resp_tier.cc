@@ -6,7 +6,10 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
+
+#include "codec/crc32c.h"
 
 namespace kvd::l2 {
 namespace {
@@ -28,6 +31,35 @@ std::vector<ItemResult> Closed(size_t n) {
 }
 
 bool StartsWith(std::string_view s, std::string_view p) { return s.rfind(p, 0) == 0; }
+
+// The checksum kvd keeps beside an object it wrote (issue 27, finding 4): the value of the
+// object's sum key is "kvdsum1 <size> <crc32c hex>", as the fs tier's .kvdsum files; the
+// object's value stays byte for byte lmcache's.
+constexpr std::string_view kSumSuffix = ".kvdsum";
+constexpr const char* kSumMagic = "kvdsum1";
+
+std::string SumLine(const uint8_t* data, uint64_t size) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%s %llu %08x", kSumMagic, static_cast<unsigned long long>(size),
+                codec::Crc32c(data, size));
+  return buf;
+}
+
+}  // namespace
+
+// The sum key of an object key, in the object's hash slot so that a cluster keeps it on the
+// object's node: "<key>.kvdsum" when the key has a hash tag of its own, else
+// "{<key>}.kvdsum". A key holding a '}' without a tag cannot share its slot this way; its sum
+// key is "<key>.kvdsum" and may live on another node (read all the same).
+std::string SumKey(const std::string& key) {
+  std::string plain = key + std::string(kSumSuffix);
+  if (KeySlot(plain) == KeySlot(key)) return plain;
+  std::string tagged = "{" + key + "}" + std::string(kSumSuffix);
+  if (KeySlot(tagged) == KeySlot(key)) return tagged;
+  return plain;
+}
+
+namespace {
 
 }  // namespace
 
@@ -420,6 +452,15 @@ ItemResult RespTier::StoreOne(Worker& w, const StoreItem& item) {
     return {Status::Internal(std::string(e)), 0};
   }
   if (IsNil(r->get())) return {Status::Ok(), 0};  // NX: already there
+  // Its checksum, best effort: without it the object is read unverified, as lmcache's are.
+  const std::string sum_key = SumKey(key);
+  const std::string sum = SumLine(item.data, item.size);
+  std::vector<RespArg> sum_args = {"SET", sum_key, sum};
+  if (options_.ttl_seconds) {
+    sum_args.push_back("EX");
+    sum_args.push_back(ttl);
+  }
+  (void)Run(w, sum_key, sum_args);
   return {Status::Ok(), item.size};
 }
 
@@ -428,6 +469,26 @@ ItemResult RespTier::LoadOne(Worker& w, const LoadItem& item) {
   const std::string key = RespKey(item.key, options_.key_prefix);
   // The value is read from the socket straight into the destination when it fits there;
   // a longer value is not read at all (RespConnection's BulkSink).
+  // The checksum first (a small value; absent for objects lmcache wrote), then the object.
+  const std::string sum_key = SumKey(key);
+  uint8_t sum_buf[64];
+  BulkSink sum_sink{sum_buf, sizeof(sum_buf)};
+  auto sum = Run(w, sum_key, {"GET", sum_key}, &sum_sink);
+  if (!sum.ok()) return {sum.status(), 0};
+  if (sum_sink.too_long) {
+    checksum_mismatches_++;
+    return {Status::Internal(sum_key + ": a checksum of " + std::to_string(sum_sink.size) +
+                             " bytes (malformed; object not served)"), 0};
+  }
+  std::optional<std::string> want_sum;
+  if (sum_sink.filled) {
+    want_sum = std::string(reinterpret_cast<const char*>(sum_buf), sum_sink.size);
+  } else if (IsError(sum->get())) {
+    return {Status::Internal(std::string(ReplyString(sum->get()))), 0};
+  } else if (!IsNil(sum->get())) {
+    checksum_mismatches_++;
+    return {Status::Internal(sum_key + ": not a string (malformed checksum; object not served)"), 0};
+  }
   BulkSink sink{item.dst, item.size};
   auto r = Run(w, key, {"GET", key}, &sink);
   if (!r.ok()) return {r.status(), 0};
@@ -448,6 +509,16 @@ ItemResult RespTier::LoadOne(Worker& w, const LoadItem& item) {
                              std::to_string(item.size) + " (truncated or not this layout)"), 0};
   }
   if (!sink.filled) std::memcpy(item.dst, rep->str, n);
+  if (!want_sum) {
+    unverified_++;
+    return {Status::Ok(), n};
+  }
+  if (*want_sum != SumLine(item.dst, n)) {
+    checksum_mismatches_++;
+    return {Status::Internal(key + ": bytes differ from the checksum kvd wrote beside them (" +
+                             sum_key + "; overwritten or corrupted; not served)"), 0};
+  }
+  verified_++;
   return {Status::Ok(), n};
 }
 
@@ -599,6 +670,8 @@ void RespTier::Delete(std::vector<ObjectKey> keys, Done done) {
             continue;
           }
           auto del = Run(w, key, {"DEL", key});
+          const std::string sum_key = SumKey(key);
+          (void)Run(w, sum_key, {"DEL", sum_key});  // its checksum, if any
           if (!del.ok()) {
             out.push_back({del.status(), 0});
           } else if (IsError(del->get())) {
@@ -638,6 +711,10 @@ void RespTier::Scan(ScanDone done) {
             std::vector<std::pair<std::string, ObjectKey>> found;
             for (size_t i = 0; i < ks->elements; ++i) {
               std::string name(ReplyString(ks->element[i]));
+              if (name.size() >= kSumSuffix.size() &&
+                  name.compare(name.size() - kSumSuffix.size(), kSumSuffix.size(), kSumSuffix) == 0) {
+                continue;  // a checksum, not an object
+              }
               if (auto k = ParseRespKey(name, options_.key_prefix)) found.emplace_back(name, std::move(*k));
             }
             for (const auto& f : found) {

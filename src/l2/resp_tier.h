@@ -12,7 +12,17 @@
 // COMMANDS. Store: SET key value NX [EX ttl_seconds] (objects are immutable: an existing key
 // answers OK with 0 bytes). Exists: EXISTS, pipelined per node. Load: GET, exactly the
 // expected size or Internal; the value is read from the socket into the destination (no
-// reply object, no second copy) and the value of a SET is written from the caller's bytes. Delete: STRLEN + DEL. Scan: SCAN over every master, then STRLEN.
+// reply object, no second copy) and the value of a SET is written from the caller's bytes.
+// Delete: STRLEN + DEL. Scan: SCAN over every master, then STRLEN.
+//
+// INTEGRITY (issue 27, finding 4). lmcache's values carry no checksum, so beside each object
+// it writes kvd SETs a sum key (SumKey: "<key>.kvdsum" or "{<key>}.kvdsum", in the object's
+// hash slot, so on the object's node in a cluster) holding "kvdsum1 <size> <crc32c>", with
+// the same TTL. A load GETs the sum key first (one more small round trip), then the object:
+// bytes that differ from it are Internal (a counted corrupt miss), so a value overwritten in
+// place with same-size bytes is not served; an object without one (lmcache's) is read
+// unverified, as before. Delete removes both; Scan skips sum keys. This guards against
+// writers that do not know of the sum key, not against one that rewrites both.
 //
 // THREADS. num_workers threads, each owning one connection per node it talks to; store and
 // load items of one batch are spread over them, an exists batch runs on one. Nothing blocks
@@ -59,6 +69,9 @@ struct RespTierOptions {
   double close_grace_s = 5;  // Close(): how long unfinished operations may still run
 };
 
+// The sum key kvd keeps beside object key `key` (see INTEGRITY above).
+std::string SumKey(const std::string& key);
+
 class RespTier final : public Tier {
  public:
   static Result<std::unique_ptr<RespTier>> Create(const RespTierOptions& options);
@@ -80,6 +93,12 @@ class RespTier final : public Tier {
   uint64_t reconnects() const { return reconnects_.load(); }
   // Operations Close() abandoned (queued or running when its grace ended).
   uint64_t abandoned() const { return abandoned_.load(); }
+  // Loads checked against the checksum kvd wrote beside the object, loads of objects without
+  // one (written by lmcache, or the checksum write failed), and loads refused because the
+  // bytes differ from it (answered Internal: a corrupt miss in the TierSet's counters).
+  uint64_t verified() const { return verified_.load(); }
+  uint64_t unverified() const { return unverified_.load(); }
+  uint64_t checksum_mismatches() const { return checksum_mismatches_.load(); }
 
  private:
   struct Worker {
@@ -149,6 +168,7 @@ class RespTier final : public Tier {
   std::atomic<bool> last_ok_{false};
 
   std::atomic<uint64_t> redirects_{0}, map_refreshes_{0}, reconnects_{0};
+  std::atomic<uint64_t> verified_{0}, unverified_{0}, checksum_mismatches_{0};
 };
 
 }  // namespace kvd::l2

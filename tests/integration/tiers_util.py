@@ -94,7 +94,12 @@ class Redis:
         shutil.rmtree(self.dir, ignore_errors=True)
 
     def keys(self, pattern: str = "*") -> list[str]:
-        return [k for k in self.cli("--scan", "--pattern", pattern).splitlines() if k]
+        """The object keys (not the checksums kvd keeps beside its objects, '*.kvdsum')."""
+        return [k for k in self.cli("--scan", "--pattern", pattern).splitlines()
+                if k and not k.endswith(".kvdsum")]
+
+    def sum_keys(self) -> list[str]:
+        return [k for k in self.cli("--scan", "--pattern", "*.kvdsum").splitlines() if k]
 
 
 class RedisCluster:
