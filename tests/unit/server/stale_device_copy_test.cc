@@ -143,6 +143,25 @@ class ThreadedGatedEngine final : public transfer::CopyEngine {
     std::unique_lock<std::mutex> lock(mu_);
     cv_.wait(lock, [&] { return queue_.empty() && done_ == issued_; });
   }
+  // Issue 26, item 2: the device work of a copy (and the event the client waits on) can be
+  // over before the completion thread runs its completion (the commit). While held, copies
+  // still run when the gate is open, but their completions wait for ReleaseCompletions.
+  void HoldCompletions() {
+    std::lock_guard<std::mutex> lock(mu_);
+    hold_completions_ = true;
+  }
+  void ReleaseCompletions() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      hold_completions_ = false;
+    }
+    cv_.notify_all();
+  }
+  // Waits until ticket t's bytes have landed: the client's view of "the event completed".
+  void WaitCopied(transfer::Ticket t) {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return copied_ >= t; });
+  }
 
  private:
   void Loop() {
@@ -160,6 +179,11 @@ class ThreadedGatedEngine final : public transfer::CopyEngine {
       } else {
         transfer::ScatterChunks(layout_, bases_, p.block_ids, p.tasks, 1);
       }
+      lock.lock();
+      ++copied_;  // the event the client waits on has fired
+      cv_.notify_all();
+      cv_.wait(lock, [&] { return stop_ || !hold_completions_; });
+      lock.unlock();
       if (p.on_complete) {
         p.on_complete(cancelled ? Status::Unavailable("engine cancelled") : Status::Ok());
       }
@@ -176,8 +200,9 @@ class ThreadedGatedEngine final : public transfer::CopyEngine {
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<transfer::CopyPlan> queue_;  // guarded by mu_
-  transfer::Ticket issued_ = 0, done_ = 0; // guarded by mu_
+  transfer::Ticket issued_ = 0, done_ = 0, copied_ = 0;  // guarded by mu_
   bool gate_open_ = false, cancelled_ = false, stop_ = false;  // guarded by mu_
+  bool hold_completions_ = false;                              // guarded by mu_
   std::thread thread_;
 };
 
@@ -212,7 +237,7 @@ class StaleDeviceCopyTest : public ::testing::Test {
           engine_ = e.get();
           return std::unique_ptr<transfer::CopyEngine>(std::move(e));
         });
-    cfg_.l1_size_gb = static_cast<double>(2 * kObject) / (1ull << 30);  // room for 2 objects
+    cfg_.l1_size_gb = static_cast<double>(L1Objects() * kObject) / (1ull << 30);
     cfg_.eviction_policy = "LRU";
     cfg_.shm_name = "kvd_test_stale_" + std::to_string(getpid());
     cfg_.l1_write_ttl_seconds = 1;  // short: the late copy outlives it
@@ -221,8 +246,10 @@ class StaleDeviceCopyTest : public ::testing::Test {
     auto s = KvService::Create(cfg_, &clock_);
     ASSERT_TRUE(s.ok()) << s.status().ToString();
     svc_ = std::move(s).value();
-    ASSERT_EQ(svc_->l1_stats().capacity_bytes, 2 * kObject);
+    ASSERT_EQ(svc_->l1_stats().capacity_bytes, L1Objects() * kObject);
   }
+  // Objects L1 has room for (2: the late copies of finding 2 fill it).
+  virtual uint64_t L1Objects() const { return 2; }
   void TearDown() override {
     svc_.reset();
     transfer::SetDeviceEngineFactoryForTesting(nullptr);
@@ -335,6 +362,62 @@ TEST_F(StaleDeviceCopyTest, Finding2RetrievePinsHoldUntilTheLateCopyCompletes) {
     EXPECT_EQ(std::memcmp(got.data() + p * plane, want.data() + p * plane, stored), 0) << p;
   }
   EXPECT_TRUE(svc_->Store(wire::TransferRequest{Key(0, "s3", 44), 2, Blocks(), "", 0}).ok());
+}
+
+// Issue 26, item 2 (visibility): on a GPU the completion thread commits a STORE's objects
+// only after the marker behind the client's event fired, so a RETRIEVE or LOOKUP sent right
+// after the client saw its event complete met chunks not yet committed: false / a miss. Once
+// a STORE's reply arrived and its event completed, its chunks must be found: a request that
+// meets a commit still in flight waits for it (bounded).
+class VisibilityTest : public StaleDeviceCopyTest {
+ protected:
+  uint64_t L1Objects() const override { return 8; }
+};
+
+TEST_F(VisibilityTest, Issue26VisibilityStoreThenRetrieveFindsTheChunks) {
+  Segment gpu("/kvd_test_vis_gpu");
+  gpu.Fill(5);
+  ASSERT_TRUE(svc_->RegisterKvCache(gpu.Registration(1, wire::TensorMemory::kCuda)).ok());
+  ThreadedGatedEngine* gated = engine_;
+  ASSERT_NE(gated, nullptr);
+  gated->HoldCompletions();
+  gated->OpenGate();  // the client's event fires as soon as the copy is submitted
+
+  // STORE: the reply and the event come back; the commit is still on its way.
+  std::string event;
+  ASSERT_TRUE(svc_->Store(wire::TransferRequest{Key(0, "s", 55), 1, Blocks(), "", 0}, &event).ok());
+  gated->WaitCopied(1);
+  std::thread completion([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    gated->ReleaseCompletions();
+  });
+  // RETRIEVE right after the event: it finds both chunks (before the fix: NotFound).
+  Status st = svc_->Retrieve(wire::TransferRequest{Key(0, "r", 55), 1, Blocks(), "", 0}, &event);
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  completion.join();
+  gated->WaitIdle();
+  EXPECT_EQ(svc_->l1_stats().pinned_objects, 0u);
+}
+
+TEST_F(VisibilityTest, Issue26VisibilityStoreThenLookupHitsTheChunks) {
+  Segment gpu("/kvd_test_vis_gpu_l");
+  gpu.Fill(6);
+  ASSERT_TRUE(svc_->RegisterKvCache(gpu.Registration(1, wire::TensorMemory::kCuda)).ok());
+  ThreadedGatedEngine* gated = engine_;
+  ASSERT_NE(gated, nullptr);
+  gated->HoldCompletions();
+  gated->OpenGate();
+  std::string event;
+  ASSERT_TRUE(svc_->Store(wire::TransferRequest{Key(0, "s", 66), 1, Blocks(), "", 0}, &event).ok());
+  gated->WaitCopied(1);
+  std::thread completion([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    gated->ReleaseCompletions();
+  });
+  // LOOKUP right after the event: both chunks hit (before the fix: 0).
+  EXPECT_EQ(Hits("l", 66), 2);
+  completion.join();
+  gated->WaitIdle();
 }
 
 }  // namespace
