@@ -41,16 +41,16 @@ void FaultTier::FailOps(uint8_t ops, StatusCode code) {
 }
 
 void FaultTier::Stall() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   stalled_ = true;
 }
 
 void FaultTier::Resume() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     stalled_ = false;
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
 }
 
 uint64_t FaultTier::calls(TierOp op) const { return calls_[Index(op)].load(); }
@@ -62,12 +62,12 @@ TierHealth FaultTier::Health() const {
 
 void FaultTier::Close() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (closing_) return;
     closing_ = true;
     stalled_ = false;
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
   if (thread_.joinable()) thread_.join();
   inner_->Close();
 }
@@ -82,47 +82,54 @@ void FaultTier::Dispatch(TierOp op, std::function<void()> forward, std::function
     run = std::move(forward);
   }
   const int64_t delay = delay_ms_.load();
+  bool queued = false;
   {
-    std::unique_lock<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (!closing_ && (stalled_ || delay > 0 || !queue_.empty())) {
       queue_.push_back({NowNs() + delay * 1'000'000, std::move(run)});
-      lock.unlock();
-      cv_.notify_all();
-      return;
+      queued = true;
     }
+  }
+  if (queued) {
+    cv_.NotifyAll();
+    return;
   }
   // Injected failures answer on the decorator's thread too (never inside the call).
   if (!inner_ || (failing_.load() & static_cast<uint8_t>(op))) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     queue_.push_back({0, std::move(run)});
-    cv_.notify_all();
+    cv_.NotifyAll();
     return;
   }
   run();
 }
 
 void FaultTier::RunQueue() {
-  std::unique_lock<std::mutex> lock(mu_);
   while (true) {
-    if (queue_.empty()) {
-      if (closing_) return;
-      cv_.wait(lock);
-      continue;
+    std::function<void()> run;
+    {
+      MutexLock lock(&mu_);
+      while (true) {
+        if (queue_.empty()) {
+          if (closing_) return;
+          cv_.Wait(&mu_);
+          continue;
+        }
+        if (stalled_) {
+          cv_.Wait(&mu_);
+          continue;
+        }
+        const int64_t now = NowNs();
+        if (queue_.front().due_ns > now) {
+          cv_.WaitFor(&mu_, std::chrono::nanoseconds(queue_.front().due_ns - now));
+          continue;
+        }
+        run = std::move(queue_.front().run);
+        queue_.pop_front();
+        break;
+      }
     }
-    if (stalled_) {
-      cv_.wait(lock);
-      continue;
-    }
-    const int64_t now = NowNs();
-    if (queue_.front().due_ns > now) {
-      cv_.wait_for(lock, std::chrono::nanoseconds(queue_.front().due_ns - now));
-      continue;
-    }
-    auto run = std::move(queue_.front().run);
-    queue_.pop_front();
-    lock.unlock();
     run();
-    lock.lock();
   }
 }
 

@@ -10,13 +10,12 @@
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <deque>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <thread>
 
+#include "common/mutex.h"
 #include "l2/tier.h"
 
 namespace kvd::l2 {
@@ -53,8 +52,9 @@ class FaultTier final : public Tier {
  private:
   // Runs `forward` now, or queues it for the delay thread. `fail` answers the call instead
   // when the op is failing.
-  void Dispatch(TierOp op, std::function<void()> forward, std::function<void(Status)> fail);
-  void RunQueue();
+  void Dispatch(TierOp op, std::function<void()> forward, std::function<void(Status)> fail)
+      KVD_EXCLUDES(mu_);
+  void RunQueue() KVD_EXCLUDES(mu_);
 
   const std::shared_ptr<Tier> inner_;
   std::atomic<uint8_t> failing_{0};
@@ -66,11 +66,11 @@ class FaultTier final : public Tier {
     int64_t due_ns;
     std::function<void()> run;
   };
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Pending> queue_;  // guarded by mu_
-  bool stalled_ = false;       // guarded by mu_
-  bool closing_ = false;       // guarded by mu_
+  Mutex mu_;
+  CondVar cv_;
+  std::deque<Pending> queue_ KVD_GUARDED_BY(mu_);
+  bool stalled_ KVD_GUARDED_BY(mu_) = false;
+  bool closing_ KVD_GUARDED_BY(mu_) = false;
   std::thread thread_;
 };
 

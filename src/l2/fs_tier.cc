@@ -141,7 +141,7 @@ std::string FsTier::Describe() const {
 std::string FsTier::PathOf(const ObjectKey& key) const { return options_.base_path + "/" + FileName(key); }
 
 void FsTier::NoteError(const std::string& what) {
-  std::lock_guard<std::mutex> lock(health_mu_);
+  MutexLock lock(&health_mu_);
   last_error_ = what;
   last_error_ns_ = NowNs();
 }
@@ -153,7 +153,7 @@ TierHealth FsTier::Health() const {
     h.detail = options_.base_path + ": " + Errno(errno);
     return h;
   }
-  std::lock_guard<std::mutex> lock(health_mu_);
+  MutexLock lock(&health_mu_);
   if (!last_error_.empty() && NowNs() - last_error_ns_ < 60'000'000'000LL) {
     h.detail = "last error: " + last_error_;
   } else {

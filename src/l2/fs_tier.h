@@ -28,9 +28,9 @@
 
 #include <atomic>
 #include <memory>
-#include <mutex>
 #include <string>
 
+#include "common/mutex.h"
 #include "l2/tier.h"
 #include "l2/worker_pool.h"
 
@@ -78,7 +78,7 @@ class FsTier final : public Tier {
   // `data`; Internal (a counted corrupt miss) when it does not, or cannot be read.
   Status VerifyChecksum(const std::string& path, const uint8_t* data, uint64_t size) const;
   void RemoveStaleTemporaries();
-  void NoteError(const std::string& what);
+  void NoteError(const std::string& what) KVD_EXCLUDES(health_mu_);
 
   const FsTierOptions options_;
   const std::string tmp_dir_;
@@ -86,9 +86,9 @@ class FsTier final : public Tier {
   std::atomic<uint64_t> tmp_seq_{0};
   std::atomic<bool> odirect_ok_{true};   // false once the filesystem refused O_DIRECT
   std::atomic<bool> closed_{false};
-  mutable std::mutex health_mu_;
-  std::string last_error_;               // guarded by health_mu_
-  int64_t last_error_ns_ = 0;            // guarded by health_mu_
+  mutable Mutex health_mu_;
+  std::string last_error_ KVD_GUARDED_BY(health_mu_);
+  int64_t last_error_ns_ KVD_GUARDED_BY(health_mu_) = 0;
 };
 
 }  // namespace kvd::l2

@@ -17,17 +17,17 @@ MemoryTier::~MemoryTier() { Close(); }
 void MemoryTier::Close() { pool_.Close(); }
 
 size_t MemoryTier::size() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return objects_.size();
 }
 
 uint64_t MemoryTier::bytes() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return bytes_;
 }
 
 void MemoryTier::Put(const ObjectKey& key, std::vector<uint8_t> data) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = objects_.find(key);
   if (it != objects_.end()) bytes_ -= it->second.size();
   bytes_ += data.size();
@@ -38,7 +38,7 @@ void MemoryTier::Store(std::vector<StoreItem> items, Done done) {
   const size_t n = items.size();
   if (!pool_.Submit([this, items = std::move(items), done]() mutable {
         std::vector<ItemResult> out;
-        std::lock_guard<std::mutex> lock(mu_);
+        MutexLock lock(&mu_);
         for (const auto& it : items) {
           if (objects_.count(it.key)) {
             out.push_back({Status::Ok(), 0});
@@ -60,7 +60,7 @@ void MemoryTier::Exists(std::vector<ObjectKey> keys, Done done) {
   const size_t n = keys.size();
   if (!pool_.Submit([this, keys = std::move(keys), done] {
         std::vector<ItemResult> out;
-        std::lock_guard<std::mutex> lock(mu_);
+        MutexLock lock(&mu_);
         for (const auto& k : keys) {
           auto it = objects_.find(k);
           out.push_back(it == objects_.end() ? ItemResult{Status::NotFound("absent"), 0}
@@ -76,7 +76,7 @@ void MemoryTier::Load(std::vector<LoadItem> items, Done done) {
   const size_t n = items.size();
   if (!pool_.Submit([this, items = std::move(items), done] {
         std::vector<ItemResult> out;
-        std::lock_guard<std::mutex> lock(mu_);
+        MutexLock lock(&mu_);
         for (const auto& it : items) {
           auto f = objects_.find(it.key);
           if (f == objects_.end()) {
@@ -99,7 +99,7 @@ void MemoryTier::Delete(std::vector<ObjectKey> keys, Done done) {
   const size_t n = keys.size();
   if (!pool_.Submit([this, keys = std::move(keys), done] {
         std::vector<ItemResult> out;
-        std::lock_guard<std::mutex> lock(mu_);
+        MutexLock lock(&mu_);
         for (const auto& k : keys) {
           auto it = objects_.find(k);
           if (it == objects_.end()) {
@@ -119,7 +119,7 @@ void MemoryTier::Delete(std::vector<ObjectKey> keys, Done done) {
 void MemoryTier::Scan(ScanDone done) {
   if (!pool_.Submit([this, done] {
         std::vector<ScannedObject> out;
-        std::lock_guard<std::mutex> lock(mu_);
+        MutexLock lock(&mu_);
         for (const auto& [k, v] : objects_) out.push_back({k, v.size(), 0});
         done(std::move(out));
       })) {

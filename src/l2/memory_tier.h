@@ -6,10 +6,10 @@
 #pragma once
 
 #include <memory>
-#include <mutex>
 #include <unordered_map>
 #include <vector>
 
+#include "common/mutex.h"
 #include "l2/tier.h"
 #include "l2/worker_pool.h"
 
@@ -39,9 +39,9 @@ class MemoryTier final : public Tier {
  private:
   const uint64_t capacity_;
   const std::string type_;
-  mutable std::mutex mu_;
-  std::unordered_map<ObjectKey, std::vector<uint8_t>, ObjectKeyHash> objects_;  // guarded by mu_
-  uint64_t bytes_ = 0;                                                         // guarded by mu_
+  mutable Mutex mu_;
+  std::unordered_map<ObjectKey, std::vector<uint8_t>, ObjectKeyHash> objects_ KVD_GUARDED_BY(mu_);
+  uint64_t bytes_ KVD_GUARDED_BY(mu_) = 0;
   WorkerPool pool_{1, "kvd-memtier"};
 };
 

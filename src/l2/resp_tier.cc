@@ -114,21 +114,25 @@ void RespTier::Close() {
   std::deque<Queued> left;
   int running = 0;
   {
-    std::unique_lock<std::mutex> lock(q_mu_);
+    MutexLock lock(&q_mu_);
     if (closed_ && threads_.empty()) return;
     closed_ = true;
-    q_cv_.notify_all();
+    q_cv_.NotifyAll();
     // The grace: queued and running operations may still finish.
     const auto deadline = std::chrono::steady_clock::now() +
                           std::chrono::duration<double>(std::max(0.0, options_.close_grace_s));
-    idle_cv_.wait_until(lock, deadline, [&] { return queue_.empty() && running_ == 0; });
+    while (!queue_.empty() || running_ > 0) {
+      const auto now = std::chrono::steady_clock::now();
+      if (now >= deadline) break;
+      idle_cv_.WaitFor(&q_mu_, deadline - now);
+    }
     if (!queue_.empty() || running_ > 0) {
       // Abandoned: what is queued answers now, what runs is interrupted and not retried.
       abandon_.store(true);
       left.swap(queue_);
       running = running_;
       for (Worker* w : workers_) {
-        std::lock_guard<std::mutex> wl(w->mu);
+        MutexLock wl(&w->mu);
         for (auto& [id, c] : w->conns) c->Interrupt();
       }
     }
@@ -158,10 +162,10 @@ std::string RespTier::Describe() const {
 
 void RespTier::Submit(Task task, std::function<void()> on_closed) {
   {
-    std::lock_guard<std::mutex> lock(q_mu_);
+    MutexLock lock(&q_mu_);
     if (!closed_) {
       queue_.push_back({std::move(task), std::move(on_closed)});
-      q_cv_.notify_one();
+      q_cv_.NotifyOne();
       return;
     }
   }
@@ -170,42 +174,42 @@ void RespTier::Submit(Task task, std::function<void()> on_closed) {
 
 void RespTier::RunWorker() {
   Worker w;
-  std::unique_lock<std::mutex> lock(q_mu_);
+  q_mu_.Lock();
   workers_.push_back(&w);
   while (true) {
-    q_cv_.wait(lock, [&] { return closed_ || !queue_.empty(); });
+    while (!closed_ && queue_.empty()) q_cv_.Wait(&q_mu_);
     if (queue_.empty()) break;
     Task task = std::move(queue_.front().task);
     queue_.pop_front();
     running_++;
-    lock.unlock();
+    q_mu_.Unlock();
     task(w);
-    lock.lock();
+    q_mu_.Lock();
     running_--;
-    if (closed_) idle_cv_.notify_all();
+    if (closed_) idle_cv_.NotifyAll();
   }
   workers_.erase(std::find(workers_.begin(), workers_.end(), &w));
-  lock.unlock();
-  std::lock_guard<std::mutex> wl(w.mu);
+  q_mu_.Unlock();
+  MutexLock wl(&w.mu);
   w.conns.clear();
 }
 
 void RespTier::NoteError(const std::string& what) {
   last_ok_.store(false);
-  std::lock_guard<std::mutex> lock(health_mu_);
+  MutexLock lock(&health_mu_);
   last_error_ = what;
   last_error_ns_ = NowNs();
 }
 
 void RespTier::NoteOk() {
   if (last_ok_.exchange(true)) return;
-  std::lock_guard<std::mutex> lock(health_mu_);
+  MutexLock lock(&health_mu_);
   ever_ok_ = true;
 }
 
 TierHealth RespTier::Health() const {
   TierHealth h;
-  std::lock_guard<std::mutex> lock(health_mu_);
+  MutexLock lock(&health_mu_);
   h.healthy = last_ok_.load();
   if (options_.cluster) {
     std::shared_lock<std::shared_mutex> mlock(map_mu_);
@@ -230,13 +234,13 @@ Result<RespConnection*> RespTier::Conn(Worker& w, const RespEndpoint& ep) {
   auto it = w.conns.find(id);
   if (it != w.conns.end() && !it->second->broken() && !abandon_.load()) return it->second.get();
   if (it != w.conns.end()) {
-    std::lock_guard<std::mutex> wl(w.mu);
+    MutexLock wl(&w.mu);
     w.conns.erase(it);
   }
   if (abandon_.load()) return Status::Unavailable(id + ": shutting down (abandoned)");
   const int64_t now = NowNs();
   {
-    std::lock_guard<std::mutex> lock(backoff_mu_);
+    MutexLock lock(&backoff_mu_);
     auto b = backoff_.find(id);
     if (b != backoff_.end() && now < b->second.until_ns) {
       const Status& why = b->second.last;
@@ -248,7 +252,7 @@ Result<RespConnection*> RespTier::Conn(Worker& w, const RespEndpoint& ep) {
   }
   auto c = RespConnection::Connect(ep, options_.connect);
   if (!c.ok()) {
-    std::lock_guard<std::mutex> lock(backoff_mu_);
+    MutexLock lock(&backoff_mu_);
     Backoff& b = backoff_[id];
     b.step_ns = b.step_ns == 0 ? kBackoffMinNs : std::min(b.step_ns * 2, kBackoffMaxNs);
     b.until_ns = now + b.step_ns;
@@ -257,7 +261,7 @@ Result<RespConnection*> RespTier::Conn(Worker& w, const RespEndpoint& ep) {
     return c.status();
   }
   {
-    std::lock_guard<std::mutex> lock(backoff_mu_);
+    MutexLock lock(&backoff_mu_);
     auto b = backoff_.find(id);
     if (b != backoff_.end()) {
       backoff_.erase(b);
@@ -266,7 +270,7 @@ Result<RespConnection*> RespTier::Conn(Worker& w, const RespEndpoint& ep) {
     }
   }
   RespConnection* raw = c->get();
-  std::lock_guard<std::mutex> wl(w.mu);
+  MutexLock wl(&w.mu);
   // Close() sets abandon_ before it takes w.mu to interrupt connections: one made after that
   // is not kept (it would not be interrupted).
   if (abandon_.load()) return Status::Unavailable(id + ": shutting down (abandoned)");
@@ -276,12 +280,12 @@ Result<RespConnection*> RespTier::Conn(Worker& w, const RespEndpoint& ep) {
 
 void RespTier::DropConn(Worker& w, const RespEndpoint& ep, const Status& why) {
   {
-    std::lock_guard<std::mutex> wl(w.mu);
+    MutexLock wl(&w.mu);
     w.conns.erase(ep.ToString());
   }
   if (abandon_.load()) return;  // interrupted by Close(): not the server's fault
   NoteError(why.message());
-  std::lock_guard<std::mutex> lock(backoff_mu_);
+  MutexLock lock(&backoff_mu_);
   Backoff& b = backoff_[ep.ToString()];
   if (b.step_ns == 0) b.until_ns = 0;  // first failure: the next use reconnects at once
 }

@@ -40,18 +40,17 @@
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <deque>
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <shared_mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "common/mutex.h"
 #include "l2/cluster_slots.h"
 #include "l2/resp_connection.h"
 #include "l2/tier.h"
@@ -103,9 +102,10 @@ class RespTier final : public Tier {
  private:
   struct Worker {
     // By "host:port". Used by the worker's own thread; changed (and a connection closed)
-    // only with `mu` held, which Close() takes to interrupt the connections.
+    // only with `mu` held, which Close() takes to interrupt the connections. Not
+    // KVD_GUARDED_BY(mu): the worker's own thread reads it without `mu` (only it writes).
     std::map<std::string, std::unique_ptr<RespConnection>> conns;
-    std::mutex mu;
+    Mutex mu;
   };
   using Task = std::function<void(Worker&)>;
   struct Queued {
@@ -114,8 +114,8 @@ class RespTier final : public Tier {
   };
 
   explicit RespTier(const RespTierOptions& options);
-  void Submit(Task task, std::function<void()> on_closed);
-  void RunWorker();
+  void Submit(Task task, std::function<void()> on_closed) KVD_EXCLUDES(q_mu_);
+  void RunWorker() KVD_EXCLUDES(q_mu_);
 
   // One command on the node that owns `key` (cluster) or the server, following redirects,
   // reconnecting and re-reading the slot map as needed.
@@ -131,40 +131,42 @@ class RespTier final : public Tier {
   ItemResult StoreOne(Worker& w, const StoreItem& item);
   ItemResult LoadOne(Worker& w, const LoadItem& item);
   std::vector<ItemResult> ExistsBatch(Worker& w, const std::vector<ObjectKey>& keys);
-  void NoteError(const std::string& what);
-  void NoteOk();
+  void NoteError(const std::string& what) KVD_EXCLUDES(health_mu_);
+  void NoteOk() KVD_EXCLUDES(health_mu_);
 
   const RespTierOptions options_;
 
-  std::mutex q_mu_;
-  std::condition_variable q_cv_;
-  std::condition_variable idle_cv_;  // Close() waits on it for the queue to drain
-  std::deque<Queued> queue_;      // guarded by q_mu_
-  bool closed_ = false;           // guarded by q_mu_
-  int running_ = 0;               // tasks being run; guarded by q_mu_
-  std::vector<Worker*> workers_;  // guarded by q_mu_ (each worker while its thread runs)
+  Mutex q_mu_;
+  CondVar q_cv_;
+  CondVar idle_cv_;  // Close() waits on it for the queue to drain
+  std::deque<Queued> queue_ KVD_GUARDED_BY(q_mu_);
+  bool closed_ KVD_GUARDED_BY(q_mu_) = false;
+  int running_ KVD_GUARDED_BY(q_mu_) = 0;  // tasks being run
+  std::vector<Worker*> workers_ KVD_GUARDED_BY(q_mu_);  // each worker while its thread runs
   std::vector<std::thread> threads_;
   // Set once Close()'s grace ended: no reconnects, no retries, nothing more is waited for.
   std::atomic<bool> abandon_{false};
   std::atomic<uint64_t> abandoned_{0};
 
+  // A reader/writer lock (routing reads it on every command, a map refresh writes it):
+  // common/mutex.h has no annotated shared mutex yet, so these fields are checked by no one.
   mutable std::shared_mutex map_mu_;
   SlotMap map_;                   // guarded by map_mu_
   bool have_map_ = false;         // guarded by map_mu_
   int64_t map_read_ns_ = 0;       // guarded by map_mu_
 
-  std::mutex backoff_mu_;
+  Mutex backoff_mu_;
   struct Backoff {
     int64_t until_ns = 0;
     int64_t step_ns = 0;
     Status last;  // why the last connect failed
   };
-  std::map<std::string, Backoff> backoff_;  // guarded by backoff_mu_
+  std::map<std::string, Backoff> backoff_ KVD_GUARDED_BY(backoff_mu_);
 
-  mutable std::mutex health_mu_;
-  std::string last_error_;        // guarded by health_mu_
-  int64_t last_error_ns_ = 0;     // guarded by health_mu_
-  bool ever_ok_ = false;          // guarded by health_mu_
+  mutable Mutex health_mu_;
+  std::string last_error_ KVD_GUARDED_BY(health_mu_);
+  int64_t last_error_ns_ KVD_GUARDED_BY(health_mu_) = 0;
+  bool ever_ok_ KVD_GUARDED_BY(health_mu_) = false;
   std::atomic<bool> last_ok_{false};
 
   std::atomic<uint64_t> redirects_{0}, map_refreshes_{0}, reconnects_{0};

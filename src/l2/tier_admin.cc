@@ -38,7 +38,7 @@ void TierSet::DeleteObjects(size_t index, std::vector<ObjectKey> keys, Tier::Don
                                            std::vector<ItemResult> results) {
     uint64_t n = 0;
     {
-      std::lock_guard<std::mutex> lock(t.mu);
+      MutexLock lock(&t.mu);
       for (size_t i = 0; i < results.size() && i < ids->size(); ++i) {
         if (!results[i].status.ok()) {
           t.NoteError(results[i].status.message());

@@ -9,28 +9,28 @@
 
 namespace kvd::l2 {
 
-void TierSet::AccountLocked(TierState& t, const ObjectKey& key, uint64_t bytes, int64_t now_ns) {
-  if (t.capacity == 0) {  // no declared capacity: usage only, no index
+void TierSet::TierState::AccountLocked(const ObjectKey& key, uint64_t bytes, int64_t now_ns) {
+  if (capacity == 0) {  // no declared capacity: usage only, no index
     return;
   }
   const std::string id = RespKey(key);
-  auto it = t.index.find(id);
-  if (it == t.index.end()) {
-    TierState::Obj o;
+  auto it = index.find(id);
+  if (it == index.end()) {
+    Obj o;
     o.bytes = bytes;
-    t.lru.push_back(id);
-    o.lru = std::prev(t.lru.end());
-    t.index.emplace(id, o);
-    t.usage += bytes;
+    lru.push_back(id);
+    o.lru = std::prev(lru.end());
+    index.emplace(id, o);
+    usage += bytes;
     return;
   }
-  TouchLocked(t, id, now_ns, 0);
+  TouchLocked(id, now_ns, 0);
 }
 
-void TierSet::TouchLocked(TierState& t, const std::string& id, int64_t, int busy_delta) {
-  auto it = t.index.find(id);
-  if (it == t.index.end()) return;
-  t.lru.splice(t.lru.end(), t.lru, it->second.lru);
+void TierSet::TierState::TouchLocked(const std::string& id, int64_t, int busy_delta) {
+  auto it = index.find(id);
+  if (it == index.end()) return;
+  lru.splice(lru.end(), lru, it->second.lru);
   it->second.busy = std::max(0, it->second.busy + busy_delta);
 }
 
@@ -46,7 +46,7 @@ void TierSet::ScanTier(TierState& t) {
       std::sort(objs.begin(), objs.end(),
                 [](const ScannedObject& a, const ScannedObject& b) { return a.mtime_ns < b.mtime_ns; });
       uint64_t bytes = 0;
-      std::lock_guard<std::mutex> lock(t.mu);
+      MutexLock lock(&t.mu);
       std::list<std::string> older;
       for (const auto& o : objs) {
         const std::string id = RespKey(o.key);
@@ -74,7 +74,7 @@ void TierSet::EvictTier(TierState& t) {
   std::vector<ObjectKey> victims;
   uint64_t planned = 0;
   {
-    std::lock_guard<std::mutex> lock(t.mu);
+    MutexLock lock(&t.mu);
     if (t.evicting) return;
     const double used = static_cast<double>(t.usage);
     if (used < t.eviction->trigger_watermark * static_cast<double>(t.capacity)) return;
@@ -96,7 +96,7 @@ void TierSet::EvictTier(TierState& t) {
   t.spec.tier->Delete(std::move(victims), [this, &t, keys](std::vector<ItemResult> results) {
     uint64_t n = 0, bytes = 0;
     {
-      std::lock_guard<std::mutex> lock(t.mu);
+      MutexLock lock(&t.mu);
       for (size_t i = 0; i < results.size() && i < keys->size(); ++i) {
         if (!results[i].status.ok()) {
           t.NoteError(results[i].status.message());

@@ -40,7 +40,7 @@ void TierSet::Prefetch(PrefetchRequest request, std::function<void(size_t)> done
 
 void TierSet::StartOrQueue(std::shared_ptr<PrefetchJob> job) {
   {
-    std::lock_guard<std::mutex> lock(jobs_mu_);
+    MutexLock lock(&jobs_mu_);
     if (closed_) {
       job->answered = true;
       job->done(0);
@@ -59,7 +59,7 @@ void TierSet::StartOrQueue(std::shared_ptr<PrefetchJob> job) {
 void TierSet::JobFinished() {
   std::shared_ptr<PrefetchJob> next;
   {
-    std::lock_guard<std::mutex> lock(jobs_mu_);
+    MutexLock lock(&jobs_mu_);
     active_jobs_--;
     std::erase_if(running_, [](const std::weak_ptr<PrefetchJob>& w) { return w.expired(); });
     while (!queued_.empty() && !next) {
@@ -84,7 +84,7 @@ void TierSet::CheckTimeouts() {
   const int64_t now = options_.clock->NowNanos();
   std::vector<std::shared_ptr<PrefetchJob>> late;
   {
-    std::lock_guard<std::mutex> lock(jobs_mu_);
+    MutexLock lock(&jobs_mu_);
     for (auto& w : running_) {
       auto j = w.lock();
       if (j && !j->answered.load() && now > j->deadline_ns) late.push_back(j);
@@ -104,7 +104,7 @@ void TierSet::CheckTimeouts() {
   if (late.empty()) return;
   // Answered jobs still waiting for a turn leave the queue now (a hung tier may never give
   // them one); JobFinished would skip them anyway.
-  std::lock_guard<std::mutex> lock(jobs_mu_);
+  MutexLock lock(&jobs_mu_);
   std::erase_if(queued_, [](const std::shared_ptr<PrefetchJob>& j) { return j->answered.load(); });
 }
 
@@ -116,7 +116,7 @@ void TierSet::RunJob(const std::shared_ptr<PrefetchJob>& job) {
   for (size_t ti = 0; ti < tiers_.size(); ++ti) {
     TierState& t = *tiers_[ti];
     {
-      std::lock_guard<std::mutex> lock(t.mu);
+      MutexLock lock(&t.mu);
       t.st.prefetch_lookup_objects += n;
     }
     calls_in_flight_++;
@@ -124,7 +124,7 @@ void TierSet::RunJob(const std::shared_ptr<PrefetchJob>& job) {
       uint64_t found = 0, errors = 0;
       const int64_t now = options_.clock->NowNanos();
       {
-        std::lock_guard<std::mutex> jl(job->mu);
+        MutexLock jl(&job->mu);
         for (size_t i = 0; i < results.size() && i < job->keys.size(); ++i) {
           if (results[i].status.ok()) {
             job->found[ti][i] = 1;
@@ -136,7 +136,7 @@ void TierSet::RunJob(const std::shared_ptr<PrefetchJob>& job) {
         }
       }
       {
-        std::lock_guard<std::mutex> lock(t.mu);
+        MutexLock lock(&t.mu);
         t.st.prefetch_found_objects += found;
         if (errors < results.size()) t.NoteSuccess();  // the back-end answered
         if (errors) {
@@ -150,7 +150,7 @@ void TierSet::RunJob(const std::shared_ptr<PrefetchJob>& job) {
         }
         for (size_t i = 0; i < results.size() && i < job->keys.size(); ++i) {
           if (results[i].status.ok()) {
-            AccountLocked(t, job->keys[i], results[i].bytes ? results[i].bytes : job->req.format.object_bytes, now);
+            t.AccountLocked(job->keys[i], results[i].bytes ? results[i].bytes : job->req.format.object_bytes, now);
           }
         }
       }
@@ -194,7 +194,7 @@ void TierSet::OnExists(const std::shared_ptr<PrefetchJob>& job) {
   for (size_t c = 0; c < planned; ++c) {
     bool ok;
     {
-      std::lock_guard<std::mutex> lock(loading_mu_);
+      MutexLock lock(&loading_mu_);
       ok = ReserveChunk(job, c);
     }
     if (!ok) {
@@ -243,31 +243,31 @@ void TierSet::OnExists(const std::shared_ptr<PrefetchJob>& job) {
     TierState& t = *tiers_[ti];
     const size_t count = items[ti].size();
     {
-      std::lock_guard<std::mutex> lock(t.mu);
+      MutexLock lock(&t.mu);
       t.st.load_requests++;
       t.st.load_objects += count;
       t.st.inflight_load_objects += count;
-      for (size_t i : index[ti]) TouchLocked(t, RespKey(job->keys[i]), now, +1);
+      for (size_t i : index[ti]) t.TouchLocked(RespKey(job->keys[i]), now, +1);
     }
     calls_in_flight_++;
     auto idx = std::make_shared<std::vector<size_t>>(std::move(index[ti]));
     t.spec.tier->Load(std::move(items[ti]), [this, job, idx, &t, now, count](std::vector<ItemResult> results) {
       const int64_t end = options_.clock->NowNanos();
       {
-        std::lock_guard<std::mutex> jl(job->mu);
+        MutexLock jl(&job->mu);
         for (size_t j = 0; j < idx->size(); ++j) {
           job->load_status[(*idx)[j]] = j < results.size() ? results[j].status : Status::Internal("no answer");
           job->load_bytes[(*idx)[j]] = j < results.size() ? results[j].bytes : 0;
         }
       }
       {
-        std::lock_guard<std::mutex> lock(t.mu);
+        MutexLock lock(&t.mu);
         t.st.inflight_load_objects -= count;
         t.st.load_completed_requests++;
         t.st.load_seconds += static_cast<double>(end - now) * 1e-9;
         for (size_t j = 0; j < idx->size(); ++j) {
           const size_t i = (*idx)[j];
-          TouchLocked(t, RespKey(job->keys[i]), end, -1);
+          t.TouchLocked(RespKey(job->keys[i]), end, -1);
           const Status& s = j < results.size() ? results[j].status : Status::Internal("no answer");
           if (s.ok()) {
             t.st.loaded_objects++;
@@ -364,13 +364,13 @@ void TierSet::OnLoaded(const std::shared_ptr<PrefetchJob>& job) {
   prefetch_hit_chunks_ += committed.size();
   if (options_.prefetch_policy == "default" && !committed.empty()) {
     const int64_t now = options_.clock->NowNanos();
-    std::lock_guard<std::mutex> lock(temp_mu_);
+    MutexLock lock(&temp_mu_);
     for (const auto& k : committed) temporary_.insert_or_assign(k, now);
   }
   // Its chunks are in L1 (or not coming): release the jobs that waited for them.
   std::vector<std::shared_ptr<PrefetchJob>> followers;
   {
-    std::lock_guard<std::mutex> lock(loading_mu_);
+    MutexLock lock(&loading_mu_);
     for (const auto& k : job->loading) {
       auto it = loading_.find(k);
       if (it != loading_.end() && it->second == job.get()) loading_.erase(it);

@@ -68,21 +68,21 @@ bool TierSet::WaitIdle(double timeout_s) {
 
 void TierSet::Close() {
   {
-    std::lock_guard<std::mutex> lock(jobs_mu_);
+    MutexLock lock(&jobs_mu_);
     if (closed_) return;
     closed_ = true;
   }
   {
-    std::lock_guard<std::mutex> lock(control_mu_);
+    MutexLock lock(&control_mu_);
     stop_control_ = true;
   }
-  control_cv_.notify_all();
+  control_cv_.NotifyAll();
   if (control_.joinable()) control_.join();
   // Queued prefetches answer now; running ones answer when their tiers do (Close below
   // makes every tier answer what it still holds).
   std::deque<std::shared_ptr<PrefetchJob>> queued;
   {
-    std::lock_guard<std::mutex> lock(jobs_mu_);
+    MutexLock lock(&jobs_mu_);
     queued.swap(queued_);
   }
   for (auto& j : queued) Answer(j, 0);
@@ -101,7 +101,7 @@ void TierSet::Close() {
 void TierSet::StoreBehind(std::vector<CommittedObject> objects, const ObjectFormat& format) {
   if (tiers_.empty() || objects.empty()) return;
   {
-    std::lock_guard<std::mutex> lock(jobs_mu_);
+    MutexLock lock(&jobs_mu_);
     if (closed_) return;
   }
   auto batch = std::make_shared<StoreBatch>();
@@ -122,7 +122,7 @@ void TierSet::StoreBehind(std::vector<CommittedObject> objects, const ObjectForm
     std::vector<size_t> index;
     uint64_t bytes = 0;
     {
-      std::lock_guard<std::mutex> lock(t.mu);
+      MutexLock lock(&t.mu);
       t.st.store_requests++;
       t.st.store_objects += batch->objects.size();
       for (size_t i = 0; i < batch->objects.size(); ++i) {
@@ -183,7 +183,7 @@ void TierSet::StoreBehind(std::vector<CommittedObject> objects, const ObjectForm
       index = std::move(encoded_index);
       batch->encoded.push_back(enc);
       if (failed > 0) {
-        std::lock_guard<std::mutex> lock(t.mu);
+        MutexLock lock(&t.mu);
         t.st.store_failed_objects += failed;
         if (items.empty()) {
           t.inflight_batches--;
@@ -202,7 +202,7 @@ void TierSet::StoreBehind(std::vector<CommittedObject> objects, const ObjectForm
                                              std::vector<ItemResult> results) {
       const double secs = static_cast<double>(options_.clock->NowNanos() - t0) * 1e-9;
       {
-        std::lock_guard<std::mutex> lock(t.mu);
+        MutexLock lock(&t.mu);
         t.inflight_batches--;
         t.st.inflight_store_objects -= n_items;
         t.st.inflight_store_bytes -= bytes;
@@ -220,7 +220,7 @@ void TierSet::StoreBehind(std::vector<CommittedObject> objects, const ObjectForm
             } else {
               t.st.store_existing_objects++;
             }
-            AccountLocked(t, obj.key, r.bytes > 0 ? r.bytes : batch->pins[index[j]].size(),
+            t.AccountLocked(obj.key, r.bytes > 0 ? r.bytes : batch->pins[index[j]].size(),
                           options_.clock->NowNanos());
           } else if (r.status.code() == StatusCode::kResourceExhausted) {
             t.st.store_full_objects++;
@@ -249,7 +249,7 @@ void TierSet::SkipL1Stored(const std::vector<CommittedObject>& objects,
                            const std::atomic<bool>* stored) {
   std::vector<l1::ChunkKey> complete;
   {
-    std::lock_guard<std::mutex> lock(skip_mu_);
+    MutexLock lock(&skip_mu_);
     for (size_t i = 0; i < objects.size(); ++i) {
       const CommittedObject& o = objects[i];
       if (!stored[i] || o.num_slots == 0 || o.slot >= o.num_slots) continue;
@@ -269,14 +269,14 @@ void TierSet::SkipL1Stored(const std::vector<CommittedObject>& objects,
       gone.push_back(k);
     }
   }
-  std::lock_guard<std::mutex> lock(skip_mu_);
+  MutexLock lock(&skip_mu_);
   for (const auto& k : gone) skip_l1_.erase(k);
 }
 
 void TierSet::SweepSkipL1() {
   std::vector<std::pair<l1::ChunkKey, SkipL1Chunk>> records;
   {
-    std::lock_guard<std::mutex> lock(skip_mu_);
+    MutexLock lock(&skip_mu_);
     if (skip_l1_.empty()) return;
     records.assign(skip_l1_.begin(), skip_l1_.end());
   }
@@ -293,7 +293,7 @@ void TierSet::SweepSkipL1() {
     for (uint32_t s = 0; s < c.slots.size() && !any; ++s) any = c.slots[s] && l1_->IsResident(k, s);
     if (!any) drop.emplace_back(k, c.held);
   }
-  std::lock_guard<std::mutex> lock(skip_mu_);
+  MutexLock lock(&skip_mu_);
   for (const auto& [k, held] : drop) {
     auto it = skip_l1_.find(k);
     if (it != skip_l1_.end() && it->second.held == held) skip_l1_.erase(it);
@@ -306,11 +306,11 @@ void TierSet::SweepSkipL1() {
 
 void TierSet::ControlLoop(int64_t start_ns) {
   int64_t last_second = start_ns;
-  std::unique_lock<std::mutex> lock(control_mu_);
+  control_mu_.Lock();
   while (!stop_control_) {
-    control_cv_.wait_for(lock, std::chrono::milliseconds(50));
+    control_cv_.WaitFor(&control_mu_, std::chrono::milliseconds(50));
     if (stop_control_) break;
-    lock.unlock();
+    control_mu_.Unlock();
     CheckTimeouts();
     const int64_t now = options_.clock->NowNanos();
     if (now - last_second >= 1'000'000'000LL) {
@@ -319,8 +319,9 @@ void TierSet::ControlLoop(int64_t start_ns) {
       SweepSkipL1();
       for (auto& t : tiers_) EvictTier(*t);
     }
-    lock.lock();
+    control_mu_.Lock();
   }
+  control_mu_.Unlock();
 }
 
 void TierSet::SweepTemporary() {
@@ -329,7 +330,7 @@ void TierSet::SweepTemporary() {
     // A chunk just committed is not taken yet: its lookup read-locks it right after (the
     // retrieve then lets it go); the sweep is for chunks no retrieve came for.
     const int64_t cutoff = options_.clock->NowNanos() - kTemporaryGraceNs;
-    std::lock_guard<std::mutex> lock(temp_mu_);
+    MutexLock lock(&temp_mu_);
     if (temporary_.empty()) return;
     for (const auto& [k, added_ns] : temporary_) {
       if (added_ns <= cutoff) keys.push_back(k);
@@ -337,7 +338,7 @@ void TierSet::SweepTemporary() {
   }
   if (keys.empty()) return;
   l1_->RemoveIfIdle(keys);
-  std::lock_guard<std::mutex> lock(temp_mu_);
+  MutexLock lock(&temp_mu_);
   for (const auto& k : keys) {
     if (!l1_->IsResident(k, 0)) temporary_.erase(k);
   }
@@ -346,7 +347,7 @@ void TierSet::SweepTemporary() {
 void TierSet::AfterRetrieve(std::span<const l1::ChunkKey> chunks) {
   std::vector<l1::ChunkKey> mine;
   {
-    std::lock_guard<std::mutex> lock(temp_mu_);
+    MutexLock lock(&temp_mu_);
     if (temporary_.empty()) return;
     for (const auto& k : chunks) {
       if (temporary_.count(k)) mine.push_back(k);
@@ -354,7 +355,7 @@ void TierSet::AfterRetrieve(std::span<const l1::ChunkKey> chunks) {
   }
   if (mine.empty()) return;
   l1_->RemoveIfIdle(mine);
-  std::lock_guard<std::mutex> lock(temp_mu_);
+  MutexLock lock(&temp_mu_);
   for (const auto& k : mine) {
     if (!l1_->IsResident(k, 0)) temporary_.erase(k);
   }
@@ -376,7 +377,7 @@ TierSetStats TierSet::stats() const {
   for (const auto& tp : tiers_) {
     TierStats ts;
     {
-      std::lock_guard<std::mutex> lock(tp->mu);
+      MutexLock lock(&tp->mu);
       ts = tp->st;
       ts.usage_bytes = tp->usage;
       ts.objects = tp->index.size();
@@ -388,7 +389,7 @@ TierSetStats TierSet::stats() const {
     ts.capacity_bytes = tp->capacity;
     ts.health = tp->spec.tier->Health();
     {
-      std::lock_guard<std::mutex> lock(tp->mu);
+      MutexLock lock(&tp->mu);
       if (ts.health.healthy && tp->failures_in_a_row >= kUnhealthyAfterFailures) {
         ts.health.healthy = false;
         ts.health.detail = "the last " + std::to_string(tp->failures_in_a_row) +
@@ -403,16 +404,16 @@ TierSetStats TierSet::stats() const {
   s.prefetch_timeouts = prefetch_timeouts_.load();
   s.skip_l1_removed_chunks = skip_l1_removed_.load();
   {
-    std::lock_guard<std::mutex> lock(skip_mu_);
+    MutexLock lock(&skip_mu_);
     s.skip_l1_waiting_chunks = skip_l1_.size();
   }
   {
-    std::lock_guard<std::mutex> lock(jobs_mu_);
+    MutexLock lock(&jobs_mu_);
     s.active_prefetch_jobs = static_cast<uint64_t>(active_jobs_);
     s.queued_prefetch_jobs = queued_.size();
   }
   {
-    std::lock_guard<std::mutex> lock(temp_mu_);
+    MutexLock lock(&temp_mu_);
     s.temporary_chunks = temporary_.size();
   }
   return s;

@@ -39,7 +39,6 @@
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -54,6 +53,7 @@
 #include <vector>
 
 #include "common/clock.h"
+#include "common/mutex.h"
 #include "common/status.h"
 #include "l1/l1_cache.h"
 #include "l2/adapter_config.h"
@@ -177,7 +177,7 @@ class TierSet {
   // prefetch policy). Cheap when there are none.
   void AfterRetrieve(std::span<const l1::ChunkKey> chunks);
 
-  TierSetStats stats() const;
+  TierSetStats stats() const KVD_EXCLUDES(jobs_mu_, temp_mu_, skip_mu_);
 
   // Operator calls (GET / DELETE /cache/objects), tier_admin.cc; `index` < size() (else
   // InvalidArgument, inline). ListObjects: every object tier `index` holds (Tier::Scan).
@@ -189,7 +189,7 @@ class TierSet {
   const AdapterConfig& adapter_config(size_t index) const;
   // Waits until no store-behind write is in flight (tests, benchmarks, shutdown).
   bool WaitIdle(double timeout_s);
-  void Close();
+  void Close() KVD_EXCLUDES(jobs_mu_, control_mu_);
 
  private:
   // Defined in tier_set_internal.h.
@@ -206,14 +206,13 @@ class TierSet {
   void RunJob(const std::shared_ptr<PrefetchJob>& job);
   void OnExists(const std::shared_ptr<PrefetchJob>& job);
   void OnLoaded(const std::shared_ptr<PrefetchJob>& job);
-  // Reserves the L1 slots of chunk c of the plan (loading_mu_ held); false: the prefix ends.
-  bool ReserveChunk(const std::shared_ptr<PrefetchJob>& job, size_t c);
+  // Reserves the L1 slots of chunk c of the plan; false: the prefix ends.
+  bool ReserveChunk(const std::shared_ptr<PrefetchJob>& job, size_t c)
+      KVD_REQUIRES(loading_mu_);
   void Finish(const std::shared_ptr<PrefetchJob>& job);
   void Answer(const std::shared_ptr<PrefetchJob>& job, size_t chunks);
   void JobFinished();
-  // accounting and eviction (tier_eviction.cc); *Locked: TierState::mu held
-  void AccountLocked(TierState& t, const ObjectKey& key, uint64_t bytes, int64_t now_ns);
-  void TouchLocked(TierState& t, const std::string& id, int64_t now_ns, int busy_delta);
+  // eviction (tier_eviction.cc; the accounting is TierState's, tier_set_internal.h)
   void EvictTier(TierState& t);
   void ScanTier(TierState& t);
 
@@ -222,45 +221,48 @@ class TierSet {
   std::vector<std::unique_ptr<TierState>> tiers_;
   std::atomic<uint64_t> calls_in_flight_{0};
 
-  mutable std::mutex jobs_mu_;
-  std::deque<std::shared_ptr<PrefetchJob>> queued_;     // guarded by jobs_mu_
-  std::vector<std::weak_ptr<PrefetchJob>> running_;     // guarded by jobs_mu_ (for timeouts)
-  int active_jobs_ = 0;                                 // guarded by jobs_mu_
-  bool closed_ = false;                                 // guarded by jobs_mu_
+  mutable Mutex jobs_mu_;
+  std::deque<std::shared_ptr<PrefetchJob>> queued_ KVD_GUARDED_BY(jobs_mu_);
+  std::vector<std::weak_ptr<PrefetchJob>> running_ KVD_GUARDED_BY(jobs_mu_);  // for timeouts
+  int active_jobs_ KVD_GUARDED_BY(jobs_mu_) = 0;
+  bool closed_ KVD_GUARDED_BY(jobs_mu_) = false;
 
   // Chunks whose L1 slots a prefetch job has reserved and is loading -> that job. A job that
   // finds a chunk's slots reserved by another job waits for that job's loads (follows it)
   // instead of counting them as resident. A job's entries leave, and its followers are
   // released, once its own loads are committed or aborted; a job never waits for its
   // followers, so following cannot deadlock. Reservations of a chunk, its entry and a
-  // follower's lookup of it happen under loading_mu_ together. Guarded by loading_mu_.
-  std::mutex loading_mu_;
-  std::unordered_map<l1::ChunkKey, PrefetchJob*, l1::ChunkKeyHash> loading_;
+  // follower's lookup of it happen under loading_mu_ together.
+  Mutex loading_mu_;
+  std::unordered_map<l1::ChunkKey, PrefetchJob*, l1::ChunkKeyHash> loading_
+      KVD_GUARDED_BY(loading_mu_);
 
-  mutable std::mutex temp_mu_;
-  // Prefetched chunks (default policy) -> when they were committed. Guarded by temp_mu_.
-  std::unordered_map<l1::ChunkKey, int64_t, l1::ChunkKeyHash> temporary_;
+  mutable Mutex temp_mu_;
+  // Prefetched chunks (default policy) -> when they were committed.
+  std::unordered_map<l1::ChunkKey, int64_t, l1::ChunkKeyHash> temporary_
+      KVD_GUARDED_BY(temp_mu_);
   static constexpr int64_t kTemporaryGraceNs = 2'000'000'000;
 
   // skip_l1: the chunks in L1 some of whose slots (ranks) a tier holds, with which slots. A
   // chunk leaves L1 only once every slot is held (each rank stores its own object, and one
   // may be skipped or fail); a complete chunk still busy is retried by the control loop, and
-  // a record whose chunk L1 let go is dropped there. Guarded by skip_mu_.
+  // a record whose chunk L1 let go is dropped there.
   struct SkipL1Chunk {
     std::vector<bool> slots;  // one per slot of the L1 entry
     uint32_t held = 0;        // slots set
   };
   void SkipL1Stored(const std::vector<CommittedObject>& objects, const std::atomic<bool>* stored);
   void SweepSkipL1();
-  mutable std::mutex skip_mu_;
-  std::unordered_map<l1::ChunkKey, SkipL1Chunk, l1::ChunkKeyHash> skip_l1_;
+  mutable Mutex skip_mu_;
+  std::unordered_map<l1::ChunkKey, SkipL1Chunk, l1::ChunkKeyHash> skip_l1_
+      KVD_GUARDED_BY(skip_mu_);
 
   std::atomic<uint64_t> prefetch_requests_{0}, prefetch_hit_chunks_{0}, prefetch_failed_chunks_{0},
       prefetch_timeouts_{0}, skip_l1_removed_{0};
 
-  std::mutex control_mu_;
-  std::condition_variable control_cv_;
-  bool stop_control_ = false;  // guarded by control_mu_
+  Mutex control_mu_;
+  CondVar control_cv_;
+  bool stop_control_ KVD_GUARDED_BY(control_mu_) = false;
   std::thread control_;
 };
 

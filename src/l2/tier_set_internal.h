@@ -2,11 +2,11 @@
 #pragma once
 
 #include <list>
-#include <mutex>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
+#include "common/mutex.h"
 #include "l2/tier_set.h"
 
 namespace kvd::l2 {
@@ -17,16 +17,15 @@ struct TierSet::TierState {
   uint64_t capacity = 0;
   std::optional<TierEvictionConfig> eviction;
 
-  std::mutex mu;
-  // Guarded by mu:
-  TierStats st;                     // counters (sizes and names filled in stats())
-  uint32_t inflight_batches = 0;
-  std::string last_error;
-  uint64_t last_error_count = 0;
+  Mutex mu;
+  TierStats st KVD_GUARDED_BY(mu);                     // counters (sizes and names filled in stats())
+  uint32_t inflight_batches KVD_GUARDED_BY(mu) = 0;
+  std::string last_error KVD_GUARDED_BY(mu);
+  uint64_t last_error_count KVD_GUARDED_BY(mu) = 0;
   // Operations that failed since the last one that succeeded (object-level outcomes such as
   // a missing or corrupt object do not count): the tier's health follows what its writes and
   // reads actually do, whatever its back-end says (issue 27, finding 11).
-  uint64_t failures_in_a_row = 0;
+  uint64_t failures_in_a_row KVD_GUARDED_BY(mu) = 0;
   // The object index (capacity tiers; others keep usage only): id = RespKey(key) without a
   // prefix, recency order front = least recently used.
   struct Obj {
@@ -34,15 +33,19 @@ struct TierSet::TierState {
     std::list<std::string>::iterator lru;
     int busy = 0;                   // loads in progress: not evicted
   };
-  std::unordered_map<std::string, Obj> index;
-  std::list<std::string> lru;
-  uint64_t usage = 0;
-  bool scanned = false;
-  bool evicting = false;
+  std::unordered_map<std::string, Obj> index KVD_GUARDED_BY(mu);
+  std::list<std::string> lru KVD_GUARDED_BY(mu);
+  uint64_t usage KVD_GUARDED_BY(mu) = 0;
+  bool scanned KVD_GUARDED_BY(mu) = false;
+  bool evicting KVD_GUARDED_BY(mu) = false;
 
-  // Requires mu. `operational`: the back-end failed (not the object: missing, corrupt).
-  void NoteError(const std::string& what, bool operational = true);
-  void NoteSuccess() { failures_in_a_row = 0; }  // requires mu
+  // `operational`: the back-end failed (not the object: missing, corrupt).
+  void NoteError(const std::string& what, bool operational = true) KVD_REQUIRES(mu);
+  void NoteSuccess() KVD_REQUIRES(mu) { failures_in_a_row = 0; }
+  // Accounting of the object index (tier_eviction.cc): an object written or found, a load
+  // starting (busy_delta +1) or ending (-1).
+  void AccountLocked(const ObjectKey& key, uint64_t bytes, int64_t now_ns) KVD_REQUIRES(mu);
+  void TouchLocked(const std::string& id, int64_t now_ns, int busy_delta) KVD_REQUIRES(mu);
 };
 
 struct TierSet::StoreBatch {
@@ -74,7 +77,9 @@ struct TierSet::PrefetchJob {
   std::vector<Status> load_status;             // per object
   std::vector<uint64_t> load_bytes;            // per object: stored size the tier read
   size_t planned = 0;                          // chunks planned for loading
-  std::mutex mu;                               // guards found / load_status writes
+  // Guards the writes of found / load_status by concurrent tier callbacks; they are read
+  // without it once `pending` reached 0, so not KVD_GUARDED_BY.
+  Mutex mu;
   // Its own loads done and committed (OnLoaded): per planned chunk, whether its own objects
   // arrived (objects it waits for from other jobs are checked in Finish).
   std::vector<uint8_t> chunk_loaded;
@@ -83,7 +88,8 @@ struct TierSet::PrefetchJob {
   // (this job's own loads); Finish runs when it drops to 0.
   std::atomic<int> following{1};
   std::vector<const PrefetchJob*> followed;    // planning thread only
-  // Guarded by TierSet::loading_mu_:
+  // Guarded by TierSet::loading_mu_ (a comment, not KVD_GUARDED_BY: the lock is the
+  // TierSet's and a job has no pointer to it the analysis could name):
   std::vector<l1::ChunkKey> loading;           // chunks registered in TierSet::loading_
   std::vector<std::shared_ptr<PrefetchJob>> followers;  // jobs waiting for this one's loads
   bool loads_done = false;                     // set with the followers taken

@@ -21,30 +21,30 @@ WorkerPool::~WorkerPool() { Close(); }
 
 bool WorkerPool::Submit(std::function<void()> task) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (closed_) return false;
     queue_.push_back(std::move(task));
   }
-  cv_.notify_one();
+  cv_.NotifyOne();
   return true;
 }
 
 void WorkerPool::Close() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (closed_ && threads_.empty()) return;
     closed_ = true;
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
   for (auto& t : threads_) {
     if (t.joinable() && t.get_id() != std::this_thread::get_id()) t.join();
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   threads_.clear();
 }
 
 size_t WorkerPool::queued() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return queue_.size();
 }
 
@@ -52,8 +52,8 @@ void WorkerPool::Run() {
   while (true) {
     std::function<void()> task;
     {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return closed_ || !queue_.empty(); });
+      MutexLock lock(&mu_);
+      while (!closed_ && queue_.empty()) cv_.Wait(&mu_);
       if (queue_.empty()) return;  // closed and drained
       task = std::move(queue_.front());
       queue_.pop_front();

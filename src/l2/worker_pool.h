@@ -7,16 +7,15 @@
 // Tasks must not call Close on their own pool.
 #pragma once
 
-#include <condition_variable>
 #include <cstddef>
 #include <deque>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "common/mutex.h"
 #include "l2/tier.h"
 
 namespace kvd::l2 {
@@ -29,19 +28,19 @@ class WorkerPool {
   WorkerPool& operator=(const WorkerPool&) = delete;
 
   // False (and the task is dropped) once Close has begun.
-  bool Submit(std::function<void()> task);
-  void Close();
-  size_t queued() const;
+  bool Submit(std::function<void()> task) KVD_EXCLUDES(mu_);
+  void Close() KVD_EXCLUDES(mu_);
+  size_t queued() const KVD_EXCLUDES(mu_);
   int threads() const { return static_cast<int>(threads_.size()); }
 
  private:
-  void Run();
+  void Run() KVD_EXCLUDES(mu_);
 
   const std::string name_;
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::function<void()>> queue_;  // guarded by mu_
-  bool closed_ = false;                      // guarded by mu_
+  mutable Mutex mu_;
+  CondVar cv_;
+  std::deque<std::function<void()>> queue_ KVD_GUARDED_BY(mu_);
+  bool closed_ KVD_GUARDED_BY(mu_) = false;
   std::vector<std::thread> threads_;
 };
 
