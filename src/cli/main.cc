@@ -30,7 +30,6 @@
 #include <filesystem>
 #include <fstream>
 #include <future>
-#include <mutex>
 #include <optional>
 #include <nlohmann/json.hpp>
 #include <thread>
@@ -42,6 +41,7 @@
 #include "cli/flags.h"
 #include "cli/stale_segments.h"
 #include "common/clock.h"
+#include "common/mutex.h"
 #include "http/http_server.h"
 #include "l2/adapter_config.h"
 #include "keys/token_hash.h"
@@ -269,7 +269,7 @@ class ServiceStats final : public kvd::http::StatsSource, public kvd::http::Admi
       return {false, "maintenance loop stalled for " + std::to_string(static_cast<int>(stalled)) +
                          " s (eviction, TTLs and worker reaping are not running)"};
     }
-    std::lock_guard<std::mutex> lock(probe_mu_);
+    kvd::MutexLock lock(&probe_mu_);
     if (now - probed_ns_ > 1'000'000'000LL) {  // probe at most once a second
       probed_ns_ = now;
       probe_ok_ = ProbeZmq();
@@ -281,7 +281,7 @@ class ServiceStats final : public kvd::http::StatsSource, public kvd::http::Admi
   // Counters count from the last POST /metrics/reset (gauges and histograms are absolute).
   kvd::http::Snapshot Collect() override {
     kvd::http::Snapshot s = CollectRaw();
-    std::lock_guard<std::mutex> lock(baseline_mu_);
+    kvd::MutexLock lock(&baseline_mu_);
     if (!baseline_) return s;
     const kvd::http::Snapshot& b = *baseline_;
     auto sub = [](uint64_t& v, uint64_t base) { v = v > base ? v - base : 0; };
@@ -459,7 +459,7 @@ class ServiceStats final : public kvd::http::StatsSource, public kvd::http::Admi
   void ResetMetrics() override {
     registry_->ResetCounters();
     kvd::http::Snapshot now = CollectRaw();
-    std::lock_guard<std::mutex> lock(baseline_mu_);
+    kvd::MutexLock lock(&baseline_mu_);
     baseline_ = std::move(now);
   }
 
@@ -544,8 +544,8 @@ class ServiceStats final : public kvd::http::StatsSource, public kvd::http::Admi
         .count();
   }
 
-  // One NOOP through the real socket loop. Requires probe_mu_.
-  bool ProbeZmq() {
+  // One NOOP through the real socket loop.
+  bool ProbeZmq() KVD_REQUIRES(probe_mu_) {
     try {
       zmq::socket_t sock(ctx_, zmq::socket_type::dealer);
       sock.set(zmq::sockopt::linger, 0);
@@ -576,14 +576,14 @@ class ServiceStats final : public kvd::http::StatsSource, public kvd::http::Admi
   const kvd::server::ServerConfig cfg_;
   const std::atomic<int64_t>* const beat_ns_;
   const int64_t started_;
-  std::mutex baseline_mu_;
-  std::optional<kvd::http::Snapshot> baseline_;  // guarded by baseline_mu_; see ResetMetrics
+  kvd::Mutex baseline_mu_;
+  std::optional<kvd::http::Snapshot> baseline_ KVD_GUARDED_BY(baseline_mu_);  // see ResetMetrics
   std::string probe_endpoint_;
   zmq::context_t ctx_{1};
-  std::mutex probe_mu_;
-  int64_t probed_ns_ = 0;     // guarded by probe_mu_
-  bool probe_ok_ = false;     // guarded by probe_mu_
-  int64_t probe_uid_ = 0;     // guarded by probe_mu_
+  kvd::Mutex probe_mu_;
+  int64_t probed_ns_ KVD_GUARDED_BY(probe_mu_) = 0;
+  bool probe_ok_ KVD_GUARDED_BY(probe_mu_) = false;
+  int64_t probe_uid_ KVD_GUARDED_BY(probe_mu_) = 0;
 };
 
 // Evictions done on the allocation path (a store that did not fit) are not logged one by

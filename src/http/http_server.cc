@@ -250,11 +250,11 @@ Status HttpServer::Start() {
 
 void HttpServer::Stop() {
   {
-    std::lock_guard<std::mutex> lock(stop_mu_);
+    MutexLock lock(&stop_mu_);
     if (stopping_) return;
     stopping_ = true;
   }
-  stop_cv_.notify_all();
+  stop_cv_.NotifyAll();
   impl_->loop.Stop();
   if (sampler_.joinable()) sampler_.join();
 }
@@ -317,15 +317,23 @@ void HttpServer::SamplerLoop() {
   const auto interval = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
       std::chrono::duration<double>(std::max(0.05, options_.sample_interval_seconds)));
   auto next = std::chrono::steady_clock::now() + interval;
-  std::unique_lock<std::mutex> lock(stop_mu_);
-  while (!stop_cv_.wait_until(lock, next, [this] { return stopping_; })) {
-    lock.unlock();
+  stop_mu_.Lock();
+  while (true) {
+    // Sleeps until `next` unless Stop() comes first.
+    while (!stopping_) {
+      const auto now = std::chrono::steady_clock::now();
+      if (now >= next) break;
+      stop_cv_.WaitFor(&stop_mu_, next - now);
+    }
+    if (stopping_) break;
+    stop_mu_.Unlock();
     SampleNow();
-    lock.lock();
+    stop_mu_.Lock();
     next += interval;
     const auto now = std::chrono::steady_clock::now();
     if (next < now) next = now + interval;  // fell behind (suspended?): do not burst
   }
+  stop_mu_.Unlock();
 }
 
 }  // namespace kvd::http

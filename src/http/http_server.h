@@ -33,14 +33,13 @@
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <string_view>
 #include <thread>
 
 #include "common/metrics.h"
+#include "common/mutex.h"
 #include "common/status.h"
 #include "http/connection_loop.h"
 #include "http/routes.h"
@@ -75,7 +74,7 @@ class HttpServer {
   // Binds and starts serving. Unavailable (with a one-line reason naming host:port) when
   // the address is in use or cannot be bound; nothing is left running then.
   Status Start();
-  void Stop();
+  void Stop() KVD_EXCLUDES(stop_mu_);
 
   // The bound port (the ephemeral one when options.port was 0); 0 before Start.
   int port() const { return bound_port_; }
@@ -97,7 +96,7 @@ class HttpServer {
 
  private:
   struct Impl;
-  void SamplerLoop();
+  void SamplerLoop() KVD_EXCLUDES(stop_mu_);
 
   const HttpOptions options_;
   StatsSource* const source_;
@@ -107,9 +106,9 @@ class HttpServer {
   int bound_port_ = 0;
   std::thread sampler_;
   std::vector<metrics::CollectorHandle> metric_handles_;
-  std::mutex stop_mu_;
-  std::condition_variable stop_cv_;
-  bool stopping_ = false;             // guarded by stop_mu_
+  Mutex stop_mu_;
+  CondVar stop_cv_;
+  bool stopping_ KVD_GUARDED_BY(stop_mu_) = false;
 };
 
 }  // namespace kvd::http

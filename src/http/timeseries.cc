@@ -30,20 +30,20 @@ Sample Sample::From(const Snapshot& s, int64_t unix_ms, double mono_seconds) {
 TimeSeries::TimeSeries(size_t capacity) : capacity_(std::max<size_t>(capacity, 2)) {}
 
 void TimeSeries::Add(const Sample& s) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   ring_.push_back(s);
   while (ring_.size() > capacity_) ring_.pop_front();
 }
 
 size_t TimeSeries::size() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return ring_.size();
 }
 
 std::string TimeSeries::ToJson(size_t max_points, double interval_seconds) const {
   std::vector<Sample> v;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     v.assign(ring_.begin(), ring_.end());
   }
   size_t first = 0;  // first sample to output

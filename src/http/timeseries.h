@@ -8,9 +8,9 @@
 
 #include <cstdint>
 #include <deque>
-#include <mutex>
 #include <string>
 
+#include "common/mutex.h"
 #include "http/stats_source.h"
 
 namespace kvd::http {
@@ -58,8 +58,8 @@ class TimeSeries {
 
  private:
   const size_t capacity_;
-  mutable std::mutex mu_;
-  std::deque<Sample> ring_;  // guarded by mu_; oldest first
+  mutable Mutex mu_;
+  std::deque<Sample> ring_ KVD_GUARDED_BY(mu_);  // oldest first
 };
 
 }  // namespace kvd::http
