@@ -89,6 +89,7 @@ KvService::KvService(const ServerConfig& config, const Clock* clock,
       lmcache_(config_, clock, l1_.get(), &sessions_, &registry_, &counters_, shm_policy),
       engine_driven_(config_, clock, l1_.get(), &sessions_, &registry_, &counters_) {
   lookups_.set_tiers(tiers_.get());
+  lookups_.set_pending_commits(lmcache_.pending_commits());
   lmcache_.set_tiers(tiers_.get());
   engine_driven_.set_tiers(tiers_.get());
   // Stores bind their chunks' tokens for the "stored" KV events from the hashes they compute

@@ -154,6 +154,11 @@ class KvService {
   KvEventLog* kv_events() const { return kv_events_.get(); }
   // The engine-driven mode (for its metrics: EngineDrivenTransfers::RegisterMetrics).
   EngineDrivenTransfers* engine_driven() { return &engine_driven_; }
+  // The lmcache-driven mode (for its metrics: LmcacheTransfers::RegisterMetrics).
+  LmcacheTransfers* lmcache() { return &lmcache_; }
+  // True while an asynchronous STORE's chunks await their commit: a LOOKUP may then wait for
+  // it (lookups.h, Visibility), so ZmqServer runs LOOKUPs on the pool. Lock-free.
+  bool CommitsPending() const { return lmcache_.pending_commits()->any(); }
   // GET_EXPERIMENTAL: the capabilities this server advertises ("kv_event_stream").
   std::vector<std::string> ExperimentalCapabilities() const;
 

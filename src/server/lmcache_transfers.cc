@@ -177,6 +177,22 @@ Status LmcacheTransfers::Submit(const std::shared_ptr<const Instance>& inst,
   return sub->status;
 }
 
+void LmcacheTransfers::RegisterMetrics(metrics::Registry& registry) {
+  using metrics::Kind;
+  metric_handles_.push_back(registry.AddCollected(
+      {"kvd_l1_lookup_waits_for_commit_total",
+       "LOOKUPs and RETRIEVEs that met chunks whose asynchronous (GPU) STORE copy was not "
+       "committed yet and waited for the commit (bounded).",
+       Kind::kCounter, {}, {}},
+      [p = pending_](metrics::SeriesSink& sink) { sink.Add(static_cast<double>(p->waits())); }));
+  metric_handles_.push_back(registry.AddCollected(
+      {"kvd_l1_commit_wait_timeouts_total",
+       "Of those waits, the ones whose commits had not run within the bound (the chunks "
+       "still in flight were a miss).",
+       Kind::kCounter, {}, {}},
+      [p = pending_](metrics::SeriesSink& sink) { sink.Add(static_cast<double>(p->timeouts())); }));
+}
+
 size_t LmcacheTransfers::CancelOverdueCopies() {
   {
     // Cancelled instances whose copies have all reported back can go now: their engines
@@ -380,19 +396,30 @@ Status LmcacheTransfers::Store(const wire::TransferRequest& req, std::string* ev
   for (size_t j = 0; j < held->size(); ++j) {
     tasks.push_back({held->chunk(j), held->reservation(j).data(), 0});
   }
+  // Listed until the completion committed them: a LOOKUP or RETRIEVE that comes after the
+  // client saw the copy's event, but before the commit, waits for it (pending_commits.h).
+  // Dropping the plan unrun (a refused Submit) releases the hold too.
+  std::shared_ptr<PendingCommits::Hold> pending;
+  if (inst->engine->caps().asynchronous && !held->empty()) {
+    std::vector<l1::ChunkKey> keys;
+    keys.reserve(held->size());
+    for (size_t j = 0; j < held->size(); ++j) keys.push_back(held->key(j));
+    pending = std::make_shared<PendingCommits::Hold>(pending_->Add(std::move(keys)));
+  }
   const uint64_t bytes = held->bytes();
   const size_t stored = tasks.size();
   index_phase.reset();
   ScopedPhase copy_phase(Phase::kCopy);  // the copy, and the commit when it runs inline
   Status st = Submit(
       inst, transfer::CopyDirection::kGather, req, std::move(tasks), bytes,
-      [held, tiers = io_.tiers(), inst, salt = req.key.cache_salt, slot, hooked,
+      [held, pending, tiers = io_.tiers(), inst, salt = req.key.cache_salt, slot, hooked,
        hook = hooked ? io_.store_hook() : StoreCommittedHook()](const Status& done) {
         std::vector<l1::ChunkKey> committed;
         if (done.ok()) {
           committed = held->CommitLastFirst("store: a reservation expired before the copy ended");
         }
         held->Abort();  // aborts what was not committed
+        if (pending) pending->Release();  // committed or gone: waiters look again
         if (hook && !committed.empty()) {
           hook(CommittedStore{&hooked->first, &hooked->second, committed, slot});
         }
@@ -448,6 +475,13 @@ Status LmcacheTransfers::Retrieve(const wire::TransferRequest& req, std::string*
   // failure they go when this returns: the miss's pin first, then `held`, then the locks.
   auto held = std::make_shared<ChunkPins>();
   std::optional<ScopedPhase> index_phase(std::in_place, Phase::kIndex);
+  // A chunk whose asynchronous STORE copy is still being committed is waited for (bounded):
+  // the client may have seen that copy's event complete already (issue 26, item 2).
+  if (pending_->any()) {
+    pending_->Wait(std::span<const l1::ChunkKey>(chunks->keys.data(),
+                                                 std::min<size_t>(chunks->keys.size(), n)),
+                   PendingCommits::kRetrieveWait);
+  }
   PinMiss miss;
   if (!io_.Pin(*chunks, static_cast<uint64_t>(n), slot, inst->object_bytes, held.get(), &miss)) {
     if (!miss.wrong_size.valid()) {

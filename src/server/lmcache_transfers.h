@@ -15,6 +15,12 @@
 // (no new copies; the device work is drained where it can be) and the instance unregistered;
 // the copy's memory is released only by its completion.
 //
+// Visibility (issue 26, item 2). A STORE's chunks are listed in PendingCommits (pending_commits.h)
+// from before its asynchronous copy is submitted until its completion has committed (or
+// aborted) them, so a LOOKUP or RETRIEVE that arrives after the client saw the copy's event
+// complete, but before the completion thread committed, waits for that commit (bounded)
+// instead of reporting a miss. A RETRIEVE waits at most PendingCommits::kRetrieveWait.
+//
 // Thread-safe. Transfers of one worker are kept in order by the caller (per-connection
 // lanes); different workers copy concurrently. An instance is held by shared_ptr for the
 // duration of a copy, L1 objects by reservations and pins owned by the completion.
@@ -28,12 +34,14 @@
 #include <vector>
 
 #include "common/clock.h"
+#include "common/metrics.h"
 #include "common/status.h"
 #include "l1/l1_cache.h"
 #include "l2/tier_set.h"
 #include "server/chunk_io.h"
 #include "server/config.h"
 #include "server/inflight_copies.h"
+#include "server/pending_commits.h"
 #include "server/instance_registry.h"
 #include "server/kv_events.h"
 #include "server/service_counters.h"
@@ -76,6 +84,12 @@ class LmcacheTransfers {
   size_t CancelOverdueCopies();
   // Asynchronous copies submitted and not completed yet.
   size_t copies_in_flight() const { return inflight_->size(); }
+  // Chunks of asynchronous STOREs not committed yet (see Visibility above); lives as long as
+  // this object (and any completion still holding it). Lookups wait on it too.
+  PendingCommits* pending_commits() const { return pending_.get(); }
+  // kvd_l1_lookup_waits_for_commit_total, kvd_l1_commit_wait_timeouts_total. The registry
+  // must not outlive this object.
+  void RegisterMetrics(metrics::Registry& registry);
 
  private:
   // Submits the tasks to the instance's engine. `on_complete` runs once the copy finished
@@ -102,6 +116,8 @@ class LmcacheTransfers {
   const transfer::ShmAccessPolicy shm_policy_;
   // Shared with the completions, which may run after this object is gone.
   const std::shared_ptr<InFlightCopies> inflight_ = std::make_shared<InFlightCopies>();
+  const std::shared_ptr<PendingCommits> pending_ = std::make_shared<PendingCommits>();
+  std::vector<metrics::CollectorHandle> metric_handles_;
   // Cancelled instances with copies still in flight (released by CancelOverdueCopies once
   // their copies completed, or with this object).
   std::mutex cancelled_mu_;

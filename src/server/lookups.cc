@@ -66,7 +66,9 @@ Status Lookups::Lookup(const wire::LookupRequest& req) {
       tiers_ == nullptr
           ? LookupChunkKeys(*sessions_, l1_->namespaces(), config_.chunk_size, key,
                             ns.key_namespace,
-                            [this](const l1::ChunkKey& k) { return l1_->IsResident(k, 0); })
+                            [this](const l1::ChunkKey& k) {
+                              return l1_->IsResident(k, 0) || (pending_ && pending_->Contains(k));
+                            })
           : RequestChunkKeys(*sessions_, l1_->namespaces(), config_.chunk_size, key,
                              /*create_namespace=*/true, ns.key_namespace);
   if (!chunks.ok()) {
@@ -74,6 +76,23 @@ Status Lookups::Lookup(const wire::LookupRequest& req) {
     sessions_->SetLookupResult(key.request_id, 0);
     prefetch_changes_.fetch_add(1, std::memory_order_acq_rel);
     return chunks.status();
+  }
+  if (pending_ && pending_->any()) {
+    // The prefix's chunks whose STORE commit is still in flight (the client may have seen
+    // that copy's event complete): wait for them, without the request's mutex.
+    std::vector<l1::ChunkKey> waiting;
+    for (const auto& k : chunks->keys) {
+      if (pending_->Contains(k)) {
+        waiting.push_back(k);
+      } else if (!l1_->IsResident(k, 0)) {
+        break;  // the hit prefix ends here whatever else commits
+      }
+    }
+    if (!waiting.empty()) {
+      serial.unlock();
+      pending_->Wait(waiting, PendingCommits::kLookupWait);
+      serial.lock();
+    }
   }
   const uint64_t requested = static_cast<uint64_t>((key.end - key.start) / config_.chunk_size);
   if (requested == 0) early_exit(EarlyExit::kEmptyChunkHashes);  // under one chunk: no probe

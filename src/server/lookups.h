@@ -11,6 +11,13 @@
 // QUERY_PREFETCH_STATUS answers "running" (nil) until the loaded chunks are in L1 and
 // read-locked, then the whole hit count.
 //
+// Visibility (issue 26, item 2). Chunks whose asynchronous (GPU) STORE copy was submitted
+// but not committed yet (PendingCommits) count as present for hashing, and the lookup waits
+// (at most PendingCommits::kLookupWait, without holding its request mutex or any L1 lock)
+// until those of its prefix are committed before it probes and locks: a client that saw its
+// STORE's event complete finds its chunks. A commit that fails or is still not done by then
+// is a miss, as before. ZmqServer runs LOOKUPs on the pool while any commit is pending.
+//
 // Thread-safe (SessionTable and L1Cache are). A lookup and a prefetch completion of the same
 // request are serialized by a striped per-request mutex (RequestMutex); wakeup_mu_ guards only
 // the prefetch wakeup.
@@ -29,6 +36,7 @@
 #include "l2/tier_set.h"
 #include "server/config.h"
 #include "server/instance_registry.h"
+#include "server/pending_commits.h"
 #include "server/service_counters.h"
 #include "server/sessions.h"
 #include "wire/messages.h"
@@ -57,6 +65,8 @@ class Lookups {
   void SetPrefetchWakeup(std::function<void()> wakeup);
   // The tiers a lookup prefetches from (null: none). Set once, before use.
   void set_tiers(l2::TierSet* tiers) { tiers_ = tiers; }
+  // The STORE commits in flight a lookup waits for (null: none). Set once, before use.
+  void set_pending_commits(PendingCommits* pending) { pending_ = pending; }
   // FREE_LOOKUP_LOCKS: releases the locks a lookup took on a range.
   Status FreeLookupLocks(const wire::LookupRequest& req);
   // END_SESSION.
@@ -77,6 +87,7 @@ class Lookups {
   const InstanceRegistry* const registry_;
   ServiceCounters* const counters_;
   l2::TierSet* tiers_ = nullptr;
+  PendingCommits* pending_ = nullptr;
   std::atomic<uint64_t> prefetch_changes_{0};
   std::mutex wakeup_mu_;
   std::function<void()> wakeup_;  // guarded by wakeup_mu_

@@ -392,8 +392,12 @@ struct ZmqServer::Impl {
     }
     if (dispatch == wire::Dispatch::kInlineUnlessLong) {
       const bool long_request = payload_bytes > kInlinePayloadBytes;
-      const bool run_here = !long_request || (payload_bytes <= kInlineWhenAlonePayloadBytes &&
-                                              !router.HasMessages());
+      // A LOOKUP may wait (bounded) for GPU STORE commits in flight (lookups.h, Visibility):
+      // never on this thread.
+      const bool may_wait = info.op == wire::Op::kLookup && service->CommitsPending();
+      const bool run_here =
+          !may_wait && (!long_request || (payload_bytes <= kInlineWhenAlonePayloadBytes &&
+                                          !router.HasMessages()));
       dispatch = run_here ? wire::Dispatch::kInline : wire::Dispatch::kPool;
       if (run_here && long_request) SendAll();  // replies already made leave first
     }

@@ -388,12 +388,14 @@ TEST_F(VisibilityTest, Issue26VisibilityStoreThenRetrieveFindsTheChunks) {
   ASSERT_TRUE(svc_->Store(wire::TransferRequest{Key(0, "s", 55), 1, Blocks(), "", 0}, &event).ok());
   gated->WaitCopied(1);
   std::thread completion([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    std::this_thread::sleep_for(std::chrono::milliseconds(30));
     gated->ReleaseCompletions();
   });
   // RETRIEVE right after the event: it finds both chunks (before the fix: NotFound).
   Status st = svc_->Retrieve(wire::TransferRequest{Key(0, "r", 55), 1, Blocks(), "", 0}, &event);
   EXPECT_TRUE(st.ok()) << st.ToString();
+  EXPECT_EQ(svc_->lmcache()->pending_commits()->waits(), 1u);  // it waited for the commit
+  EXPECT_EQ(svc_->lmcache()->pending_commits()->timeouts(), 0u);
   completion.join();
   gated->WaitIdle();
   EXPECT_EQ(svc_->l1_stats().pinned_objects, 0u);
@@ -411,12 +413,14 @@ TEST_F(VisibilityTest, Issue26VisibilityStoreThenLookupHitsTheChunks) {
   ASSERT_TRUE(svc_->Store(wire::TransferRequest{Key(0, "s", 66), 1, Blocks(), "", 0}, &event).ok());
   gated->WaitCopied(1);
   std::thread completion([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    std::this_thread::sleep_for(std::chrono::milliseconds(30));
     gated->ReleaseCompletions();
   });
   // LOOKUP right after the event: both chunks hit (before the fix: 0).
   EXPECT_EQ(Hits("l", 66), 2);
+  EXPECT_EQ(svc_->lmcache()->pending_commits()->waits(), 1u);
   completion.join();
+  EXPECT_FALSE(svc_->CommitsPending());
   gated->WaitIdle();
 }
 
