@@ -1,6 +1,7 @@
 """An offline CacheBlend reference: a Llama forward in float64 torch, written from the model's
 config.json and safetensors alone (no vLLM, no kvd_blend code), that computes what a blended
-prefill must give.
+prefill must give. Qwen2 (q/k/v biases) and Qwen3 (per-head q_norm/k_norm RMSNorm before RoPE;
+biases only with attention_bias) too, by config.json's architectures.
 
     ref = RefLlama(model_dir)
     src = ref.prefill(context_tokens)               # exact KV of a stored prompt
@@ -53,6 +54,10 @@ class RefLlama:
         self.kv_heads = c.get("num_key_value_heads", self.heads)
         self.head_dim = c.get("head_dim") or c["hidden_size"] // self.heads
         self.eps = c.get("rms_norm_eps", 1e-6)
+        arch = (c.get("architectures") or ["LlamaForCausalLM"])[0]
+        # vLLM's Qwen2 always has q/k/v biases; Llama and Qwen3 have them with attention_bias.
+        self.qkv_bias = arch == "Qwen2ForCausalLM" or bool(c.get("attention_bias", False))
+        self.qk_norm = arch == "Qwen3ForCausalLM"
         theta = c.get("rope_theta") or (c.get("rope_parameters") or {}).get("rope_theta", 10000.0)
         tensors = {}
         for name in sorted(os.listdir(folder)):
@@ -61,6 +66,12 @@ class RefLlama:
         self.w = {k: v.to(dtype) for k, v in tensors.items()}
         if "lm_head.weight" not in self.w:
             self.w["lm_head.weight"] = self.w["model.embed_tokens.weight"]
+        for l in range(self.layers):
+            a = f"model.layers.{l}.self_attn."
+            need = ([a + f"{x}_proj.bias" for x in "qkv"] if self.qkv_bias else []) + \
+                ([a + "q_norm.weight", a + "k_norm.weight"] if self.qk_norm else [])
+            missing = [n for n in need if n not in self.w]
+            assert not missing, f"{arch}: no {missing} in the checkpoint"
         half = self.head_dim // 2
         self.inv_freq = (1.0 / (theta ** (torch.arange(0, half, dtype=DT) * 2 / self.head_dim)))
 
@@ -80,9 +91,15 @@ class RefLlama:
     def _qkv(self, l: int, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         p = f"model.layers.{l}."
         x = self._norm(h, p + "input_layernorm.weight")
-        q = (x @ self.w[p + "self_attn.q_proj.weight"].T).view(-1, self.heads, self.head_dim)
-        k = (x @ self.w[p + "self_attn.k_proj.weight"].T).view(-1, self.kv_heads, self.head_dim)
-        v = (x @ self.w[p + "self_attn.v_proj.weight"].T).view(-1, self.kv_heads, self.head_dim)
+        q, k, v = (x @ self.w[p + f"self_attn.{n}_proj.weight"].T for n in "qkv")
+        if self.qkv_bias:
+            q, k, v = (y + self.w[p + f"self_attn.{n}_proj.bias"] for y, n in zip((q, k, v), "qkv"))
+        q = q.view(-1, self.heads, self.head_dim)
+        k = k.view(-1, self.kv_heads, self.head_dim)
+        v = v.view(-1, self.kv_heads, self.head_dim)
+        if self.qk_norm:  # per head, before RoPE (the K a server stores is this, rotated)
+            q = self._norm(q, p + "self_attn.q_norm.weight")
+            k = self._norm(k, p + "self_attn.k_norm.weight")
         return q, k, v
 
     def _attend(self, l: int, q: torch.Tensor, qpos: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
