@@ -738,6 +738,7 @@ int RunServer(const CliConfig& cli) {
     if (kvd::server::KvEventLog* events = svc->kv_events()) events->RegisterMetrics(registry);
     if (kvd::server::BlendOps* blend = svc->blend()) blend->RegisterMetrics(registry);
     svc->engine_driven()->RegisterMetrics(registry);
+    svc->lmcache()->RegisterMetrics(registry);
     kvd::server::RequestMetrics metrics;
     metrics.RegisterMetrics(registry);
     // The server uses the service until it is destroyed: it goes first (below).
