@@ -7,9 +7,9 @@
 #include <sys/stat.h>
 
 #include <algorithm>
-#include <mutex>
 #include <sstream>
 
+#include "common/mutex.h"
 #include "transfer/copy_engine.h"
 
 namespace kvd::transfer {
@@ -31,8 +31,8 @@ class CpuCopyEngine final : public CopyEngine {
 
   const EngineCaps& caps() const override { return caps_; }
 
-  Result<Submitted> Submit(CopyPlan plan) override {
-    std::lock_guard<std::mutex> lock(mu_);
+  Result<Submitted> Submit(CopyPlan plan) override KVD_EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
     if (cancelled_) return Status::Unavailable("the copy engine was cancelled");
     int64_t chunks = 0;
     for (const auto& t : plan.tasks) {
@@ -57,7 +57,7 @@ class CpuCopyEngine final : public CopyEngine {
   }
 
   Result<bool> Poll(Ticket ticket) override {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (ticket == 0 || ticket > last_) {
       return Status::InvalidArgument("unknown ticket " + std::to_string(ticket));
     }
@@ -71,7 +71,7 @@ class CpuCopyEngine final : public CopyEngine {
 
   // Copies run inside Submit, so none is ever outstanding: cancelling only refuses new ones.
   void Cancel() override {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     cancelled_ = true;
   }
 
@@ -110,9 +110,9 @@ class CpuCopyEngine final : public CopyEngine {
   const std::vector<uint8_t*> bases_;
   const int max_threads_;
   EngineCaps caps_;
-  std::mutex mu_;
-  Ticket last_ = 0;         // guarded by mu_
-  bool cancelled_ = false;  // guarded by mu_
+  Mutex mu_;
+  Ticket last_ KVD_GUARDED_BY(mu_) = 0;
+  bool cancelled_ KVD_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace
