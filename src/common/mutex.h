@@ -42,6 +42,31 @@ class KVD_SCOPED_CAPABILITY MutexLock {
   Mutex* const mu_;
 };
 
+// A MutexLock that can be released before its scope ends and taken again (Unlock, Lock),
+// like std::unique_lock: the destructor unlocks only if it holds the mutex.
+class KVD_SCOPED_CAPABILITY ReleasableMutexLock {
+ public:
+  explicit ReleasableMutexLock(Mutex* mu) KVD_ACQUIRE(mu) : mu_(mu) { mu_->Lock(); }
+  ~ReleasableMutexLock() KVD_RELEASE() {
+    if (held_) mu_->Unlock();
+  }
+  ReleasableMutexLock(const ReleasableMutexLock&) = delete;
+  ReleasableMutexLock& operator=(const ReleasableMutexLock&) = delete;
+
+  void Lock() KVD_ACQUIRE() {
+    mu_->Lock();
+    held_ = true;
+  }
+  void Unlock() KVD_RELEASE() {
+    held_ = false;
+    mu_->Unlock();
+  }
+
+ private:
+  Mutex* const mu_;
+  bool held_ = true;
+};
+
 class CondVar {
  public:
   void Wait(Mutex* mu) KVD_REQUIRES(mu) {

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <memory>
-#include <mutex>
 #include <span>
 #include <vector>
 
@@ -24,7 +23,7 @@ uint32_t Lookups::ReadLocksPerSlot(const wire::CacheKey& key, int64_t tp_size) {
   return static_cast<uint32_t>(std::clamp<int64_t>(n, 1, l1::EntryLocks::kMax));
 }
 
-std::mutex& Lookups::RequestMutex(std::string_view request_id) {
+Mutex& Lookups::RequestMutex(std::string_view request_id) {
   return request_mu_[std::hash<std::string_view>{}(request_id) % request_mu_.size()];
 }
 
@@ -46,7 +45,7 @@ Status Lookups::Lookup(const wire::LookupRequest& req) {
   // A lookup's locking and registration, and a prefetch completion of the same request, run
   // one at a time: a completion never sees itself current while a newer lookup of the
   // request is between taking its locks and registering (it would replace those locks).
-  std::unique_lock<std::mutex> serial(RequestMutex(key.request_id));
+  ReleasableMutexLock serial(&RequestMutex(key.request_id));
   const auto ns = registry_->KeyNamespace(key.model_name, key.world_size);
   if (!ns.registered || !ns.agreed) {
     // No worker of this model has registered: nothing can be retrieved, so 0 hits. Or its
@@ -89,9 +88,9 @@ Status Lookups::Lookup(const wire::LookupRequest& req) {
       }
     }
     if (!waiting.empty()) {
-      serial.unlock();
+      serial.Unlock();
       pending_->Wait(waiting, PendingCommits::kLookupWait);
-      serial.lock();
+      serial.Lock();
     }
   }
   const uint64_t requested = static_cast<uint64_t>((key.end - key.start) / config_.chunk_size);
@@ -129,7 +128,7 @@ Status Lookups::Lookup(const wire::LookupRequest& req) {
   p.world_size = world;
   p.format = *format;
   const std::string request_id = key.request_id;
-  serial.unlock();  // the completion may run inside Prefetch
+  serial.Unlock();  // the completion may run inside Prefetch
   LookupValues* lookup_counts = &counts;
   tiers_->Prefetch(std::move(p), [this, all, hits, world, readers, request_id, generation,
                                   lookup_counts](size_t n) {
@@ -138,7 +137,7 @@ Status Lookups::Lookup(const wire::LookupRequest& req) {
       Lookups* self;
       ~Ended() { self->PrefetchEnded(); }
     } ended{this};
-    std::lock_guard<std::mutex> serial(RequestMutex(request_id));
+    MutexLock serial(&RequestMutex(request_id));
     // A later LOOKUP of the request (or its end) supersedes this one: its locks are not ours.
     if (!sessions_->LookupCurrent(request_id, generation)) return;
     size_t total = hits;
@@ -171,13 +170,13 @@ std::optional<l2::ObjectFormat> Lookups::TierFormatFor(const std::string& model,
 }
 
 void Lookups::SetPrefetchWakeup(std::function<void()> wakeup) {
-  std::lock_guard<std::mutex> lock(wakeup_mu_);
+  MutexLock lock(&wakeup_mu_);
   wakeup_ = std::move(wakeup);
 }
 
 void Lookups::PrefetchEnded() {
   prefetch_changes_.fetch_add(1, std::memory_order_acq_rel);
-  std::lock_guard<std::mutex> lock(wakeup_mu_);
+  MutexLock lock(&wakeup_mu_);
   if (wakeup_) wakeup_();
 }
 

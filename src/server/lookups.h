@@ -27,10 +27,10 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
-#include <mutex>
 #include <optional>
 #include <string>
 
+#include "common/mutex.h"
 #include "common/status.h"
 #include "l1/l1_cache.h"
 #include "l2/tier_set.h"
@@ -89,12 +89,14 @@ class Lookups {
   l2::TierSet* tiers_ = nullptr;
   PendingCommits* pending_ = nullptr;
   std::atomic<uint64_t> prefetch_changes_{0};
-  std::mutex wakeup_mu_;
-  std::function<void()> wakeup_;  // guarded by wakeup_mu_
+  Mutex wakeup_mu_;
+  std::function<void()> wakeup_ KVD_GUARDED_BY(wakeup_mu_);
   // One of request_mu_, by request id: held while a LOOKUP locks and registers, and while a
   // prefetch completion checks, locks and records; never across a tier call.
-  std::mutex& RequestMutex(std::string_view request_id);
-  std::array<std::mutex, 64> request_mu_;  // guards the order of a request's lookup steps
+  // They guard no field (the order of a request's lookup steps), so nothing here is
+  // KVD_GUARDED_BY them; the annotation checks that each is released on every path.
+  Mutex& RequestMutex(std::string_view request_id);
+  std::array<Mutex, 64> request_mu_;
 };
 
 }  // namespace kvd::server
