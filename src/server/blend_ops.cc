@@ -174,7 +174,7 @@ Status BlendOps::RegisterRope(const wire::CbRegisterRopeRequest& req) {
   for (const auto& line : skipped) spdlog::info("instance {}: re-RoPE skips {}", req.instance_id, line);
   state->groups = std::move(groups).value();
   {
-    std::lock_guard<std::mutex> lock(rope_mu_);
+    MutexLock lock(&rope_mu_);
     rope_[req.instance_id] = std::move(state);
   }
   spdlog::info("instance {}: CacheBlend rope registered ({} table(s), head_size {}, {})",
@@ -183,17 +183,17 @@ Status BlendOps::RegisterRope(const wire::CbRegisterRopeRequest& req) {
 }
 
 bool BlendOps::UnregisterRope(int64_t instance_id) {
-  std::lock_guard<std::mutex> lock(rope_mu_);
+  MutexLock lock(&rope_mu_);
   return rope_.erase(instance_id) > 0;
 }
 
 bool BlendOps::has_rope(int64_t instance_id) const {
-  std::lock_guard<std::mutex> lock(rope_mu_);
+  MutexLock lock(&rope_mu_);
   return rope_.count(instance_id) > 0;
 }
 
 size_t BlendOps::requests_held() const {
-  std::lock_guard<std::mutex> lock(req_mu_);
+  MutexLock lock(&req_mu_);
   size_t n = 0;
   for (const auto& [rid, st] : requests_) n += st.finished ? 0 : 1;
   return n;
@@ -241,24 +241,24 @@ Result<std::optional<wire::CbUnifiedLookupResult>> BlendOps::UnifiedLookup(
   // --- prefix leg: LOOKUP's, polled while its tier prefetch runs ---
   bool polling = false;
   {
-    std::lock_guard<std::mutex> lock(req_mu_);
+    MutexLock lock(&req_mu_);
     polling = prefix_loading_.count(rid) > 0;
   }
   if (!polling) {
     m_.lookup_requests.Add();
     {
-      std::lock_guard<std::mutex> lock(req_mu_);
+      MutexLock lock(&req_mu_);
       DropRequestLocked(rid);  // a new lookup of the request replaces the old one's matches
     }
     if (Status st = lookups_->Lookup(req); !st.ok()) return st;
   }
   if (lookups_->PrefetchRunning(rid)) {
-    std::lock_guard<std::mutex> lock(req_mu_);
+    MutexLock lock(&req_mu_);
     prefix_loading_[rid] = clock_->NowNanos();
     return std::optional<wire::CbUnifiedLookupResult>();
   }
   {
-    std::lock_guard<std::mutex> lock(req_mu_);
+    MutexLock lock(&req_mu_);
     prefix_loading_.erase(rid);
   }
   const int64_t prefix_chunks = lookups_->QueryPrefetchStatus(rid).value_or(0);
@@ -357,7 +357,7 @@ Result<std::optional<wire::CbUnifiedLookupResult>> BlendOps::UnifiedLookup(
   m_.lookup_non_prefix_hit_tokens.Add(non_prefix_tokens);
   m_.lookup_hit_tokens.Add(static_cast<uint64_t>(prefix_tokens) + non_prefix_tokens);
   if (locked > 0) {
-    std::lock_guard<std::mutex> lock(req_mu_);
+    MutexLock lock(&req_mu_);
     requests_[rid] = std::move(state);
   }
   return std::optional<wire::CbUnifiedLookupResult>(std::move(out));
@@ -376,7 +376,7 @@ Result<bool> BlendOps::RetrievePreComputed(const wire::CbRetrievePreComputedRequ
   }
   std::shared_ptr<const RopeState> rope;
   {
-    std::lock_guard<std::mutex> lock(rope_mu_);
+    MutexLock lock(&rope_mu_);
     auto it = rope_.find(req.instance_id);
     if (it != rope_.end()) rope = it->second;
   }
@@ -418,7 +418,7 @@ Result<bool> BlendOps::RetrievePreComputed(const wire::CbRetrievePreComputedRequ
   std::vector<l1::ChunkKey> keys;
   std::vector<size_t> lock_index;
   {
-    std::lock_guard<std::mutex> lock(req_mu_);
+    MutexLock lock(&req_mu_);
     auto it = requests_.find(rid);
     if (it == requests_.end()) {
       spdlog::warn("cb_retrieve_pre_computed: request '{}' has no blend lookup held (ended, "
@@ -495,7 +495,7 @@ Result<bool> BlendOps::RetrievePreComputed(const wire::CbRetrievePreComputedRequ
   auto plan = blend::PlanScatter(sr);
   auto release = [&] {
     ReleaseInReverse(pins);
-    std::lock_guard<std::mutex> lock(req_mu_);
+    MutexLock lock(&req_mu_);
     auto it = requests_.find(rid);
     if (it == requests_.end()) return;
     for (size_t j : lock_index) l1_->ReleaseLocks(owner, j, 1, slot);
@@ -551,7 +551,7 @@ void BlendOps::DropRequestLocked(const std::string& request_id) {
 }
 
 void BlendOps::EndSession(std::string_view request_id) {
-  std::lock_guard<std::mutex> lock(req_mu_);
+  MutexLock lock(&req_mu_);
   const std::string rid(request_id);
   prefix_loading_.erase(rid);
   DropRequestLocked(rid);
@@ -560,7 +560,7 @@ void BlendOps::EndSession(std::string_view request_id) {
 void BlendOps::Maintain() {
   const int64_t now = clock_->NowNanos();
   const auto ttl = static_cast<int64_t>(config_.session_ttl_seconds * 1e9);
-  std::lock_guard<std::mutex> lock(req_mu_);
+  MutexLock lock(&req_mu_);
   std::vector<std::string> old;
   for (const auto& [rid, st] : requests_) {
     if (now - st.created_ns > ttl) old.push_back(rid);

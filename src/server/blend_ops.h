@@ -48,7 +48,6 @@
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <unordered_map>
@@ -59,6 +58,7 @@
 #include "blend/rope_geometry.h"
 #include "common/clock.h"
 #include "common/metrics.h"
+#include "common/mutex.h"
 #include "common/status.h"
 #include "l1/l1_cache.h"
 #include "l1/l1_listener.h"
@@ -169,7 +169,7 @@ class BlendOps {
     bool finished = false;         // every worker retrieved; locks released, matches dropped
   };
 
-  void DropRequestLocked(const std::string& request_id);  // req_mu_ held
+  void DropRequestLocked(const std::string& request_id) KVD_REQUIRES(req_mu_);
 
   const ServerConfig& config_;
   const Clock* const clock_;
@@ -179,11 +179,11 @@ class BlendOps {
   Lookups* const lookups_;
   const transfer::ShmAccessPolicy shm_policy_;
 
-  mutable std::mutex rope_mu_;
-  std::map<int64_t, std::shared_ptr<const RopeState>> rope_;  // guarded by rope_mu_
-  mutable std::mutex req_mu_;
-  std::unordered_map<std::string, RequestState> requests_;   // guarded by req_mu_
-  std::unordered_map<std::string, int64_t> prefix_loading_;  // guarded by req_mu_
+  mutable Mutex rope_mu_;
+  std::map<int64_t, std::shared_ptr<const RopeState>> rope_ KVD_GUARDED_BY(rope_mu_);
+  mutable Mutex req_mu_;
+  std::unordered_map<std::string, RequestState> requests_ KVD_GUARDED_BY(req_mu_);
+  std::unordered_map<std::string, int64_t> prefix_loading_ KVD_GUARDED_BY(req_mu_);
 
   struct Metrics {
     metrics::Counter lookup_requests;

@@ -8,14 +8,14 @@ namespace kvd::server {
 
 InFlightCopies::Id InFlightCopies::Add(const std::shared_ptr<const Instance>& instance,
                                        bool store, int64_t deadline_ns) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   const Id id = next_++;
   copies_.emplace(id, Copy{instance, instance.get(), instance->id, store, deadline_ns, false});
   return id;
 }
 
 bool InFlightCopies::HasCopiesOf(const Instance* instance) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   for (const auto& [id, c] : copies_) {
     if (c.key == instance) return true;
   }
@@ -24,7 +24,7 @@ bool InFlightCopies::HasCopiesOf(const Instance* instance) const {
 
 void InFlightCopies::Remove(Id id) {
   std::weak_ptr<const Instance> released;  // dropped outside the lock
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = copies_.find(id);
   if (it == copies_.end()) return;
   released = std::move(it->second.instance);
@@ -34,7 +34,7 @@ void InFlightCopies::Remove(Id id) {
 std::vector<InFlightCopies::Overdue> InFlightCopies::TakeOverdue(int64_t now) {
   std::vector<Overdue> out;
   std::set<int64_t> seen;
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   for (auto& [id, c] : copies_) {  // ids ascend with submission: the oldest comes first
     if (c.reported || now <= c.deadline_ns) continue;
     c.reported = true;
@@ -45,7 +45,7 @@ std::vector<InFlightCopies::Overdue> InFlightCopies::TakeOverdue(int64_t now) {
 }
 
 size_t InFlightCopies::size() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return copies_.size();
 }
 

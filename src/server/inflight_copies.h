@@ -12,8 +12,9 @@
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <vector>
+
+#include "common/mutex.h"
 
 namespace kvd::server {
 
@@ -49,9 +50,9 @@ class InFlightCopies {
     int64_t deadline_ns = 0;
     bool reported = false;
   };
-  mutable std::mutex mu_;
-  Id next_ = 1;                 // guarded by mu_
-  std::map<Id, Copy> copies_;   // guarded by mu_
+  mutable Mutex mu_;
+  Id next_ KVD_GUARDED_BY(mu_) = 1;
+  std::map<Id, Copy> copies_ KVD_GUARDED_BY(mu_);
 };
 
 }  // namespace kvd::server

@@ -15,7 +15,7 @@ Status CheckInstanceIdentity(const std::string& model_name, int64_t world_size) 
 }
 
 std::shared_ptr<const Instance> InstanceRegistry::Find(int64_t id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = entries_.find(id);
   if (it == entries_.end()) return nullptr;
   it->second.last_seen_ns = clock_->NowNanos();
@@ -23,7 +23,7 @@ std::shared_ptr<const Instance> InstanceRegistry::Find(int64_t id) {
 }
 
 std::shared_ptr<const Instance> InstanceRegistry::Peek(int64_t id) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = entries_.find(id);
   return it == entries_.end() ? nullptr : it->second.instance;
 }
@@ -31,7 +31,7 @@ std::shared_ptr<const Instance> InstanceRegistry::Peek(int64_t id) const {
 void InstanceRegistry::Put(std::shared_ptr<const Instance> inst) {
   const int64_t id = inst->id;
   std::shared_ptr<const Instance> replaced;  // released outside the lock
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   Entry& e = entries_[id];
   replaced = std::move(e.instance);
   e.instance = std::move(inst);
@@ -41,7 +41,7 @@ void InstanceRegistry::Put(std::shared_ptr<const Instance> inst) {
 Status InstanceRegistry::PutExclusive(std::shared_ptr<const Instance> inst) {
   const int64_t id = inst->id;
   std::shared_ptr<const Instance> replaced;  // released outside the lock
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   for (const auto& [other_id, e] : entries_) {
     if (other_id == id) continue;  // re-registering replaces its own mappings
     for (const auto& mine : inst->memory_ids) {
@@ -60,7 +60,7 @@ Status InstanceRegistry::PutExclusive(std::shared_ptr<const Instance> inst) {
 }
 
 bool InstanceRegistry::Touch(int64_t id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = entries_.find(id);
   if (it == entries_.end()) return false;
   it->second.last_seen_ns = clock_->NowNanos();
@@ -68,7 +68,7 @@ bool InstanceRegistry::Touch(int64_t id) {
 }
 
 void InstanceRegistry::Ping(int64_t id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = entries_.find(id);
   if (it == entries_.end()) return;
   it->second.last_seen_ns = clock_->NowNanos();
@@ -76,7 +76,7 @@ void InstanceRegistry::Ping(int64_t id) {
 }
 
 std::shared_ptr<const Instance> InstanceRegistry::Remove(int64_t id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = entries_.find(id);
   if (it == entries_.end()) return nullptr;
   auto gone = std::move(it->second.instance);
@@ -86,7 +86,7 @@ std::shared_ptr<const Instance> InstanceRegistry::Remove(int64_t id) {
 
 bool InstanceRegistry::RemoveIf(int64_t id, const Instance* expected) {
   std::shared_ptr<const Instance> gone;  // released outside the lock
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = entries_.find(id);
   if (it == entries_.end() || it->second.instance.get() != expected) return false;
   gone = std::move(it->second.instance);
@@ -95,7 +95,7 @@ bool InstanceRegistry::RemoveIf(int64_t id, const Instance* expected) {
 }
 
 bool InstanceRegistry::ModelRegistered(const std::string& model, int64_t world_size) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   for (const auto& [id, e] : entries_) {
     if (e.instance->model_name == model && e.instance->world_size == world_size) return true;
   }
@@ -105,7 +105,7 @@ bool InstanceRegistry::ModelRegistered(const std::string& model, int64_t world_s
 InstanceRegistry::Namespace InstanceRegistry::KeyNamespace(const std::string& model,
                                                           int64_t world_size) const {
   Namespace out;
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   for (const auto& [id, e] : entries_) {
     if (e.instance->model_name != model || e.instance->world_size != world_size) continue;
     if (!out.registered) {
@@ -119,14 +119,14 @@ InstanceRegistry::Namespace InstanceRegistry::KeyNamespace(const std::string& mo
 }
 
 size_t InstanceRegistry::size() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return entries_.size();
 }
 
 std::vector<InstanceRegistry::Silent> InstanceRegistry::SilentSince(
     int64_t now, int64_t pinged_limit_ns, int64_t unpinged_limit_ns) const {
   std::vector<Silent> out;
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   for (const auto& [id, e] : entries_) {
     const int64_t silent = now - e.last_seen_ns;
     if (silent > (e.pinged ? pinged_limit_ns : unpinged_limit_ns)) {
@@ -137,7 +137,7 @@ std::vector<InstanceRegistry::Silent> InstanceRegistry::SilentSince(
 }
 
 std::vector<InstanceRegistry::Entry> InstanceRegistry::Snapshot() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   std::vector<Entry> out;
   out.reserve(entries_.size());
   for (const auto& [id, e] : entries_) out.push_back(e);

@@ -12,11 +12,11 @@
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
 #include "common/clock.h"
+#include "common/mutex.h"
 #include "common/status.h"
 #include "l2/tier_set.h"
 #include "layout/layout.h"
@@ -136,8 +136,8 @@ class InstanceRegistry {
 
  private:
   const Clock* const clock_;
-  mutable std::mutex mu_;
-  std::map<int64_t, Entry> entries_;  // guarded by mu_
+  mutable Mutex mu_;
+  std::map<int64_t, Entry> entries_ KVD_GUARDED_BY(mu_);
 };
 
 }  // namespace kvd::server

@@ -36,7 +36,7 @@ void KvEventLog::Bind(std::string_view model_name, std::span<const Binding> chun
   // The model as subscribers ask for it (a key namespace never reaches here, but the same
   // cut as ModelOf keeps the two spellings equal).
   const std::string model(model_name.substr(0, model_name.find('@')));
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   for (const auto& c : chunks) {
     ModelHash key{model, c.hash};
     auto [it, fresh] = bindings_.try_emplace(key);
@@ -57,7 +57,7 @@ void KvEventLog::Bind(std::string_view model_name, std::span<const Binding> chun
 
 void KvEventLog::OnEntryComplete(const l1::ChunkKey& key) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     std::string model = ModelOf(key);
     auto it = bindings_.find(ModelHash{model, key.chunk_hash});
     if (it == bindings_.end()) {
@@ -110,7 +110,7 @@ void KvEventLog::AppendStoredChainLocked(wire::KvEventRecord record) {
 void KvEventLog::FlushHeld() {
   bool appended = false;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (num_held_ == 0) return;
     const int64_t now = clock_->NowNanos();
     // Roots: records waiting for a parent that is not itself held (its store did not
@@ -144,7 +144,7 @@ void KvEventLog::FlushHeld() {
 void KvEventLog::OnEntriesRemoved(std::span<const l1::ChunkKey> keys, l1::RemovalCause) {
   if (keys.empty()) return;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     // One record per model, hashes in removal order without repeats (the same chunk under
     // two salts or world sizes is one hash to a router).
     std::map<std::string, std::vector<Hash>> by_model;
@@ -174,14 +174,14 @@ void KvEventLog::Wake() {
   // Called under wake_mu_ so that SetWakeup, which takes it, waits for a call in progress:
   // whoever owns what the callback touches (the ZMQ loop's eventfd) may release it once
   // SetWakeup(nullptr) returned.
-  std::lock_guard<std::mutex> lock(wake_mu_);
+  MutexLock lock(&wake_mu_);
   if (wake_) wake_();
 }
 
 void KvEventLog::SetWakeup(std::function<void()> wake) {
   std::function<void()> old;
   {
-    std::lock_guard<std::mutex> lock(wake_mu_);
+    MutexLock lock(&wake_mu_);
     old = std::exchange(wake_, std::move(wake));
   }
   // `old` (and what it captured) is destroyed here, outside the lock.
@@ -189,7 +189,7 @@ void KvEventLog::SetWakeup(std::function<void()> wake) {
 
 wire::KvEventBatch KvEventLog::Read(const std::string& model_name, int64_t cursor,
                                     size_t max_events) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   wire::KvEventBatch b;
   b.enabled = true;
   b.incarnation = incarnation_;
@@ -213,12 +213,12 @@ wire::KvEventBatch KvEventLog::Read(const std::string& model_name, int64_t curso
 }
 
 int64_t KvEventLog::next_seq() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return next_seq_;
 }
 
 KvEventLog::Stats KvEventLog::stats() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   Stats s;
   s.incarnation = incarnation_;
   s.log_depth = log_.size();
@@ -268,7 +268,7 @@ void KvEventLog::RegisterMetrics(metrics::Registry& registry) {
 }
 
 void KvEventLog::set_subscribers(size_t n) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   subscribers_ = n;
 }
 

@@ -32,7 +32,6 @@
 #include <deque>
 #include <functional>
 #include <list>
-#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
@@ -43,6 +42,7 @@
 
 #include "common/clock.h"
 #include "common/metrics.h"
+#include "common/mutex.h"
 #include "l1/l1_listener.h"
 #include "l1/namespaces.h"
 #include "wire/messages.h"
@@ -114,12 +114,10 @@ class KvEventLog final : public l1::L1Listener {
 
  private:
   std::string ModelOf(const l1::ChunkKey& key) const;
-  // Requires mu_.
-  void AppendLocked(wire::KvEventRecord record);
+  void AppendLocked(wire::KvEventRecord record) KVD_REQUIRES(mu_);
   // Appends a stored record, then the records held back waiting for it, in chain order.
-  // Requires mu_.
-  void AppendStoredChainLocked(wire::KvEventRecord record);
-  void Wake();
+  void AppendStoredChainLocked(wire::KvEventRecord record) KVD_REQUIRES(mu_);
+  void Wake() KVD_EXCLUDES(mu_, wake_mu_);
 
   struct HashKey {
     size_t operator()(const Hash& h) const noexcept;
@@ -150,21 +148,23 @@ class KvEventLog final : public l1::L1Listener {
   const int64_t incarnation_;
   const l1::Namespaces* namespaces_ = nullptr;  // set before the first store (AttachNamespaces)
 
-  mutable std::mutex mu_;
-  std::deque<wire::KvEventRecord> log_;                           // guarded by mu_
-  int64_t next_seq_ = 1;                                          // guarded by mu_
-  std::unordered_map<ModelHash, PendingBinding, ModelHashKey> bindings_;  // guarded by mu_
-  std::list<ModelHash> binding_order_;                            // guarded by mu_; oldest first
+  mutable Mutex mu_;
+  std::deque<wire::KvEventRecord> log_ KVD_GUARDED_BY(mu_);
+  int64_t next_seq_ KVD_GUARDED_BY(mu_) = 1;
+  std::unordered_map<ModelHash, PendingBinding, ModelHashKey> bindings_ KVD_GUARDED_BY(mu_);
+  std::list<ModelHash> binding_order_ KVD_GUARDED_BY(mu_);  // oldest first
   // Stored records held back, by the (model, parent hash) they wait for (see ORDER).
-  std::unordered_map<ModelHash, std::vector<Held>, ModelHashKey> held_;  // guarded by mu_
-  std::unordered_set<ModelHash, ModelHashKey> held_hashes_;       // guarded by mu_; their keys
-  size_t num_held_ = 0;                                           // guarded by mu_
-  uint64_t unbound_stores_ = 0, stored_records_ = 0, removed_records_ = 0;  // guarded by mu_
+  std::unordered_map<ModelHash, std::vector<Held>, ModelHashKey> held_ KVD_GUARDED_BY(mu_);
+  std::unordered_set<ModelHash, ModelHashKey> held_hashes_ KVD_GUARDED_BY(mu_);  // their keys
+  size_t num_held_ KVD_GUARDED_BY(mu_) = 0;
+  uint64_t unbound_stores_ KVD_GUARDED_BY(mu_) = 0;
+  uint64_t stored_records_ KVD_GUARDED_BY(mu_) = 0;
+  uint64_t removed_records_ KVD_GUARDED_BY(mu_) = 0;
   // Lock order: L1 -> wake_mu_ (Wake runs under L1's mutex from listener methods); never
   // taken with mu_ held. The callback runs with wake_mu_ held (see SetWakeup).
-  mutable std::mutex wake_mu_;
-  std::function<void()> wake_;                                    // guarded by wake_mu_
-  size_t subscribers_ = 0;                                        // guarded by mu_
+  mutable Mutex wake_mu_;
+  std::function<void()> wake_ KVD_GUARDED_BY(wake_mu_);
+  size_t subscribers_ KVD_GUARDED_BY(mu_) = 0;
   std::vector<metrics::CollectorHandle> metric_handles_;  // last: unregistered first
 };
 

@@ -198,7 +198,7 @@ size_t LmcacheTransfers::CancelOverdueCopies() {
     // Cancelled instances whose copies have all reported back can go now: their engines
     // have nothing left to drain.
     std::vector<std::shared_ptr<const Instance>> done;  // destroyed outside the lock
-    std::lock_guard<std::mutex> lock(cancelled_mu_);
+    MutexLock lock(&cancelled_mu_);
     for (auto it = cancelled_.begin(); it != cancelled_.end();) {
       if (inflight_->HasCopiesOf(it->get())) {
         ++it;
@@ -221,7 +221,7 @@ size_t LmcacheTransfers::CancelOverdueCopies() {
     counters_->cancelled_instances++;
     // Kept until its copies report back, so the engine is not torn down (and its
     // destructor does not wait for them) on this thread.
-    std::lock_guard<std::mutex> lock(cancelled_mu_);
+    MutexLock lock(&cancelled_mu_);
     cancelled_.push_back(std::move(o.instance));
     ++cancelled;
   }

@@ -29,12 +29,12 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
 #include "common/clock.h"
 #include "common/metrics.h"
+#include "common/mutex.h"
 #include "common/status.h"
 #include "l1/l1_cache.h"
 #include "l2/tier_set.h"
@@ -120,8 +120,8 @@ class LmcacheTransfers {
   std::vector<metrics::CollectorHandle> metric_handles_;
   // Cancelled instances with copies still in flight (released by CancelOverdueCopies once
   // their copies completed, or with this object).
-  std::mutex cancelled_mu_;
-  std::vector<std::shared_ptr<const Instance>> cancelled_;  // guarded by cancelled_mu_
+  Mutex cancelled_mu_;
+  std::vector<std::shared_ptr<const Instance>> cancelled_ KVD_GUARDED_BY(cancelled_mu_);
 };
 
 }  // namespace kvd::server

@@ -55,7 +55,7 @@ void SessionTable::AccountLocked(Session& s, uint64_t bytes, std::vector<Session
 
 SessionTable::SessionPtr SessionTable::Get(std::string_view id, bool create) {
   std::vector<SessionPtr> dropped;  // destroyed after the lock is released
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = sessions_.find(id);
   if (it == sessions_.end()) {
     if (!create) return nullptr;
@@ -66,7 +66,13 @@ SessionTable::SessionPtr SessionTable::Get(std::string_view id, bool create) {
     lru_.push_front(it->first);
     s.lru_pos = lru_.begin();
     s.in_table = true;
-    AccountLocked(s, SessionBytes(s, id.size()), dropped);
+    uint64_t bytes;
+    {
+      // No other thread can reach the new session before mu_ is released: uncontended.
+      MutexLock fresh(&s.mu);
+      bytes = SessionBytes(s, id.size());
+    }
+    AccountLocked(s, bytes, dropped);
   } else {
     lru_.splice(lru_.begin(), lru_, it->second->lru_pos);
   }
@@ -133,7 +139,7 @@ Result<std::vector<keys::Hash32>> SessionTable::Hashes(std::string_view request_
     return hashes;
   }
   std::vector<SessionPtr> dropped;  // destroyed after both locks are released
-  std::lock_guard<std::mutex> lock(s->mu);
+  MutexLock lock(&s->mu);
   if (!identity.model_name.empty()) s->identity = identity;
   // Reuse the hashed prefix only if it is the same token sequence.
   const size_t reusable = std::min(s->hashes.size(), num_chunks);
@@ -168,7 +174,7 @@ Result<std::vector<keys::Hash32>> SessionTable::Hashes(std::string_view request_
     bytes = SessionBytes(*s, request_id.size());
   }
   {
-    std::lock_guard<std::mutex> table(mu_);
+    MutexLock table(&mu_);
     AccountLocked(*s, bytes, dropped);
   }
   return out;
@@ -176,7 +182,7 @@ Result<std::vector<keys::Hash32>> SessionTable::Hashes(std::string_view request_
 
 void SessionTable::SetLookupResult(std::string_view request_id, int64_t hit_chunks) {
   auto s = Get(request_id, true);
-  std::lock_guard<std::mutex> lock(s->mu);
+  MutexLock lock(&s->mu);
   s->lookup_result = hit_chunks;
   s->lookup_generation++;
   s->lookup_running = false;
@@ -184,7 +190,7 @@ void SessionTable::SetLookupResult(std::string_view request_id, int64_t hit_chun
 
 uint64_t SessionTable::BeginLookup(std::string_view request_id) {
   auto s = Get(request_id, true);
-  std::lock_guard<std::mutex> lock(s->mu);
+  MutexLock lock(&s->mu);
   s->lookup_result.reset();
   s->lookup_running = true;
   return ++s->lookup_generation;
@@ -194,7 +200,7 @@ bool SessionTable::FinishLookup(std::string_view request_id, uint64_t generation
                                 int64_t hit_chunks) {
   auto s = Get(request_id, false);
   if (!s) return false;  // ended meanwhile
-  std::lock_guard<std::mutex> lock(s->mu);
+  MutexLock lock(&s->mu);
   if (s->lookup_generation != generation) return false;
   s->lookup_result = hit_chunks;
   s->lookup_running = false;
@@ -204,21 +210,21 @@ bool SessionTable::FinishLookup(std::string_view request_id, uint64_t generation
 bool SessionTable::LookupCurrent(std::string_view request_id, uint64_t generation) {
   auto s = Get(request_id, false);
   if (!s) return false;
-  std::lock_guard<std::mutex> lock(s->mu);
+  MutexLock lock(&s->mu);
   return s->lookup_running && s->lookup_generation == generation;
 }
 
 bool SessionTable::LookupRunning(std::string_view request_id) {
   auto s = Get(request_id, false);
   if (!s) return false;
-  std::lock_guard<std::mutex> lock(s->mu);
+  MutexLock lock(&s->mu);
   return s->lookup_running;
 }
 
 std::optional<int64_t> SessionTable::TakeLookupResult(std::string_view request_id) {
   auto s = Get(request_id, false);
   if (!s) return std::nullopt;
-  std::lock_guard<std::mutex> lock(s->mu);
+  MutexLock lock(&s->mu);
   auto r = s->lookup_result;
   s->lookup_result.reset();
   return r;
@@ -228,19 +234,19 @@ std::pair<SessionIdentity, std::vector<keys::Hash32>> SessionTable::End(
     std::string_view request_id) {
   SessionPtr s;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     auto it = sessions_.find(request_id);
     if (it == sessions_.end()) return {};
     s = RemoveLocked(it);
   }
-  std::lock_guard<std::mutex> lock(s->mu);
+  MutexLock lock(&s->mu);
   return {std::move(s->identity), std::move(s->hashes)};
 }
 
 size_t SessionTable::Expire() {
   const int64_t now = clock_->NowNanos();
   std::vector<SessionPtr> dropped;  // destroyed after the lock is released
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   // The LRU list is ordered by last use: the expired sessions are at its end.
   while (!lru_.empty()) {
     auto it = sessions_.find(lru_.back());
@@ -251,22 +257,22 @@ size_t SessionTable::Expire() {
 }
 
 size_t SessionTable::size() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return sessions_.size();
 }
 
 bool SessionTable::Contains(std::string_view request_id) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return sessions_.find(request_id) != sessions_.end();
 }
 
 uint64_t SessionTable::bytes() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return bytes_;
 }
 
 uint64_t SessionTable::evicted() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return evicted_;
 }
 

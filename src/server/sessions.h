@@ -21,7 +21,6 @@
 #include <functional>
 #include <list>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
@@ -30,6 +29,7 @@
 #include <vector>
 
 #include "common/clock.h"
+#include "common/mutex.h"
 #include "common/status.h"
 #include "keys/chunk_hasher.h"
 #include "keys/chunk_key_memo.h"
@@ -131,37 +131,42 @@ class SessionTable {
 
  private:
   struct Session {
-    std::mutex mu;
-    std::vector<uint32_t> tokens;          // the tokens that `hashes` cover (all < 2^32)
-    std::vector<keys::Hash32> hashes;
-    std::optional<int64_t> lookup_result;
-    uint64_t lookup_generation = 0;
-    bool lookup_running = false;
-    SessionIdentity identity;
-    int64_t last_used_ns = 0;              // guarded by the table's mu_
-    // Table bookkeeping, guarded by the table's mu_.
+    Mutex mu;
+    std::vector<uint32_t> tokens KVD_GUARDED_BY(mu);  // what `hashes` cover (all < 2^32)
+    std::vector<keys::Hash32> hashes KVD_GUARDED_BY(mu);
+    std::optional<int64_t> lookup_result KVD_GUARDED_BY(mu);
+    uint64_t lookup_generation KVD_GUARDED_BY(mu) = 0;
+    bool lookup_running KVD_GUARDED_BY(mu) = false;
+    SessionIdentity identity KVD_GUARDED_BY(mu);
+    // Guarded by the table's mu_ (SessionTable::mu_, a lock of the enclosing object, which a
+    // nested struct's KVD_GUARDED_BY cannot name); the *Locked helpers that touch them
+    // KVD_REQUIRES(mu_).
+    int64_t last_used_ns = 0;
+    // Table bookkeeping, guarded by the table's mu_ (as above).
     bool in_table = false;
     uint64_t accounted_bytes = 0;
     std::list<std::string_view>::iterator lru_pos;  // views the map's key
   };
   using SessionPtr = std::shared_ptr<Session>;
-  SessionPtr Get(std::string_view request_id, bool create);
+  SessionPtr Get(std::string_view request_id, bool create) KVD_EXCLUDES(mu_);
   // ChunkHashes and ChunkHashesWhilePresent (null `present`: hash all of them).
   Result<std::vector<keys::Hash32>> Hashes(std::string_view request_id,
                                            const wire::TokenIds& tokens, size_t num_chunks,
                                            const SessionIdentity& identity, SessionUse use,
                                            const ChunkPresent* present);
   // Bytes a session holds now (its mu held).
-  static uint64_t SessionBytes(const Session& s, size_t id_size);
+  static uint64_t SessionBytes(const Session& s, size_t id_size) KVD_REQUIRES(s.mu);
   // Sets the session's accounted size and evicts others (oldest first) while a bound is
   // exceeded; the evicted sessions are moved to `dropped` (destroyed by the caller, after
   // unlocking). Requires mu_.
-  void AccountLocked(Session& s, uint64_t bytes, std::vector<SessionPtr>& dropped);
+  void AccountLocked(Session& s, uint64_t bytes, std::vector<SessionPtr>& dropped)
+      KVD_REQUIRES(mu_);
   // Removes the session `it` names from the map, the LRU list and the byte total. Requires mu_.
   template <typename It>
-  SessionPtr RemoveLocked(It it);
+  SessionPtr RemoveLocked(It it) KVD_REQUIRES(mu_);
   // Evicts the least recently used session other than `keep`; false when there is none.
-  bool EvictOldestLocked(const Session* keep, std::vector<SessionPtr>& dropped);
+  bool EvictOldestLocked(const Session* keep, std::vector<SessionPtr>& dropped)
+      KVD_REQUIRES(mu_);
   // Heterogeneous lookup: find by string_view without building a std::string.
   struct IdHash {
     using is_transparent = void;
@@ -172,11 +177,12 @@ class SessionTable {
   const uint32_t chunk_size_;
   const int64_t ttl_ns_;
   const SessionLimits limits_;
-  mutable std::mutex mu_;
-  std::unordered_map<std::string, SessionPtr, IdHash, std::equal_to<>> sessions_;  // guarded by mu_
-  std::list<std::string_view> lru_;  // guarded by mu_; most recently used first
-  uint64_t bytes_ = 0;               // guarded by mu_
-  uint64_t evicted_ = 0;             // guarded by mu_
+  mutable Mutex mu_;
+  std::unordered_map<std::string, SessionPtr, IdHash, std::equal_to<>> sessions_
+      KVD_GUARDED_BY(mu_);
+  std::list<std::string_view> lru_ KVD_GUARDED_BY(mu_);  // most recently used first
+  uint64_t bytes_ KVD_GUARDED_BY(mu_) = 0;
+  uint64_t evicted_ KVD_GUARDED_BY(mu_) = 0;
   std::atomic<uint64_t> hashed_chunks_{0};  // relaxed: a statistic
   keys::ChunkKeyMemo memo_;
 };

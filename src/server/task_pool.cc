@@ -10,24 +10,24 @@ TaskPool::TaskPool(int threads) {
 
 TaskPool::~TaskPool() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     stopping_ = true;
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
   for (auto& t : threads_) t.join();
 }
 
 void TaskPool::Post(UniqueTask task) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     queue_.push_back(std::move(task));
   }
-  cv_.notify_one();
+  cv_.NotifyOne();
 }
 
 void TaskPool::PostToLane(const std::string& lane, UniqueTask task, size_t max_parallel) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     Lane& l = lanes_[lane];
     l.max_parallel = std::max<size_t>(1, max_parallel);
     l.tasks.push_back(std::move(task));
@@ -36,13 +36,13 @@ void TaskPool::PostToLane(const std::string& lane, UniqueTask task, size_t max_p
     ++l.queued;
     queue_.push_back([this, lane] { RunLane(lane); });
   }
-  cv_.notify_one();
+  cv_.NotifyOne();
 }
 
 void TaskPool::RunLane(const std::string& lane) {
   UniqueTask task;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     Lane& l = lanes_[lane];
     --l.queued;
     task = std::move(l.tasks.front());
@@ -51,7 +51,7 @@ void TaskPool::RunLane(const std::string& lane) {
   task();
   bool again = false;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     auto it = lanes_.find(lane);
     Lane& l = it->second;
     if (l.tasks.size() > l.queued) {
@@ -63,15 +63,15 @@ void TaskPool::RunLane(const std::string& lane) {
       lanes_.erase(it);  // idle lanes cost nothing
     }
   }
-  if (again) cv_.notify_one();
+  if (again) cv_.NotifyOne();
 }
 
 void TaskPool::WorkerLoop() {
   for (;;) {
     UniqueTask task;
     {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      MutexLock lock(&mu_);
+      while (!stopping_ && queue_.empty()) cv_.Wait(&mu_);
       if (queue_.empty()) return;  // stopping and drained
       task = std::move(queue_.front());
       queue_.pop_front();

@@ -12,16 +12,16 @@
 // then joins.
 #pragma once
 
-#include <condition_variable>
 #include <deque>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <type_traits>
 #include <utility>
 #include <vector>
+
+#include "common/mutex.h"
 
 namespace kvd::server {
 
@@ -65,14 +65,14 @@ class TaskPool {
     size_t queued = 0;   // of which still in queue_ (invariant: queued <= tasks.size())
     size_t max_parallel = 1;
   };
-  void RunLane(const std::string& lane);
-  void WorkerLoop();
+  void RunLane(const std::string& lane) KVD_EXCLUDES(mu_);
+  void WorkerLoop() KVD_EXCLUDES(mu_);
 
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<UniqueTask> queue_;        // guarded by mu_
-  std::map<std::string, Lane> lanes_;   // guarded by mu_
-  bool stopping_ = false;               // guarded by mu_
+  Mutex mu_;
+  CondVar cv_;
+  std::deque<UniqueTask> queue_ KVD_GUARDED_BY(mu_);
+  std::map<std::string, Lane> lanes_ KVD_GUARDED_BY(mu_);
+  bool stopping_ KVD_GUARDED_BY(mu_) = false;
   std::vector<std::thread> threads_;
 };
 

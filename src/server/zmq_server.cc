@@ -13,6 +13,7 @@
 #include <zmq.hpp>
 
 #include "common/clock.h"
+#include "common/mutex.h"
 #include "net/zmtp_router.h"
 #include "server/handlers.h"
 #include "server/kv_event_streams.h"
@@ -101,8 +102,8 @@ struct ZmqServer::Impl {
   int wake_fd = -1;
   std::unique_ptr<TaskPool> pool;
 
-  std::mutex out_mu;
-  std::vector<Reply> outbox;  // guarded by out_mu: replies of lane/pool tasks
+  Mutex out_mu;
+  std::vector<Reply> outbox KVD_GUARDED_BY(out_mu);  // replies of lane/pool tasks
 
   // Socket thread only.
   std::vector<Reply> sending;                  // replies of this wake-up
@@ -179,7 +180,7 @@ struct ZmqServer::Impl {
   // From a pool thread: hands a finished reply to the loop and wakes it.
   void PostReply(Reply r) {
     {
-      std::lock_guard<std::mutex> lock(out_mu);
+      MutexLock lock(&out_mu);
       outbox.push_back(std::move(r));
     }
     uint64_t one = 1;
@@ -191,7 +192,7 @@ struct ZmqServer::Impl {
     uint64_t n;
     (void)!read(wake_fd, &n, sizeof(n));
     {
-      std::lock_guard<std::mutex> lock(out_mu);
+      MutexLock lock(&out_mu);
       for (auto& r : outbox) sending.push_back(std::move(r));
       outbox.clear();
     }
