@@ -23,6 +23,10 @@ uint64_t SessionTable::SessionBytes(const Session& s, size_t id_size) {
          s.identity.cache_salt.capacity() + s.identity.key_namespace.capacity();
 }
 
+uint64_t SessionTable::UnsharedSessionBytes(const Session& s, size_t id_size) {
+  return SessionBytes(s, id_size);
+}
+
 template <typename It>
 SessionTable::SessionPtr SessionTable::RemoveLocked(It it) {
   SessionPtr s = std::move(it->second);
@@ -66,13 +70,7 @@ SessionTable::SessionPtr SessionTable::Get(std::string_view id, bool create) {
     lru_.push_front(it->first);
     s.lru_pos = lru_.begin();
     s.in_table = true;
-    uint64_t bytes;
-    {
-      // No other thread can reach the new session before mu_ is released: uncontended.
-      MutexLock fresh(&s.mu);
-      bytes = SessionBytes(s, id.size());
-    }
-    AccountLocked(s, bytes, dropped);
+    AccountLocked(s, UnsharedSessionBytes(s, id.size()), dropped);
   } else {
     lru_.splice(lru_.begin(), lru_, it->second->lru_pos);
   }

@@ -156,6 +156,11 @@ class SessionTable {
                                            const ChunkPresent* present);
   // Bytes a session holds now (its mu held).
   static uint64_t SessionBytes(const Session& s, size_t id_size) KVD_REQUIRES(s.mu);
+  // The same for a session no other thread can reach yet (Get, just created, under mu_):
+  // read without its lock, since taking a session's mu under mu_ would invert the lock order
+  // (a session's mu, then mu_; TSan reports the inversion even for an unreachable session).
+  static uint64_t UnsharedSessionBytes(const Session& s, size_t id_size)
+      KVD_NO_THREAD_SAFETY_ANALYSIS;
   // Sets the session's accounted size and evicts others (oldest first) while a bound is
   // exceeded; the evicted sessions are moved to `dropped` (destroyed by the caller, after
   // unlocking). Requires mu_.
