@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Draws the PNG figures of docs/benchmarks.md from a run_side_by_side.py results folder.
+"""Draws the PNG figures of docs/benchmarks-history.md (run A) from a run_side_by_side.py results folder.
 
 Needs matplotlib, which is not a kvd dependency: use a throwaway virtualenv, e.g.
 
