@@ -6,7 +6,6 @@
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <poll.h>
-#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -17,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "../common/descriptor_exhaustion.h"
 #include "fake_source.h"
 #include "http/http_server.h"
 #include "http/httplib_wrap.h"
@@ -268,25 +268,18 @@ TEST_F(ConnectionLoopTest, OutOfDescriptorsWithNothingWaitingClosesNoOne) {
   std::this_thread::sleep_for(milliseconds(50));
   const int b = socket(AF_INET, SOCK_STREAM, 0);  // connects once descriptors are short
   ASSERT_GE(b, 0);
-  rlimit old{};
-  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &old), 0);
-  const int probe = dup(0);
-  close(probe);
-  rlimit low = old;
-  low.rlim_cur = static_cast<rlim_t>(probe + 8);
-  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &low), 0);
-  std::vector<int> filler;
-  for (int fd; (fd = dup(0)) >= 0;) filler.push_back(fd);
-  close(filler.back());  // one descriptor left: the server's accept of `b` takes it
-  filler.pop_back();
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port()));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  const bool b_connected = connect(b, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
-  std::this_thread::sleep_for(milliseconds(150));
-  for (int fd : filler) close(fd);
-  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &old), 0);
+  bool b_connected = false;
+  {
+    // One descriptor left: the server's accept of `b` takes it.
+    testing_util::ExhaustDescriptors short_of_descriptors(/*leave_free=*/1);
+    ASSERT_TRUE(short_of_descriptors.ok());
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(port()));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    b_connected = connect(b, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+    std::this_thread::sleep_for(milliseconds(150));
+  }
   EXPECT_TRUE(b_connected);
   EXPECT_EQ(server_->connection_stats().evicted.load(), 0u);
   ASSERT_TRUE(a.Send("GET /healthcheck HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"));

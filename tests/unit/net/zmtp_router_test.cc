@@ -3,9 +3,10 @@
 // the read and write bounds, heartbeats, binding.
 #include "net/zmtp_router.h"
 
+#include "../common/descriptor_exhaustion.h"
+
 #include <arpa/inet.h>
 #include <netinet/in.h>
-#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -409,23 +410,16 @@ TEST_F(ZmtpRouterTest, Finding7OutOfDescriptorsAcceptingPausesInsteadOfSpinning)
   d.send(zmq::str_buffer("hi"), zmq::send_flags::none);
   ASSERT_EQ(ReceiveN(1).size(), 1u);
   const int waiting = RawConnect();  // in the backlog until the router accepts it
-  rlimit old{};
-  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &old), 0);
-  const int probe = dup(0);
-  close(probe);
-  rlimit low = old;
-  low.rlim_cur = static_cast<rlim_t>(probe + 8);
-  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &low), 0);
-  std::vector<int> filler;
-  for (int fd; (fd = dup(0)) >= 0;) filler.push_back(fd);
   int waits = 0;
-  const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(300);
-  while (std::chrono::steady_clock::now() < end) {
-    router_->Wait(50);
-    ++waits;
+  {
+    testing_util::ExhaustDescriptors short_of_descriptors;
+    ASSERT_TRUE(short_of_descriptors.ok());
+    const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(300);
+    while (std::chrono::steady_clock::now() < end) {
+      router_->Wait(50);
+      ++waits;
+    }
   }
-  for (int fd : filler) close(fd);
-  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &old), 0);
   EXPECT_LT(waits, 40) << "the loop spun on the listener";
   EXPECT_GE(router_->stats().accept_pauses, 1u);
   EXPECT_EQ(router_->stats().connections, 1u);
@@ -439,18 +433,11 @@ TEST_F(ZmtpRouterTest, Finding7OutOfDescriptorsTheOldestUnfinishedHandshakeMakes
   const int silent = RawConnect();
   Pump(50);
   const int waiting = RawConnect();
-  rlimit old{};
-  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &old), 0);
-  const int probe = dup(0);
-  close(probe);
-  rlimit low = old;
-  low.rlim_cur = static_cast<rlim_t>(probe + 8);
-  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &low), 0);
-  std::vector<int> filler;
-  for (int fd; (fd = dup(0)) >= 0;) filler.push_back(fd);
-  Pump(50);
-  for (int fd : filler) close(fd);
-  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &old), 0);
+  {
+    testing_util::ExhaustDescriptors short_of_descriptors;
+    ASSERT_TRUE(short_of_descriptors.ok());
+    Pump(50);
+  }
   EXPECT_TRUE(ClosedByRouter(silent));
   EXPECT_EQ(router_->stats().closed_by[static_cast<size_t>(ZmtpRouter::CloseReason::kEvicted)], 1u);
   EXPECT_EQ(router_->stats().connections, 1u);  // `waiting` took its place
