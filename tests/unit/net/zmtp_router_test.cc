@@ -7,6 +7,8 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <fcntl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -443,6 +445,53 @@ TEST_F(ZmtpRouterTest, Finding7OutOfDescriptorsTheOldestUnfinishedHandshakeMakes
   EXPECT_EQ(router_->stats().connections, 1u);  // `waiting` took its place
   close(silent);
   close(waiting);
+}
+
+// The descriptors of the router's accepted connections (a socket whose local port is the
+// router's and that has a peer): the listener has no peer, the test's clients another port.
+std::vector<int> AcceptedDescriptors(int port, int below) {
+  std::vector<int> out;
+  for (int fd = 0; fd < below; ++fd) {
+    sockaddr_in local{}, peer{};
+    socklen_t ll = sizeof(local), pl = sizeof(peer);
+    if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &ll) != 0 || local.sin_family != AF_INET) continue;
+    if (ntohs(local.sin_port) != port) continue;
+    if (getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &pl) != 0) continue;
+    out.push_back(fd);
+  }
+  return out;
+}
+
+TEST_F(ZmtpRouterTest, Finding7ADescriptorFloodNeverKeepsAConnectionPastTheReserve) {
+  // Before the fix, a connection accepted on a descriptor past fd_limit() replaced the oldest
+  // unfinished handshake but stayed on its high descriptor, so a flood filled the reserve one
+  // eviction at a time and kvd ran out of descriptors for tier files and shared memory
+  // (test_r2_finding7_a_descriptor_flood... failed under ASan: register_kv_cache got EMFILE).
+  rlimit old{};
+  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &old), 0);
+  const int probe = dup(0);
+  close(probe);
+  rlimit low = old;
+  low.rlim_cur = static_cast<rlim_t>(probe + 400);
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &low), 0);
+  ZmtpRouter::Options o;
+  o.fd_reserve = 200;
+  Start(o);
+  const int limit = router_->fd_limit();
+  ASSERT_LE(limit, probe + 200);
+  std::vector<int> flood;
+  for (int i = 0; i < 150; ++i) {  // clients and accepted connections take turns
+    flood.push_back(RawConnect());
+    Pump(2);
+  }
+  Pump(50);
+  const std::vector<int> accepted = AcceptedDescriptors(router_->port(), probe + 400);
+  setrlimit(RLIMIT_NOFILE, &old);
+  EXPECT_GE(router_->stats().closed_by[static_cast<size_t>(ZmtpRouter::CloseReason::kEvicted)], 1u);
+  EXPECT_EQ(accepted.size(), router_->stats().connections);
+  for (int fd : accepted) EXPECT_LT(fd, limit) << "a connection was kept past the reserve";
+  ExpectEndsAddUp(router_->stats());
+  for (int fd : flood) close(fd);
 }
 
 TEST_F(ZmtpRouterTest, BindErrorsNameTheAddress) {
