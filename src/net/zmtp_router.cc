@@ -423,7 +423,7 @@ void ZmtpRouter::Accept() {
   for (int i = 0; i < kMaxEvents && !accept_paused_; ++i) {
     sockaddr_storage ss{};
     socklen_t ss_len = sizeof(ss);
-    const int fd = accept4(listen_fd_, reinterpret_cast<sockaddr*>(&ss), &ss_len, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    int fd = accept4(listen_fd_, reinterpret_cast<sockaddr*>(&ss), &ss_len, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) {
       const int err = errno;
       if (err == EINTR || err == ECONNABORTED || err == EPROTO) continue;
@@ -478,6 +478,19 @@ void ZmtpRouter::Accept() {
       }
       Close(*victim, CloseReason::kEvicted,
             Status::Unavailable(std::string("evicted for a new connection: ") + RejectReasonName(why) + " bound"));
+      if (fds_low) {
+        // The new connection takes the descriptor the victim freed (below fd_limit_, as every
+        // kept connection's is): on its own high one it would eat the reserve, one eviction
+        // at a time. F_DUPFD gives the lowest free descriptor.
+        const int moved = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+        close(fd);
+        if (moved < 0 || moved >= fd_limit_) {
+          if (moved >= 0) close(moved);
+          im.stats.rejected[static_cast<size_t>(RejectReason::kDescriptors)]++;
+          continue;
+        }
+        fd = moved;
+      }
     }
     const int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));

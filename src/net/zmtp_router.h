@@ -32,9 +32,10 @@
 // less fd_reserve, at most half of it: a new descriptor is the lowest free one, so that many
 // stay free for tier files, tier sockets and HTTP). A new connection beyond a bound replaces
 // the connection that has waited longest for its handshake (of the same address for the
-// per-address bound), which is closed (evicted); when none is waiting, the new one is closed
-// at once (rejected, never counted as accepted). A connection that finished its handshake
-// is never evicted. When accept fails for lack of descriptors or memory (EMFILE, ENFILE,
+// per-address bound), which is closed (evicted; past the descriptor bound the new connection
+// moves onto the descriptor that frees, so no kept connection ever holds one of the reserve);
+// when none is waiting, the new one is closed at once (rejected, never counted as accepted).
+// A connection that finished its handshake is never evicted. When accept fails for lack of descriptors or memory (EMFILE, ENFILE,
 // ENOBUFS, ENOMEM) the oldest unfinished handshake is evicted to make room, or else the
 // listener leaves the poll set for 100 ms or until a connection closes: never a busy loop.
 // Every connection accepted ends counted under one reason (CloseReason): accepted =
