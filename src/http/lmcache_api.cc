@@ -1,5 +1,6 @@
 #include "http/lmcache_api.h"
 #include "http/json_body.h"
+#include "common/hex.h"
 #include "common/model_name.h"
 
 #include <dirent.h>
@@ -8,6 +9,7 @@
 #include <algorithm>
 #include <cctype>
 #include <charconv>
+#include <cstring>
 #include <cmath>
 #include <cstdint>
 #include <fstream>
@@ -164,12 +166,10 @@ std::optional<json> ParseBody(std::string_view body, bool optional, Invalid& bad
 }
 
 std::optional<std::array<uint8_t, 32>> HashFromHex(const std::string& hex) {
-  if (hex.size() != 64) return std::nullopt;
+  const auto bytes = HexDecode(hex);
+  if (!bytes || bytes->size() != 32) return std::nullopt;
   std::array<uint8_t, 32> h{};
-  for (size_t i = 0; i < 32; ++i) {
-    auto [p, ec] = std::from_chars(hex.data() + 2 * i, hex.data() + 2 * i + 2, h[i], 16);
-    if (ec != std::errc() || p != hex.data() + 2 * i + 2) return std::nullopt;
-  }
+  std::memcpy(h.data(), bytes->data(), h.size());
   return h;
 }
 
@@ -233,31 +233,8 @@ AdapterChoice ResolveAdapter(const std::vector<L2AdapterView>& adapters,
   return c;
 }
 
-std::string Hex(std::string_view bytes) {
-  static constexpr char kDigits[] = "0123456789abcdef";
-  std::string out;
-  out.reserve(bytes.size() * 2);
-  for (unsigned char c : bytes) {
-    out.push_back(kDigits[c >> 4]);
-    out.push_back(kDigits[c & 15]);
-  }
-  return out;
-}
-
-std::optional<std::string> Unhex(std::string_view hex) {
-  if (hex.size() % 2 != 0) return std::nullopt;
-  std::string out;
-  for (size_t i = 0; i < hex.size(); i += 2) {
-    uint8_t b = 0;
-    auto [p, ec] = std::from_chars(hex.data() + i, hex.data() + i + 2, b, 16);
-    if (ec != std::errc() || p != hex.data() + i + 2) return std::nullopt;
-    out.push_back(static_cast<char>(b));
-  }
-  return out;
-}
-
 std::string HashHex(const std::array<uint8_t, 32>& h) {
-  return Hex(std::string_view(reinterpret_cast<const char*>(h.data()), h.size()));
+  return HexEncode(h.data(), h.size());
 }
 
 // A total order of objects for paging (NUL separates fields: no field holds one).
@@ -327,7 +304,7 @@ Reply ListObjectsReply(StatsSource& source, const QueryParams& q) {
   if (!index.ok()) return index.error;
   std::string after;
   if (auto token = Param(q, "page_token")) {
-    auto raw = Unhex(*token);
+    auto raw = HexDecode(*token);
     if (!raw) return Detail(400, "malformed page_token");
     after = std::move(*raw);
   }
@@ -354,7 +331,7 @@ Reply ListObjectsReply(StatsSource& source, const QueryParams& q) {
                        {"size_bytes", sorted[i].second->size_bytes}});
   }
   json next = nullptr;
-  if (sorted.size() > n) next = Hex(sorted[n - 1].first);
+  if (sorted.size() > n) next = HexEncode(sorted[n - 1].first);
   return JsonReply(200, {{"adapter", adapter.type},
                          {"shared", adapter.shared},
                          {"entries", std::move(entries)},

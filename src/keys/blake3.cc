@@ -376,15 +376,4 @@ Hash32 Blake3(const void* data, size_t len) {
   return hasher.Finalize();
 }
 
-std::string HexEncode(const void* data, size_t len) {
-  static constexpr char kDigits[] = "0123456789abcdef";
-  const uint8_t* p = static_cast<const uint8_t*>(data);
-  std::string s(2 * len, '\0');
-  for (size_t i = 0; i < len; ++i) {
-    s[2 * i] = kDigits[p[i] >> 4];
-    s[2 * i + 1] = kDigits[p[i] & 0xF];
-  }
-  return s;
-}
-
 }  // namespace kvd::keys

@@ -20,6 +20,8 @@
 #include <string>
 #include <string_view>
 
+#include "common/hex.h"
+
 namespace kvd::keys {
 
 using Hash32 = std::array<uint8_t, 32>;
@@ -78,8 +80,8 @@ class Blake3Hasher {
 Hash32 Blake3(const void* data, size_t len);
 
 // Lower-case hexadecimal encoding, e.g. for logs and tests.
-std::string HexEncode(const void* data, size_t len);
-inline std::string HexEncode(const Hash32& h) { return HexEncode(h.data(), h.size()); }
+using kvd::HexEncode;  // common/hex.h
+inline std::string HexEncode(const Hash32& h) { return kvd::HexEncode(h.data(), h.size()); }
 
 // Implementation selection. kAuto picks the fastest one the CPU supports.
 enum class Blake3Impl { kAuto, kPortable, kSse41, kAvx2 };

@@ -2,6 +2,8 @@
 // Clear are in l1_cache_evict.cc, lookup locks and their expiry in l1_cache_locks.cc.
 #include "l1/l1_cache.h"
 
+#include "common/hex.h"
+
 #include <algorithm>
 #include <cmath>
 #include <random>
@@ -25,13 +27,9 @@ using detail::StagingKey;
 int64_t SecondsToNanos(double s) { return static_cast<int64_t>(std::llround(s * 1e9)); }
 
 std::string ShortKey(const ChunkKey& key) {
-  static const char* kHex = "0123456789abcdef";
-  std::string hex = "ns" + std::to_string(key.ns) + "/";
-  for (int i = 0; i < 6; ++i) {
-    hex.push_back(kHex[key.chunk_hash[i] >> 4]);
-    hex.push_back(kHex[key.chunk_hash[i] & 15]);
-  }
-  return hex;
+  std::string s = "ns" + std::to_string(key.ns) + "/";
+  AppendHex(s, key.chunk_hash.data(), 6);
+  return s;
 }
 
 // Applies a slot transition from object_state.h; an illegal one is a bug, logged and refused.

@@ -1,5 +1,7 @@
 #include "l2/object_key.h"
 
+#include "common/hex.h"
+
 #include <charconv>
 #include <cstring>
 #include <vector>
@@ -147,13 +149,7 @@ uint32_t KvRank(uint32_t world_size, uint32_t rank) {
 }
 
 std::string HashHex(const std::array<uint8_t, 32>& hash) {
-  static constexpr char kDigits[] = "0123456789abcdef";
-  std::string s(64, '0');
-  for (size_t i = 0; i < 32; ++i) {
-    s[2 * i] = kDigits[hash[i] >> 4];
-    s[2 * i + 1] = kDigits[hash[i] & 15];
-  }
-  return s;
+  return HexEncode(hash.data(), hash.size());
 }
 
 Status ValidateObjectKey(const ObjectKey& key) {

@@ -1,5 +1,7 @@
 #include "server/handlers.h"
 
+#include "common/hex.h"
+
 #include <spdlog/spdlog.h>
 
 #include <optional>
@@ -27,12 +29,9 @@ auto Decoded(Decoder decode, wire::Frames p) {
 }  // namespace
 
 std::string ClientTag(std::string_view identity) {
-  static const char* kHex = "0123456789abcdef";
   std::string s = "client-";
-  for (unsigned char c : identity.substr(0, 8)) {
-    s += kHex[c >> 4];
-    s += kHex[c & 15];
-  }
+  const std::string_view head = identity.substr(0, 8);
+  AppendHex(s, head.data(), head.size());
   return s;
 }
 

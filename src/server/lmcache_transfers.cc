@@ -1,5 +1,7 @@
 #include "server/lmcache_transfers.h"
 
+#include "common/hex.h"
+
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -279,11 +281,7 @@ Status LmcacheTransfers::Register(const wire::RegisterKvCacheRequest& req) {
       auto m = transfer::cuda::DescribeTensorMemory(req.tensors[i], i);
       if (!m.ok()) continue;  // the engine opened what it uses; nothing else to identify
       std::string id = "cuda " + transfer::cuda::FormatDeviceUuid(m->device) + " ";
-      static const char* kHex = "0123456789abcdef";
-      for (uint8_t b : m->handle) {
-        id += kHex[b >> 4];
-        id += kHex[b & 15];
-      }
+      AppendHex(id, m->handle.data(), m->handle.size());
       if (std::find(inst->memory_ids.begin(), inst->memory_ids.end(), id) == inst->memory_ids.end()) {
         inst->memory_ids.push_back(std::move(id));
       }

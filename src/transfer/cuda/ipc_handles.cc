@@ -1,5 +1,7 @@
 #include "transfer/cuda/ipc_handles.h"
 
+#include "common/hex.h"
+
 #include <algorithm>
 #include <cstring>
 #include <map>
@@ -101,12 +103,10 @@ Result<DeviceUuid> ParseDeviceUuid(std::string_view text) {
 }
 
 std::string FormatDeviceUuid(const DeviceUuid& u) {
-  static const char* kHex = "0123456789abcdef";
   std::string s = "GPU-";
   for (size_t i = 0; i < u.size(); ++i) {
     if (i == 4 || i == 6 || i == 8 || i == 10) s += '-';
-    s += kHex[u[i] >> 4];
-    s += kHex[u[i] & 15];
+    AppendHex(s, &u[i], 1);
   }
   return s;
 }
