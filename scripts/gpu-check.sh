@@ -11,7 +11,8 @@
 #       On the GPU machine: takes kvd from .gpucheck/bin (or builds it with CUDA here when
 #       .gpucheck/ is absent and the build dependencies are present), starts it, and runs
 #       tools/gpu_harness.py in a separate process: vLLM-shaped KV caches allocated with
-#       PyTorch (Llama-style NHD and HND, MiniMax-M3 TP=8 per-rank shapes), registered through
+#       PyTorch (Llama-style NHD and HND, MiniMax-M3 TP=8 per-rank shapes, each rank in its
+#       own process as vLLM's workers), registered through
 #       the real lmcache 0.5.6 client if importable, else through the harness's own frames,
 #       stored, retrieved into zeroed pages, every byte checked, store / retrieve GB/s printed
 #       beside pinned cudaMemcpy D2H / H2D. Before that, kvd-codec-gpu-check compares the

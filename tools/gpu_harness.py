@@ -1,8 +1,7 @@
 #!/usr/bin/env python3
 """gpu_harness: check kvd's GPU data path end to end, the way a vLLM worker uses it.
 
-Allocates vLLM-shaped paged KV caches with PyTorch (one process, several "workers"),
-registers them with a running kvd, stores chunks, retrieves them into zeroed pages, checks
+Allocates vLLM-shaped paged KV caches with PyTorch, registers them with a running kvd, stores chunks, retrieves them into zeroed pages, checks
 every byte, and measures store / retrieve bandwidth beside pinned cudaMemcpy D2H / H2D
 measured in the same run. Ends with a one-line verdict: `VERDICT: PASS` or `VERDICT: FAIL`.
 
@@ -18,6 +17,13 @@ Models (--models): llama-nhd / llama-hnd (Llama-3-8B TP1: 32 x [2, NB, 16, 8, 12
 FlashAttention NHD or HND), m3-tp8 (MiniMax-M3 per-rank shapes at TP=8, block 128:
 60 x [NB, 1, 128, 256] + 57 x [NB, 128, 128] bf16, both lists of engine group 0, one
 instance per rank, the 8 ranks copying concurrently).
+
+Each rank of a tensor-parallel model runs in its own process (--rank-processes, the default),
+as vLLM's workers do: it allocates its own tensors, so no CUDA allocation is ever shared
+between ranks (PyTorch's caching allocator puts small tensors of different ranks in one
+allocation when they share a process, and kvd rightly refuses a second instance on memory
+another one registered), and it speaks to kvd over its own socket. --no-rank-processes keeps
+every rank in this process (then each rank allocates on a stream of its own).
 
 --device cpu runs the same flows over POSIX shared-memory tensors (CpuShmTensorWrapper
 descriptors) so the harness itself can be tested on a machine without a GPU.
@@ -217,6 +223,9 @@ def minimax_m3_rank(nb: int) -> ModelSpec:
 # ---- memory: CUDA tensors or POSIX shared memory ------------------------------------------
 
 
+_segment_ids = itertools.count()  # shared-memory names, unique in this process
+
+
 class Memory:
     def __init__(self, torch, device: str) -> None:
         self.torch = torch
@@ -235,7 +244,7 @@ class Memory:
             n *= s
         nbytes = n * torch.empty((), dtype=dtype).element_size()
         seg = shared_memory.SharedMemory(create=True, size=nbytes,
-                                         name=f"kvdgh_{os.getpid()}_{len(self.segments)}")
+                                         name=f"kvdgh_{os.getpid()}_{next(_segment_ids)}")
         self.segments.append(seg)
         t = torch.frombuffer(seg.buf, dtype=torch.uint8, count=nbytes).view(dtype).view(spec.shape)
         t._kvd_shm = seg  # noqa: SLF001
@@ -325,10 +334,7 @@ class RawWorker:
         self.wire.call("ping", self.instance_id)
 
     def key(self, tokens, start, end, rid, worker=True) -> dict:
-        return {"model_name": self.spec.model_name, "world_size": self.spec.world_size,
-                "worker_id": self.rank if worker else None, "token_ids": tokens,
-                "start": start, "end": end, "request_id": rid, "cache_salt": "",
-                "request_configs": None}
+        return cache_key(self.spec, self.rank, tokens, start, end, rid, worker)
 
     def send_store(self, tokens, block_ids, rid):
         ev, h = self.events.record()
@@ -353,6 +359,201 @@ class RawWorker:
             self.wire.call("unregister_kv_cache", self.instance_id)
         finally:
             self.wire.close()
+
+
+def cache_key(spec, rank: int, tokens, start, end, rid, worker=True) -> dict:
+    return {"model_name": spec.model_name, "world_size": spec.world_size,
+            "worker_id": rank if worker else None, "token_ids": tokens,
+            "start": start, "end": end, "request_id": rid, "cache_salt": "",
+            "request_configs": None}
+
+
+# ---- ranks: what run_model drives, in this process or in one of their own -----------------
+#
+# A rank fills its tensors, registers, posts a STORE or RETRIEVE (post_*) and collects it
+# (collect: ok and the perf_counter stamps around it, comparable between processes on one
+# machine), zeroes its tensors, snapshots them and checks them after a retrieve.
+
+
+class LocalRank:
+    """A rank in this process."""
+
+    def __init__(self, ctx, args, spec: ModelSpec, rank: int, instance_id: int) -> None:
+        import torch  # noqa: PLC0415
+
+        self.torch, self.spec, self.rank, self.device = torch, spec, rank, args.device
+        mem = Memory(torch, args.device)
+        self.mem = mem
+        if args.device == "cuda":
+            # Its own stream while allocating: the caching allocator keeps blocks per stream,
+            # so no allocation holds tensors of two ranks.
+            with torch.cuda.stream(torch.cuda.Stream()):
+                self.worker = RawWorker(ctx, args.url, args.timeout, torch, mem, spec, rank, instance_id)
+        else:
+            self.worker = RawWorker(ctx, args.url, args.timeout, torch, mem, spec, rank, instance_id)
+        fill_random(torch, self.worker.kv, seed=1000 + rank)
+        self._sync()
+        self.snap = None
+
+    def _sync(self) -> None:
+        if self.device == "cuda":
+            self.torch.cuda.synchronize()
+
+    def key(self, tokens, start, end, rid, worker=True) -> dict:
+        return cache_key(self.spec, self.rank, tokens, start, end, rid, worker)
+
+    def register(self) -> int:
+        self.worker.register()
+        return os.getpid()
+
+    def post_store(self, tokens, block_ids, rid):
+        t0 = time.perf_counter()
+        return t0, self.worker.send_store(tokens, block_ids, rid)
+
+    def post_retrieve(self, tokens, block_ids, rid, skip=0):
+        t0 = time.perf_counter()
+        return t0, self.worker.send_retrieve(tokens, block_ids, rid, skip)
+
+    def collect(self, posted) -> tuple[bool, float, float]:
+        t0, sent = posted
+        ok = self.worker.finish(sent)
+        return ok, t0, time.perf_counter()
+
+    def zero(self) -> None:
+        for t in self.worker.kv:
+            t.zero_()
+        self._sync()
+
+    def snapshot(self) -> None:
+        self.snap = [t.clone() for t in self.worker.kv]
+
+    def drop_snapshot(self) -> None:
+        self.snap = None
+
+    def verify(self, ids_src, ids_dst, chunk: int, nchunks: int, skip: int) -> tuple[bool, str]:
+        want = expected_after_retrieve(self.torch, self.spec, self.snap, ids_src, ids_dst, chunk,
+                                       nchunks, skip)
+        return same_bytes(self.torch, self.worker.kv, want)
+
+    def close(self) -> None:
+        try:
+            self.worker.close()
+        finally:
+            self.mem.close()
+
+
+def _rank_process_main(conn, args, model: str, nblocks: int, rank: int, instance_id: int) -> None:
+    """A rank's own process: a LocalRank answering the parent's commands over a pipe, one
+    at a time: ("ok", result) or ("error", text)."""
+    import zmq  # noqa: PLC0415
+
+    ctx = zmq.Context()
+    r = None
+    try:
+        r = LocalRank(ctx, args, MODELS[model](nblocks), rank, instance_id)
+        conn.send(("ok", None))
+        while True:
+            cmd, a = conn.recv()
+            try:
+                if cmd == "store":
+                    result = r.collect(r.post_store(*a))
+                elif cmd == "retrieve":
+                    result = r.collect(r.post_retrieve(*a))
+                elif cmd == "close":
+                    r.close()
+                    r = None
+                    conn.send(("ok", None))
+                    return
+                else:
+                    result = getattr(r, cmd)(*a)
+                conn.send(("ok", result))
+            except Exception as e:  # noqa: BLE001
+                conn.send(("error", f"{type(e).__name__}: {e}"))
+    except Exception as e:  # noqa: BLE001
+        try:
+            conn.send(("error", f"rank {rank} did not start: {type(e).__name__}: {e}"))
+        except Exception:  # noqa: BLE001
+            pass
+    finally:
+        if r is not None:
+            try:
+                r.close()
+            except Exception:  # noqa: BLE001
+                pass
+        ctx.destroy(0)
+
+
+class ProcessRank:
+    """A rank in its own process (spawned, so CUDA starts fresh there), as a vLLM worker.
+    post_* sends the command, collect waits for the rank's answer: posting to every rank
+    before collecting any keeps the ranks copying concurrently."""
+
+    def __init__(self, mp, args, model: str, spec: ModelSpec, nblocks: int, rank: int,
+                 instance_id: int) -> None:
+        self.spec, self.rank, self.timeout = spec, rank, args.timeout
+        self.conn, child = mp.Pipe()
+        self.proc = mp.Process(target=_rank_process_main, name=f"rank-{rank}", daemon=True,
+                               args=(child, args, model, nblocks, rank, instance_id))
+        self.proc.start()
+        child.close()
+        self.started = False
+
+    def wait_started(self) -> None:
+        self._answer(max(self.timeout, 120.0))
+        self.started = True
+
+    def _answer(self, timeout: float | None = None):
+        if not self.conn.poll(timeout if timeout is not None else self.timeout):
+            raise TimeoutError(f"rank {self.rank}'s process did not answer in {self.timeout:.0f} s")
+        try:
+            status, result = self.conn.recv()
+        except EOFError:
+            raise RuntimeError(f"rank {self.rank}'s process exited (code {self.proc.exitcode})") from None
+        if status != "ok":
+            raise RuntimeError(f"rank {self.rank}: {result}")
+        return result
+
+    def _call(self, cmd: str, *a):
+        self.conn.send((cmd, a))
+        return self._answer()
+
+    def key(self, tokens, start, end, rid, worker=True) -> dict:
+        return cache_key(self.spec, self.rank, tokens, start, end, rid, worker)
+
+    def register(self) -> int:
+        return self._call("register")
+
+    def post_store(self, tokens, block_ids, rid):
+        self.conn.send(("store", (tokens, block_ids, rid)))
+
+    def post_retrieve(self, tokens, block_ids, rid, skip=0):
+        self.conn.send(("retrieve", (tokens, block_ids, rid, skip)))
+
+    def collect(self, _posted) -> tuple[bool, float, float]:
+        return tuple(self._answer())
+
+    def zero(self) -> None:
+        self._call("zero")
+
+    def snapshot(self) -> None:
+        self._call("snapshot")
+
+    def drop_snapshot(self) -> None:
+        self._call("drop_snapshot")
+
+    def verify(self, ids_src, ids_dst, chunk: int, nchunks: int, skip: int) -> tuple[bool, str]:
+        return tuple(self._call("verify", ids_src, ids_dst, chunk, nchunks, skip))
+
+    def close(self) -> None:
+        try:
+            if self.proc.is_alive():
+                self._call("close")
+        finally:
+            self.proc.join(10)
+            if self.proc.is_alive():
+                self.proc.kill()
+                self.proc.join()
+            self.conn.close()
 
 
 # ---- checks --------------------------------------------------------------------------------
@@ -464,9 +665,19 @@ class ModelResult:
     retrieve_gbps: list[float] = field(default_factory=list)
     d2h_gbps: float = 0.0
     h2d_gbps: float = 0.0
+    rank_pids: list[int] = field(default_factory=list)  # the process each rank ran in
 
 
-def run_model(args, torch, ctx, spec_fn, chunk: int, rng, client: str) -> ModelResult:
+def run_ranks(workers, post: str, *a) -> tuple[list[bool], float]:
+    """One request per rank, all ranks at once: (each rank's ok, seconds from the first post
+    to the last completion)."""
+    posted = [getattr(w, post)(*[x(w) if callable(x) else x for x in a]) for w in workers]
+    done = [w.collect(p) for w, p in zip(workers, posted)]
+    return [d[0] for d in done], max(d[2] for d in done) - min(d[1] for d in done)
+
+
+def run_model(args, torch, ctx, model: str, chunk: int, rng, client: str) -> ModelResult:
+    spec_fn = MODELS[model]
     probe = spec_fn(8)
     ranks = probe.world_size if probe.world_size > 1 else 1
     # Tensor-parallel models store one object per rank: fewer chunks per rank keep a round
@@ -477,31 +688,37 @@ def run_model(args, torch, ctx, spec_fn, chunk: int, rng, client: str) -> ModelR
     spec = spec_fn(nblocks)
     obj = spec.object_bytes(torch, chunk)
     res = ModelResult(spec.name, client, ranks, chunk, obj, nchunks)
+    in_processes = ranks > 1 and args.rank_processes
     log(f"{spec.name}: {ranks} rank(s) x {len(spec.tensors)} tensors, {nblocks} blocks, "
-        f"{obj / 2**20:.2f} MiB per chunk object, {nchunks} chunks per request")
-    mem = Memory(torch, args.device)
+        f"{obj / 2**20:.2f} MiB per chunk object, {nchunks} chunks per request"
+        + (", one process per rank" if in_processes else ""))
     workers = []
     try:
-        for r in range(ranks):
-            workers.append(RawWorker(ctx, args.url, args.timeout, torch, mem, spec, r,
-                                     args.instance_base + 100 * len(args.models_done) + r))
-            fill_random(torch, workers[-1].kv, seed=1000 + r)
-        if args.device == "cuda":
-            torch.cuda.synchronize()
+        base = args.instance_base + 100 * len(args.models_done)
+        if in_processes:
+            import multiprocessing  # noqa: PLC0415
+
+            mp = multiprocessing.get_context("spawn")
+            for r in range(ranks):
+                workers.append(ProcessRank(mp, args, model, spec, nblocks, r, base + r))
+            for w in workers:
+                w.wait_started()
+        else:
+            for r in range(ranks):
+                workers.append(LocalRank(ctx, args, spec, r, base + r))
         t = time.monotonic()
-        for w in workers:
-            w.register()
+        res.rank_pids = [w.register() for w in workers]
         log(f"{spec.name}: registered {ranks} instance(s) in {time.monotonic() - t:.2f} s")
 
         # -- correctness: store, zero, lookup, retrieve into other blocks (with and without skip)
         ids_src, ids_dst = pick_ids(spec, nblocks, chunk, nchunks, rng)
         tokens = unique_tokens(nchunks * chunk)
-        sent = [w.send_store(tokens, ids_src, f"{spec.name}-c-{w.rank}") for w in workers]
-        oks = [w.finish(s) for w, s in zip(workers, sent)]
+        oks, _ = run_ranks(workers, "post_store", tokens, ids_src, lambda w: f"{spec.name}-c-{w.rank}")
         if not all(oks):
             res.ok = False
             res.correctness.append(f"store returned {oks}")
-        snaps = [[t.clone() for t in w.kv] for w in workers]
+        for w in workers:
+            w.snapshot()
         sched = Wire(ctx, args.url, args.timeout)
         try:
             hits = lookup_hits(sched, workers[0], tokens, f"{spec.name}-lookup", ranks)
@@ -513,43 +730,34 @@ def run_model(args, torch, ctx, spec_fn, chunk: int, rng, client: str) -> ModelR
             res.correctness.append(f"lookup hit {hits} of {nchunks} chunks")
         for skip in (0, args.skip):
             for w in workers:
-                for t in w.kv:
-                    t.zero_()
-            if args.device == "cuda":
-                torch.cuda.synchronize()
-            sent = [w.send_retrieve(tokens, ids_dst, f"{spec.name}-r{skip}-{w.rank}", skip)
-                    for w in workers]
-            oks = [w.finish(s) for w, s in zip(workers, sent)]
+                w.zero()
+            oks, _ = run_ranks(workers, "post_retrieve", tokens, ids_dst,
+                               lambda w, skip=skip: f"{spec.name}-r{skip}-{w.rank}", skip)
             if not all(oks):
                 res.ok = False
                 res.correctness.append(f"retrieve (skip {skip}) returned {oks}")
                 continue
-            for w, snap in zip(workers, snaps):
-                want = expected_after_retrieve(torch, spec, snap, ids_src, ids_dst, chunk, nchunks,
-                                               skip)
-                same, why = same_bytes(torch, w.kv, want)
+            for w in workers:
+                same, why = w.verify(ids_src, ids_dst, chunk, nchunks, skip)
                 if not same:
                     res.ok = False
                     res.correctness.append(f"rank {w.rank} after retrieve (skip {skip}): {why}")
-        del snaps
+        for w in workers:
+            w.drop_snapshot()
         log(f"{spec.name}: correctness {'OK' if res.ok else 'FAILED: ' + '; '.join(res.correctness)}")
 
         # -- bandwidth: rounds of one request per rank (all ranks concurrently), fresh keys
         round_bytes = obj * nchunks * ranks
         for rnd in range(args.rounds):
             toks = unique_tokens(nchunks * chunk)
-            t = time.perf_counter()
-            sent = [w.send_store(toks, ids_src, f"{spec.name}-s{rnd}-{w.rank}") for w in workers]
-            oks = [w.finish(s) for w, s in zip(workers, sent)]
-            dt = time.perf_counter() - t
+            oks, dt = run_ranks(workers, "post_store", toks, ids_src,
+                                lambda w, rnd=rnd: f"{spec.name}-s{rnd}-{w.rank}")
             if not all(oks):
                 res.ok = False
                 res.correctness.append(f"timed store {rnd} returned {oks}")
             res.store_gbps.append(round_bytes / dt / 1e9)
-            t = time.perf_counter()
-            sent = [w.send_retrieve(toks, ids_dst, f"{spec.name}-t{rnd}-{w.rank}") for w in workers]
-            oks = [w.finish(s) for w, s in zip(workers, sent)]
-            dt = time.perf_counter() - t
+            oks, dt = run_ranks(workers, "post_retrieve", toks, ids_dst,
+                                lambda w, rnd=rnd: f"{spec.name}-t{rnd}-{w.rank}")
             if not all(oks):
                 res.ok = False
                 res.correctness.append(f"timed retrieve {rnd} returned {oks}")
@@ -578,7 +786,6 @@ def run_model(args, torch, ctx, spec_fn, chunk: int, rng, client: str) -> ModelR
         except Exception:  # noqa: BLE001
             pass
         c.close()
-        mem.close()
         if args.device == "cuda":
             torch.cuda.empty_cache()
     return res
@@ -707,6 +914,8 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for one reply")
     ap.add_argument("--instance-base", type=int, default=4000)
     ap.add_argument("--out", default="", help="write the results as JSON here")
+    ap.add_argument("--rank-processes", action=argparse.BooleanOptionalAction, default=True,
+                    help="run each rank of a tensor-parallel model in its own process")
     args = ap.parse_args()
     args.models_done = []
 
@@ -741,7 +950,7 @@ def main() -> int:
         results.append(run_lmcache_client(args, torch, ctx, chunk))
 
     for name in [m for m in args.models.split(",") if m]:
-        results.append(run_model(args, torch, ctx, MODELS[name], chunk, rng, "raw"))
+        results.append(run_model(args, torch, ctx, name, chunk, rng, "raw"))
         args.models_done.append(name)
 
     # -- report
