@@ -72,6 +72,11 @@ struct CopyPlan {
   std::vector<ChunkTask> tasks;            // objects of layout.object_bytes bytes in L1
   std::string wait_event;                  // client's event handle; empty: nothing to wait for
   std::function<void(const Status&)> on_complete;  // may be empty
+  // May be empty. An engine that times its copies on the device (the CUDA engine: from when
+  // the client's event has fired to the copy's end, so not the wait for the client) calls it
+  // once, before on_complete, with that time in seconds, when the copy succeeded. Others
+  // never call it: a synchronous engine's caller times Submit itself.
+  std::function<void(double seconds)> on_copy_timed;
 };
 
 using Ticket = uint64_t;

@@ -116,6 +116,9 @@ class GatedEngine final : public transfer::CopyEngine {
         }
       }
       ++done_;
+      // As the CUDA engine: the copy's own device time, reported only for a copy that
+      // succeeded and only to a caller that asked.
+      if (!fail && copy_seconds > 0 && p.on_copy_timed) p.on_copy_timed(copy_seconds);
       if (p.on_complete) p.on_complete(fail ? Status::Internal("device copy failed") : Status::Ok());
     }
   }
@@ -123,6 +126,7 @@ class GatedEngine final : public transfer::CopyEngine {
 
   bool refuse_next = false;
   std::string last_wait_event;
+  double copy_seconds = 0;  // > 0: each copy reports this device time
 
  private:
   layout::KvLayout layout_;
@@ -235,9 +239,11 @@ TEST_F(DevicePathTest, RefusedPlanReleasesTheReservations) {
 }
 
 // lmcache's transfer counters on a GPU worker: labelled with its device, finished when the
-// copy is over (later than the reply) or at once when the engine refuses it; no throughput
-// sample, as the copy's host-side time includes the wait for the client's event.
-TEST_F(DevicePathTest, DeviceTransfersAreFinishedWhenTheCopyIsOverAndNotTimed) {
+// copy is over (later than the reply) or at once when the engine refuses it. The throughput
+// histograms get the copy's own time as the engine measured it on the device (issue 26 item
+// 6; before, a GPU copy was never timed, as its host-side time includes the wait for the
+// client's event): none from a failed copy or from an engine that does not time its copies.
+TEST_F(DevicePathTest, DeviceTransfersAreFinishedWhenTheCopyIsOverAndTimedOnTheDevice) {
   Worker w("/kvd_test_dev_w4");
   ASSERT_TRUE(svc_->RegisterKvCache(w.Registration(11)).ok());
   auto stores = [&] {
@@ -248,19 +254,50 @@ TEST_F(DevicePathTest, DeviceTransfersAreFinishedWhenTheCopyIsOverAndNotTimed) {
     });
     return out;
   };
+  struct Samples {
+    uint64_t store = 0, load = 0;
+    double store_sum = 0, load_sum = 0;
+  };
+  auto samples = [&] {
+    Samples out;
+    svc_->counters().throughput.ForEach([&](const std::array<std::string, 3>& l, const ThroughputValues& v) {
+      EXPECT_EQ(l[0], "cuda:3");
+      for (const auto& b : v.store.buckets) out.store += b.load();
+      for (const auto& b : v.load.buckets) out.load += b.load();
+      out.store_sum += v.store.sum.load();
+      out.load_sum += v.load.sum.load();
+    });
+    return out;
+  };
   using Row = std::tuple<std::string, uint64_t, uint64_t>;
   ASSERT_TRUE(svc_->Store(wire::TransferRequest{Key(0, "s"), 11, Blocks(0), "", 0}).ok());
   EXPECT_EQ(stores(), (std::vector<Row>{{"cuda:3", 1, 0}}));  // answered, still copying
-  engine_->Run();
+  engine_->Run();  // an engine that does not time its copies: no sample
   EXPECT_EQ(stores(), (std::vector<Row>{{"cuda:3", 1, 1}}));
+  EXPECT_EQ(samples().store, 0u);
   engine_->refuse_next = true;
   EXPECT_FALSE(svc_->Store(wire::TransferRequest{Key(0, "t", 2), 11, Blocks(0), "", 0}).ok());
   EXPECT_EQ(stores(), (std::vector<Row>{{"cuda:3", 2, 2}}));
-  const auto& throughput = svc_->counters().throughput;
-  throughput.ForEach([&](const std::array<std::string, 3>& l, const ThroughputValues& v) {
-    EXPECT_EQ(l[0], "cuda:3");
-    for (const auto& b : v.store.buckets) EXPECT_EQ(b.load(), 0u);
-  });
+
+  // The engine reports 2 ms of device time per copy: one sample of bytes / 2 ms each way.
+  engine_->copy_seconds = 0.002;
+  const uint64_t before = svc_->counters().stored_bytes.load();
+  ASSERT_TRUE(svc_->Store(wire::TransferRequest{Key(0, "u", 3), 11, Blocks(0), "", 0}).ok());
+  engine_->Run();
+  const uint64_t bytes = svc_->counters().stored_bytes.load() - before;
+  ASSERT_GT(bytes, 0u);
+  Samples got = samples();
+  EXPECT_EQ(got.store, 1u);
+  EXPECT_NEAR(got.store_sum, static_cast<double>(bytes) / 0.002 / 1e9, 1e-9);
+  ASSERT_TRUE(svc_->Retrieve(wire::TransferRequest{Key(0, "u", 3), 11, Blocks(32), "", 0}).ok());
+  engine_->Run();
+  got = samples();
+  EXPECT_EQ(got.load, 1u);
+  EXPECT_NEAR(got.load_sum, static_cast<double>(bytes) / 0.002 / 1e9, 1e-9);
+  // A copy that failed on the device is not a sample.
+  ASSERT_TRUE(svc_->Store(wire::TransferRequest{Key(0, "v", 4), 11, Blocks(0), "", 0}).ok());
+  engine_->Run(/*fail=*/true);
+  EXPECT_EQ(samples().store, 1u);
 }
 
 TEST_F(DevicePathTest, RetrieveKeepsObjectsPinnedUntilTheCopyIsDone) {
