@@ -139,14 +139,18 @@ Status LmcacheTransfers::Submit(const std::shared_ptr<const Instance>& inst,
   }
   transfer::CopyEngine& engine = *inst->engine;
   // lmcache's L0<->L1 throughput: the bytes over the copy's time. A synchronous engine copies
-  // inside Submit, so Submit to completion is the copy; an asynchronous (GPU) engine's copy
-  // first waits for the client's event, which is not the copy's time: not recorded.
-  ThroughputHistogram* histogram = nullptr;
-  if (inst->throughput && !engine.caps().asynchronous) {
-    histogram = store ? &inst->throughput->store : &inst->throughput->load;
+  // inside Submit, so Submit to completion is the copy. An asynchronous (GPU) engine's copy
+  // first waits for the client's event, which is not the copy's time: the engine times the
+  // copy on the device and reports it (on_copy_timed), or it is not recorded.
+  ThroughputHistogram* histogram =
+      inst->throughput ? (store ? &inst->throughput->store : &inst->throughput->load) : nullptr;
+  const bool host_timed = histogram && !engine.caps().asynchronous;
+  std::function<void(double)> on_copy_timed;
+  if (histogram && engine.caps().asynchronous) {
+    on_copy_timed = [histogram, bytes](double seconds) { histogram->Record(bytes, seconds); };
   }
-  on_complete = [done = std::move(on_complete), finished, histogram, bytes,
-                 start = std::chrono::steady_clock::now()](const Status& st) {
+  on_complete = [done = std::move(on_complete), finished, histogram = host_timed ? histogram : nullptr,
+                 bytes, start = std::chrono::steady_clock::now()](const Status& st) {
     if (histogram && st.ok()) {
       const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
       histogram->Record(bytes, took.count());
@@ -169,6 +173,7 @@ Status LmcacheTransfers::Submit(const std::shared_ptr<const Instance>& inst,
   plan.tasks = std::move(tasks);
   plan.wait_event = req.event_handle;
   plan.on_complete = std::move(on_complete);
+  plan.on_copy_timed = std::move(on_copy_timed);
   auto sub = engine.Submit(std::move(plan));
   if (!sub.ok()) {
     if (watch) inflight_->Remove(watch);  // refused: its completion never runs

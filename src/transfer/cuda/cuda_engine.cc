@@ -10,6 +10,8 @@
 //            main: wait free[s] → gather kernel → staging[s] → record filled[s]
 //            copy: wait filled[s] → D2H staging[s] → L1 object → record free[s]
 //          main: wait copy (join) → record exported event → marker → host wakeup
+//          (with a timing event `started` after the client's wait when the caller wants the
+//          copy's device time: started → marker)
 //   RETRIEVE (same ring, roles swapped)
 //            copy: wait free[s] → H2D L1 object → staging[s] → record filled[s]
 //            main: wait filled[s] → scatter kernel (skip_tokens) → record free[s]
@@ -410,6 +412,19 @@ Result<Submitted> CudaCopyEngine::Submit(CopyPlan plan) {
     if (!st.ok()) {
       give_back();
       return st;
+    }
+  }
+
+  // The copy's device time starts here, after the client's event (issue 26 item 6). Without
+  // an event to time from, the copy is simply not timed.
+  if (plan.on_copy_timed) {
+    auto started = rt_->AcquireMarker(device_);
+    if (started.ok() && cudaEventRecord(*started, main_) == cudaSuccess) {
+      pending->started = *started;
+      pending->on_copy_timed = std::move(plan.on_copy_timed);
+    } else if (started.ok()) {
+      (void)cudaGetLastError();
+      cudaEventDestroy(*started);
     }
   }
 

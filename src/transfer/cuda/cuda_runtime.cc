@@ -287,7 +287,7 @@ Result<cudaEvent_t> CudaRuntime::AcquireMarker(int device) {
     }
   }
   cudaEvent_t ev = nullptr;
-  cudaError_t err = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
+  cudaError_t err = cudaEventCreateWithFlags(&ev, cudaEventDefault);
   if (err != cudaSuccess) return Status::Internal(CudaErrorText("cudaEventCreateWithFlags", err));
   return ev;
 }
@@ -401,16 +401,26 @@ void CudaRuntime::Track(std::unique_ptr<PendingCopy> copy) {
 void CudaRuntime::Finish(PendingCopy& c, const Status& st) {
   const Status& report = st.ok() ? c.forced : st;
   if (!report.ok()) spdlog::warn("GPU copy {} failed: {}", c.ticket, report.ToString());
+  cudaSetDevice(c.device);
+  if (report.ok() && c.on_copy_timed && c.started && c.marker) {
+    float ms = 0;
+    if (cudaEventElapsedTime(&ms, c.started, c.marker) == cudaSuccess) {
+      c.on_copy_timed(static_cast<double>(ms) / 1e3);
+    } else {
+      (void)cudaGetLastError();  // no sample; the copy itself succeeded
+    }
+  }
+  c.on_copy_timed = nullptr;
   if (c.on_complete) c.on_complete(report);
   c.on_complete = nullptr;
-  cudaSetDevice(c.device);
   if (c.imported) cudaEventDestroy(c.imported);
-  if (c.marker) {
+  for (cudaEvent_t ev : {c.marker, c.started}) {
+    if (!ev) continue;
     if (st.ok()) {
       std::lock_guard<std::mutex> lock(mu_);
-      free_marker_[c.device].push_back(c.marker);
+      free_marker_[c.device].push_back(ev);
     } else {
-      cudaEventDestroy(c.marker);
+      cudaEventDestroy(ev);
     }
   }
   c.keep_alive.clear();

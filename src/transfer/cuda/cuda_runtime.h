@@ -89,6 +89,9 @@ struct PendingCopy {
   Ticket ticket = 0;
   int device = 0;
   cudaEvent_t marker = nullptr;    // recorded after the copy; owned, returned to the pool
+  cudaEvent_t started = nullptr;   // recorded when the copy starts (after the client's event),
+                                   // only when on_copy_timed is set; owned like marker
+  std::function<void(double)> on_copy_timed;  // started → marker, seconds, when the copy succeeded
   cudaEvent_t imported = nullptr;  // the client's event, destroyed after the copy
   Status forced;                   // non-OK: report this failure (the copy was cut short)
   std::function<void(const Status&)> on_complete;
@@ -115,7 +118,8 @@ class CudaRuntime {
   // the event retained (see above) until it may be recycled.
   Result<cudaEvent_t> AcquireExportEvent(int device);
   Result<std::string> ExportEvent(int device, cudaEvent_t event);
-  // Plain (non-interprocess) marker events.
+  // Plain (non-interprocess) marker events, with timing (a copy's device time is the time
+  // between two of them).
   Result<cudaEvent_t> AcquireMarker(int device);
 
   // Timeline semaphores (lmcache isolated-IPC events). Whether the driver offers the stream
