@@ -59,6 +59,7 @@ if [ "${1:-}" = "--prepare" ]; then prepare; exit $?; fi
 OUTDIR=${KVD_GPU_CHECK_OUT:-${OUT:-/tmp/kvd-gpu-check}}
 mkdir -p "$OUTDIR"
 PORT=${KVD_GPU_CHECK_PORT:-5590}
+HTTP_PORT=$((PORT + 1))
 L1_GB=${KVD_L1_GB:-12}
 KVD_PID=""
 cleanup() { [ -n "$KVD_PID" ] && kill "$KVD_PID" 2>/dev/null && wait "$KVD_PID" 2>/dev/null; }
@@ -137,7 +138,7 @@ say "python: $("$PY" -c 'import sys, torch; print(sys.version.split()[0], "torch
 say "starting kvd: L1 ${L1_GB} GiB (pinned at the first GPU registration), port $PORT"
 LD_LIBRARY_PATH="$KVD_LD_PATH" "$KVD" server --host 127.0.0.1 --port "$PORT" --chunk-size 256 \
   --l1-size-gb "$L1_GB" --eviction-policy LRU --max-workers 16 --shm-name "kvd_gpu_check_$$" \
-  --http-port 0 --log-level info >"$OUTDIR/kvd.log" 2>&1 &
+  --http-host 127.0.0.1 --http-port "$HTTP_PORT" --log-level info >"$OUTDIR/kvd.log" 2>&1 &
 KVD_PID=$!
 
 # 4. The harness (bounded: the whole check must end within ~8 minutes).
@@ -147,11 +148,35 @@ PYTHONUNBUFFERED=1 timeout 420 "$PY" tools/gpu_harness.py --url "tcp://127.0.0.1
   --out "$OUTDIR/gpu_check.json" ${KVD_GPU_CHECK_ARGS:-} 2>&1 | tee "$OUTDIR/harness.log"
 rc=${PIPESTATUS[0]}
 if ! kill -0 "$KVD_PID" 2>/dev/null; then say "kvd exited during the check"; fi
+# lmcache's copy-throughput histograms: a GPU copy is timed on the device (issue 26 item 6).
+METRICS_RC=0
+"$PY" - "$HTTP_PORT" <<'PYEOF' 2>&1 | tee "$OUTDIR/metrics_check.log" || METRICS_RC=1
+import re, sys, urllib.request
+text = urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/metrics", timeout=10).read().decode()
+bad = []
+for way in ("store", "load"):
+    counts = [float(m.group(1)) for m in re.finditer(
+        r'^lmcache_mp_l0_l1_%s_throughput_GB_per_second_count\{[^}]*device="cuda:[0-9]+"[^}]*\} (\S+)$' % way,
+        text, re.M)]
+    sums = [float(m.group(1)) for m in re.finditer(
+        r'^lmcache_mp_l0_l1_%s_throughput_GB_per_second_sum\{[^}]*device="cuda:[0-9]+"[^}]*\} (\S+)$' % way,
+        text, re.M)]
+    n = sum(counts)
+    mean = sum(sums) / n if n else 0.0
+    print(f"l0_l1 {way} throughput histogram, GPU workers: {n:.0f} copies timed, mean {mean:.1f} GB/s")
+    if n == 0:
+        bad.append(way)
+sys.exit(1 if bad else 0)
+PYEOF
 say "kvd log (warnings, errors and engine lines):"
 grep -E 'warn|error|cuda engine|CUDA|pinned' "$OUTDIR/kvd.log" | tail -25
 if [ "$rc" = 124 ]; then echo "VERDICT: FAIL (harness timed out)"; fi
 if ! grep -q '^VERDICT:' "$OUTDIR/harness.log"; then
   echo "VERDICT: FAIL (harness exited with $rc before its verdict)"
+  rc=1
+fi
+if [ "$METRICS_RC" != 0 ]; then
+  echo "VERDICT: FAIL (no GPU copy in lmcache's l0_l1 throughput histograms: see $OUTDIR/metrics_check.log)"
   rc=1
 fi
 if [ "$CODEC_RC" != 0 ]; then
