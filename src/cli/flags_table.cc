@@ -129,10 +129,12 @@ const FlagSpec kFlags[] = {
      .apply = [](const FlagValue& v, CliConfig& c) { c.server.supported_transfer_mode = v.text; },
      .show = [](const CliConfig& c) { return c.server.supported_transfer_mode; }},
     {.name = "--isolated-ipc", .negation = "--no-isolated-ipc", .group = kMp, .kind = K::kBool,
-     .lmcache_default = "false", .serves = "false",
-     .note = "interprocess CUDA event handles (workers share the host IPC namespace)",
-     .refusal = "timeline-semaphore IPC for containers without a shared IPC namespace is not "
-                "implemented"},
+     .lmcache_default = "false", .serves = "false", .accepts = "true",
+     .accept_note = "kvd follows each GPU worker's own mode whatever this flag says: a worker "
+                    "started with lmcache.mp.isolated_ipc registers `cuda_raw` descriptors and "
+                    "sends timeline-semaphore events, and gets timeline-semaphore events back",
+     .note = "kvd follows each GPU worker's own mode: CUDA IPC event handles for torch `cuda` "
+             "descriptors, timeline-semaphore events for lmcache's isolated-IPC `cuda_raw` ones"},
     {.name = "--runtime-plugin-locations", .group = kMp, .kind = K::kList, .lmcache_default = "[]",
      .serves = "", .note = "no runtime plugins",
      .refusal = "runtime plugins (scripts lmcache launches beside the server) are not run by kvd"},

@@ -94,8 +94,20 @@ TEST(Parse, RefusalsSayWhy) {
               HasSubstr("--transport grpc: not supported by kvd (the gRPC transport"));
   // --l2-adapter is implemented: the table only checks it is a JSON object (l2 checks the rest).
   EXPECT_EQ(Error({"--l2-adapter", "{}"}), "(parsed)");
-  EXPECT_THAT(Error({"--isolated-ipc"}), HasSubstr("--isolated-ipc: not supported by kvd ("));
   EXPECT_EQ(Error({"--no-isolated-ipc"}), "(parsed)");
+}
+
+// lmcache's Kubernetes operator starts the server with --isolated-ipc (issue 26 item 5): kvd
+// starts, and lists the flag as accepted with no effect, since it follows each worker's mode.
+TEST(Parse, IsolatedIpcIsAcceptedBecauseKvdFollowsEachWorker) {
+  auto r = Parse({"--isolated-ipc"});
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  ASSERT_EQ(r->ignored.size(), 1u);
+  EXPECT_EQ(r->ignored[0].flag, "--isolated-ipc");
+  EXPECT_THAT(r->ignored[0].why, HasSubstr("follows each GPU worker's own mode"));
+  auto plain = Parse({"--no-isolated-ipc"});
+  ASSERT_TRUE(plain.ok());
+  EXPECT_TRUE(plain->ignored.empty());
 }
 
 TEST(Parse, ListFlagsTakeWordsUpToTheNextFlag) {
