@@ -402,6 +402,83 @@ TEST_F(BlendOpsTest, UnalignedDocumentPastTheKeysEndIsFound) {
   svc_->EndSession("u");
 }
 
+// --enable-segmented-prefix (issue 24): a prompt's chunk 1 left L1 while chunks 0 and 2 stay.
+// The prefix ends at the gap; chunk 2 (its chained key: the same tokens before it) comes back
+// at its own position as a segmented-prefix segment, locked, and its retrieve copies it
+// unrotated. Without the flag the lookup's answer has no such segment (before the flag was
+// accepted and did nothing).
+TEST_F(BlendOpsTest, SegmentedPrefixDeliversTheChunksAfterAGapAtTheirOwnPositions) {
+  const auto prompt = std::vector<std::vector<int64_t>>{Segment(1), Segment(2), Segment(3)};
+  for (const bool segmented : {false, true}) {
+    SCOPED_TRACE(segmented ? "segmented" : "plain");
+    ServerConfig cfg = cfg_;
+    cfg.enable_segmented_prefix = segmented;
+    cfg.shm_name += segmented ? "_seg" : "_plain";
+    auto created = KvService::Create(cfg, &clock_);
+    ASSERT_TRUE(created.ok()) << created.status().ToString();
+    KvService& svc = **created;
+    BlendOps& b = *svc.blend();
+    FakeWorker w("/kvd_test_blend_wseg");
+    w.Fill(11);
+    ASSERT_TRUE(svc.RegisterKvCache(w.Registration(100, 1)).ok());
+    ASSERT_TRUE(b.RegisterRope(Rope(100)).ok());
+    // Chunk 0 alone, then chunk 2 alone (a STORE's block ids start at key.start: chunk 2
+    // from blocks 32..47): chunk 1 is a gap.
+    ASSERT_TRUE(svc.Store({Key(0, {Segment(1)}, "s0"), 100, Blocks(0, 16), "", 0}).ok());
+    wire::CacheKey third = Key(0, prompt, "s2");
+    third.start = 2 * kChunk;
+    ASSERT_TRUE(svc.Store({third, 100, Blocks(32, 16), "", 0}).ok());
+
+    auto r = b.UnifiedLookup({Key(std::nullopt, prompt, "q"), 1});
+    ASSERT_TRUE(r.ok() && r->has_value()) << r.status().ToString();
+    const wire::CbUnifiedLookupResult res = **r;
+    EXPECT_EQ(res.prefix_coverage_tokens, kChunk);
+    if (!segmented) {
+      EXPECT_TRUE(res.segmented_prefix_segments.empty());
+      svc.EndSession("q");
+      continue;
+    }
+    ASSERT_EQ(res.segmented_prefix_segments.size(), 1u);
+    const wire::CbMatchResult m = res.segmented_prefix_segments[0];
+    EXPECT_EQ(m.old_st, 2 * kChunk);
+    EXPECT_EQ(m.cur_st, 2 * kChunk);
+    EXPECT_EQ(m.old_ed, 3 * kChunk);
+    EXPECT_EQ(m.cur_ed, 3 * kChunk);
+    EXPECT_EQ(m.hash.size(), 32u);
+    // The same chunk is not also reported as a same-position non-prefix match.
+    for (const auto& n : res.non_prefix_segments) EXPECT_NE(n.cur_st, 2 * kChunk);
+    EXPECT_EQ(b.requests_held(), 1u);
+
+    // Retrieve it into blocks 48..63 (the request's third chunk): a plain copy.
+    w.ZeroBlocks(48, 16);
+    wire::CbRetrievePreComputedRequest rr;
+    rr.key = Key(0, prompt, "q");
+    rr.match_results = {m};
+    rr.block_ids = {[] {
+      std::vector<int64_t> ids;
+      for (int64_t i = 0; i < 32; ++i) ids.push_back(i);
+      for (int64_t i = 48; i < 64; ++i) ids.push_back(i);
+      return ids;
+    }()};
+    rr.instance_id = 100;
+    auto ran = b.RetrievePreComputed(rr);
+    ASSERT_TRUE(ran.ok()) << ran.status().ToString();
+    EXPECT_TRUE(*ran);
+    size_t diff = 0;
+    for (int64_t l = 0; l < kLayers; ++l) {
+      for (int64_t kv = 0; kv < 2; ++kv) {
+        for (int64_t t = 0; t < kChunk; ++t) {
+          const int64_t src = 32 + t / kBlock, dst = 48 + t / kBlock, slot = t % kBlock;
+          if (std::memcmp(w.Row(l, kv, src, slot), w.Row(l, kv, dst, slot), FakeWorker::kRowBytes) != 0) ++diff;
+        }
+      }
+    }
+    EXPECT_EQ(diff, 0u) << "K and V copied as stored";
+    EXPECT_EQ(b.requests_held(), 0u);
+    svc.EndSession("q");
+  }
+}
+
 TEST_F(BlendOpsTest, ParityModeLeavesChunkZeroToThePrefix) {
   ServerConfig cfg = cfg_;
   cfg.blend_lmcache_parity = true;
