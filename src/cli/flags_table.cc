@@ -176,8 +176,9 @@ const FlagSpec kFlags[] = {
      .show = [](const CliConfig& c) { return Num(c.server.worker_registration_grace_seconds); }},
     {.name = "--enable-segmented-prefix", .group = kMp, .kind = K::kSwitch,
      .lmcache_default = "false",
-     .note = "--engine-type blend only: keep a gapped tier prefix (accepted; kvd does not "
-             "implement segmented prefixes yet and warns at startup)",
+     .note = "--engine-type blend only: cb_unified_lookup also answers the chunks after a gap "
+             "in the prompt's prefix that are still cached, at their own positions "
+             "(segmented_prefix_segments: a pure load; the engine recomputes the gap)",
      .apply = [](const FlagValue& v, CliConfig& c) { c.server.enable_segmented_prefix = v.AsBool(); },
      .show = [](const CliConfig& c) { return std::string(c.server.enable_segmented_prefix ? "true" : "false"); }},
     {.name = "--enable-dedup-content", .group = kMp, .kind = K::kSwitch,

@@ -293,10 +293,37 @@ Result<std::optional<wire::CbUnifiedLookupResult>> BlendOps::UnifiedLookup(
   }
   m_.fingerprint_matches.Add(candidates.size());
   const uint32_t world = static_cast<uint32_t>(std::max<int64_t>(1, key.world_size));
+  // --- segmented prefix (--enable-segmented-prefix): the chunks after the prefix's first
+  // gap that L1 still holds for every rank at their own positions (their chained keys: same
+  // tokens before them, so their KV is exact there). Delivered at old_st == cur_st for a
+  // pure load; the engine recomputes only the gaps. ---
+  std::vector<std::pair<int64_t, l1::ChunkKey>> tail;  // (chunk index, key)
+  if (config_.enable_segmented_prefix && ns) {
+    wire::CacheKey whole = key;
+    whole.start = 0;
+    whole.end = (std::min<int64_t>(static_cast<int64_t>(key.token_ids.size()), std::max<int64_t>(key.end, 0)) / c) * c;
+    auto chunks = lookups_->ChunkKeys(whole);
+    if (chunks.ok() && chunks->namespace_known) {
+      for (size_t j = 0; j < chunks->keys.size(); ++j) {
+        const int64_t i = static_cast<int64_t>(chunks->first_chunk + j);
+        if (i <= prefix_chunks) continue;  // the prefix, and the gap that ends it
+        const l1::ChunkKey& k = chunks->keys[j];
+        if (k.ns != *ns) break;  // another namespace than the matcher's: never mixed
+        bool all = true;
+        for (uint32_t s = 0; s < world && all; ++s) all = l1_->IsResident(k, s);
+        if (all) tail.emplace_back(i, k);
+      }
+    }
+  }
+  auto in_tail = [&](int64_t chunk) {
+    return std::any_of(tail.begin(), tail.end(), [&](const auto& t) { return t.first == chunk; });
+  };
   std::vector<blend::MatchCandidate> present;
   uint64_t stale = 0;
   for (const auto& cand : candidates) {
     if (cand.cur_st < prefix_tokens) continue;
+    // A same-position match of a chunk the segmented prefix delivers is that chunk: once.
+    if (cand.old_st == cand.cur_st && cand.cur_st % c == 0 && in_tail(cand.cur_st / c)) continue;
     if (cand.key.size() != 32) {
       ++stale;
       continue;
@@ -317,21 +344,23 @@ Result<std::optional<wire::CbUnifiedLookupResult>> BlendOps::UnifiedLookup(
     if (index_->parity()) index_->matcher().Strike(*ns, cand.key);
   }
   auto selected = blend::SelectNonOverlapping(present, prefix_tokens);
-  // Read-lock the selected chunks for the workers' retrieves (indices 0..n-1 of the owner).
+  // Read-lock the selected chunks, then the segmented prefix's, for the workers' retrieves
+  // (indices 0..n-1 of the owner).
   std::vector<l1::ChunkKey> lock_keys;
-  lock_keys.reserve(selected.size());
+  lock_keys.reserve(selected.size() + tail.size());
   for (const auto& cand : selected) {
     l1::ChunkKey k{*ns, {}};
     std::copy(cand.key.bytes().begin(), cand.key.bytes().end(), k.chunk_hash.begin());
     lock_keys.push_back(k);
   }
+  for (const auto& [chunk, k] : tail) lock_keys.push_back(k);
   const uint32_t readers = Lookups::ReadLocksPerSlot(key, req.tp_size);
   const std::string owner = LockOwner(rid);
   size_t locked = 0;
   if (!lock_keys.empty()) locked = l1_->LookupAndLock(owner, 0, lock_keys, world, readers);
   if (locked < lock_keys.size()) {
     // Evicted between the check and the lock: the rest is dropped (its locks never taken).
-    stale += lock_keys.size() - locked;
+    stale += selected.size() - std::min(locked, selected.size());
     if (locked == 0) l1_->ReleaseAllLocks(owner);
   }
   RequestState state;
@@ -339,8 +368,8 @@ Result<std::optional<wire::CbUnifiedLookupResult>> BlendOps::UnifiedLookup(
   state.world = world;
   state.readers = readers;
   state.created_ns = clock_->NowNanos();
-  uint64_t non_prefix_tokens = 0;
-  for (size_t j = 0; j < locked; ++j) {
+  uint64_t non_prefix_tokens = 0, segmented_tokens = 0;
+  for (size_t j = 0; j < std::min(locked, selected.size()); ++j) {
     const auto& cand = selected[j];
     wire::CbMatchResult r;
     r.old_st = cand.old_st;
@@ -352,10 +381,23 @@ Result<std::optional<wire::CbUnifiedLookupResult>> BlendOps::UnifiedLookup(
     state.found.push_back({r, lock_keys[j]});
     out.non_prefix_segments.push_back(std::move(r));
   }
-  m_.lookup_storage_hits.Add(locked);
+  // The segmented prefix's chunks follow (their lock indices come after the matches').
+  for (size_t j = selected.size(); j < locked; ++j) {
+    const int64_t st = tail[j - selected.size()].first * c;
+    wire::CbMatchResult r;
+    r.old_st = r.cur_st = st;
+    r.old_ed = r.cur_ed = st + c;
+    const auto& hash = lock_keys[j].chunk_hash;
+    r.hash.assign(reinterpret_cast<const char*>(hash.data()), hash.size());
+    segmented_tokens += static_cast<uint64_t>(c);
+    state.found.push_back({r, lock_keys[j]});
+    out.segmented_prefix_segments.push_back(std::move(r));
+  }
+  m_.lookup_storage_hits.Add(std::min(locked, selected.size()));
   m_.lookup_stale_chunks.Add(stale);
   m_.lookup_non_prefix_hit_tokens.Add(non_prefix_tokens);
-  m_.lookup_hit_tokens.Add(static_cast<uint64_t>(prefix_tokens) + non_prefix_tokens);
+  m_.lookup_segmented_prefix_hit_tokens.Add(segmented_tokens);
+  m_.lookup_hit_tokens.Add(static_cast<uint64_t>(prefix_tokens) + non_prefix_tokens + segmented_tokens);
   if (locked > 0) {
     MutexLock lock(&req_mu_);
     requests_[rid] = std::move(state);
@@ -587,6 +629,9 @@ void BlendOps::RegisterMetrics(metrics::Registry& registry) {
        &m_.lookup_prefix_hit_tokens},
       {"lmcache_blend_lookup_non_prefix_hit_tokens_total", "Tokens found at other positions (non-prefix).",
        &m_.lookup_non_prefix_hit_tokens},
+      {"lmcache_blend_lookup_segmented_prefix_hit_tokens_total",
+       "Tokens past a gap in the prefix found at their own positions (--enable-segmented-prefix).",
+       &m_.lookup_segmented_prefix_hit_tokens},
       {"lmcache_blend_lookup_fingerprint_hits_total", "Windows the matcher reported.",
        &m_.fingerprint_matches},
       {"lmcache_blend_lookup_storage_hits_total", "Non-prefix matches found in the cache and locked.",

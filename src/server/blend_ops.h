@@ -191,6 +191,7 @@ class BlendOps {
     metrics::Counter lookup_hit_tokens;
     metrics::Counter lookup_prefix_hit_tokens;
     metrics::Counter lookup_non_prefix_hit_tokens;
+    metrics::Counter lookup_segmented_prefix_hit_tokens;
     metrics::Counter lookup_storage_hits;
     metrics::Counter lookup_stale_chunks;
     metrics::Counter lookup_no_gpu_context_errors;

@@ -73,7 +73,7 @@ struct ServerConfig {
   // --engine-type: "default" (prefix caching) or "blend" (CacheBlend's ops, server/blend_ops.h),
   // and blend's switches (no effect unless blend).
   std::string engine_type = "default";
-  bool enable_segmented_prefix = false;  // accepted; not implemented (startup warning)
+  bool enable_segmented_prefix = false;  // blend: chunks past a prefix gap, at their positions
   bool enable_dedup_content = false;
   bool enable_blend_reorder = false;
   bool blend_lmcache_parity = false;     // kvd's --blend-lmcache-parity

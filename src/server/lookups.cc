@@ -185,6 +185,17 @@ std::optional<int64_t> Lookups::QueryPrefetchStatus(std::string_view request_id)
   return sessions_->TakeLookupResult(request_id).value_or(0);
 }
 
+Result<RequestChunks> Lookups::ChunkKeys(const wire::CacheKey& key) {
+  const auto ns = registry_->KeyNamespace(key.model_name, key.world_size);
+  if (!ns.registered || !ns.agreed) {
+    RequestChunks none;
+    none.namespace_known = false;
+    return none;
+  }
+  return RequestChunkKeys(*sessions_, l1_->namespaces(), config_.chunk_size, key,
+                          /*create_namespace=*/false, ns.key_namespace);
+}
+
 Status Lookups::FreeLookupLocks(const wire::LookupRequest& req) {
   const int64_t c = config_.chunk_size;
   if (req.key.start % c != 0 || req.key.end % c != 0 || req.key.end < req.key.start) {

@@ -37,6 +37,7 @@
 #include "server/config.h"
 #include "server/instance_registry.h"
 #include "server/pending_commits.h"
+#include "server/chunk_keys.h"
 #include "server/service_counters.h"
 #include "server/sessions.h"
 #include "wire/messages.h"
@@ -67,6 +68,11 @@ class Lookups {
   void set_tiers(l2::TierSet* tiers) { tiers_ = tiers; }
   // The STORE commits in flight a lookup waits for (null: none). Set once, before use.
   void set_pending_commits(PendingCommits* pending) { pending_ = pending; }
+  // The L1 keys of every full chunk of `key` [start, end) in the namespace its model's workers
+  // registered (the request's session caches the hashes, as a LOOKUP's), or nothing
+  // (namespace_known false) when no worker of the model registered or the namespace is
+  // unknown. Takes no lock. For the blend lookup's segmented prefix.
+  Result<RequestChunks> ChunkKeys(const wire::CacheKey& key);
   // FREE_LOOKUP_LOCKS: releases the locks a lookup took on a range.
   Status FreeLookupLocks(const wire::LookupRequest& req);
   // END_SESSION.
