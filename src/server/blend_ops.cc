@@ -299,10 +299,16 @@ Result<std::optional<wire::CbUnifiedLookupResult>> BlendOps::UnifiedLookup(
   // pure load; the engine recomputes only the gaps. ---
   std::vector<std::pair<int64_t, l1::ChunkKey>> tail;  // (chunk index, key)
   if (config_.enable_segmented_prefix && ns) {
-    wire::CacheKey whole = key;
-    whole.start = 0;
-    whole.end = (std::min<int64_t>(static_cast<int64_t>(key.token_ids.size()), std::max<int64_t>(key.end, 0)) / c) * c;
-    auto chunks = lookups_->ChunkKeys(whole);
+    // The prompt's full chunks from 0. A lookup key usually names exactly that: then no copy
+    // of its tokens is made.
+    const int64_t whole_end = (num_tokens / c) * c;
+    std::optional<wire::CacheKey> whole;
+    if (key.start != 0 || key.end != whole_end) {
+      whole = key;
+      whole->start = 0;
+      whole->end = whole_end;
+    }
+    auto chunks = lookups_->ChunkKeys(whole ? *whole : key);
     if (chunks.ok() && chunks->namespace_known) {
       for (size_t j = 0; j < chunks->keys.size(); ++j) {
         const int64_t i = static_cast<int64_t>(chunks->first_chunk + j);
@@ -315,8 +321,10 @@ Result<std::optional<wire::CbUnifiedLookupResult>> BlendOps::UnifiedLookup(
       }
     }
   }
-  auto in_tail = [&](int64_t chunk) {
-    return std::any_of(tail.begin(), tail.end(), [&](const auto& t) { return t.first == chunk; });
+  auto in_tail = [&](int64_t chunk) {  // tail is in ascending chunk order
+    auto it = std::lower_bound(tail.begin(), tail.end(), chunk,
+                               [](const auto& t, int64_t i) { return t.first < i; });
+    return it != tail.end() && it->first == chunk;
   };
   std::vector<blend::MatchCandidate> present;
   uint64_t stale = 0;
