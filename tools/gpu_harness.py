@@ -34,6 +34,7 @@ Needs torch, pyzmq and msgpack (or msgspec).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import os
@@ -313,7 +314,17 @@ def unique_tokens(n: int) -> list[int]:
     return [base + i for i in range(n)]
 
 
-class RawWorker:
+class _Rank:
+    """What every rank (and the worker inside a LocalRank) shares: its cache keys."""
+
+    spec: ModelSpec
+    rank: int
+
+    def key(self, tokens, start, end, rid, worker=True) -> dict:
+        return cache_key(self.spec, self.rank, tokens, start, end, rid, worker)
+
+
+class RawWorker(_Rank):
     """A vLLM worker process as lmcache's adapter drives kvd, from this process."""
 
     def __init__(self, ctx, url, timeout, torch, mem: Memory, spec: ModelSpec, rank: int,
@@ -332,9 +343,6 @@ class RawWorker:
         self.wire.call("register_kv_cache", self.instance_id, descs, self.spec.model_name,
                        self.spec.world_size, "vllm", self.spec.hints, self.spec.infos)
         self.wire.call("ping", self.instance_id)
-
-    def key(self, tokens, start, end, rid, worker=True) -> dict:
-        return cache_key(self.spec, self.rank, tokens, start, end, rid, worker)
 
     def send_store(self, tokens, block_ids, rid):
         ev, h = self.events.record()
@@ -375,22 +383,21 @@ def cache_key(spec, rank: int, tokens, start, end, rid, worker=True) -> dict:
 # machine), zeroes its tensors, snapshots them and checks them after a retrieve.
 
 
-class LocalRank:
+class LocalRank(_Rank):
     """A rank in this process."""
 
     def __init__(self, ctx, args, spec: ModelSpec, rank: int, instance_id: int) -> None:
         import torch  # noqa: PLC0415
 
         self.torch, self.spec, self.rank, self.device = torch, spec, rank, args.device
-        mem = Memory(torch, args.device)
-        self.mem = mem
-        if args.device == "cuda":
-            # Its own stream while allocating: the caching allocator keeps blocks per stream,
-            # so no allocation holds tensors of two ranks.
-            with torch.cuda.stream(torch.cuda.Stream()):
-                self.worker = RawWorker(ctx, args.url, args.timeout, torch, mem, spec, rank, instance_id)
-        else:
-            self.worker = RawWorker(ctx, args.url, args.timeout, torch, mem, spec, rank, instance_id)
+        self.mem = Memory(torch, args.device)
+        # On a GPU, its own stream while allocating: the caching allocator keeps blocks per
+        # stream, so no allocation holds tensors of two ranks.
+        alloc = (torch.cuda.stream(torch.cuda.Stream()) if args.device == "cuda"
+                 else contextlib.nullcontext())
+        with alloc:
+            self.worker = RawWorker(ctx, args.url, args.timeout, torch, self.mem, spec, rank,
+                                    instance_id)
         fill_random(torch, self.worker.kv, seed=1000 + rank)
         self._sync()
         self.snap = None
@@ -398,9 +405,6 @@ class LocalRank:
     def _sync(self) -> None:
         if self.device == "cuda":
             self.torch.cuda.synchronize()
-
-    def key(self, tokens, start, end, rid, worker=True) -> dict:
-        return cache_key(self.spec, self.rank, tokens, start, end, rid, worker)
 
     def register(self) -> int:
         self.worker.register()
@@ -483,7 +487,7 @@ def _rank_process_main(conn, args, model: str, nblocks: int, rank: int, instance
         ctx.destroy(0)
 
 
-class ProcessRank:
+class ProcessRank(_Rank):
     """A rank in its own process (spawned, so CUDA starts fresh there), as a vLLM worker.
     post_* sends the command, collect waits for the rank's answer: posting to every rank
     before collecting any keeps the ranks copying concurrently."""
@@ -516,9 +520,6 @@ class ProcessRank:
     def _call(self, cmd: str, *a):
         self.conn.send((cmd, a))
         return self._answer()
-
-    def key(self, tokens, start, end, rid, worker=True) -> dict:
-        return cache_key(self.spec, self.rank, tokens, start, end, rid, worker)
 
     def register(self) -> int:
         return self._call("register")
