@@ -144,12 +144,12 @@ Status LmcacheTransfers::Submit(const std::shared_ptr<const Instance>& inst,
   // copy on the device and reports it (on_copy_timed), or it is not recorded.
   ThroughputHistogram* histogram =
       inst->throughput ? (store ? &inst->throughput->store : &inst->throughput->load) : nullptr;
-  const bool host_timed = histogram && !engine.caps().asynchronous;
+  const bool device_timed = engine.caps().asynchronous;
   std::function<void(double)> on_copy_timed;
-  if (histogram && engine.caps().asynchronous) {
+  if (histogram && device_timed) {
     on_copy_timed = [histogram, bytes](double seconds) { histogram->Record(bytes, seconds); };
   }
-  on_complete = [done = std::move(on_complete), finished, histogram = host_timed ? histogram : nullptr,
+  on_complete = [done = std::move(on_complete), finished, histogram = device_timed ? nullptr : histogram,
                  bytes, start = std::chrono::steady_clock::now()](const Status& st) {
     if (histogram && st.ok()) {
       const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
