@@ -136,6 +136,28 @@ class RedisCluster:
         for n in self.nodes:
             n.close()
 
+    def slot_owner(self, key: str) -> int:
+        """The port of the master that owns `key`'s hash slot, by the cluster's own count
+        (CLUSTER KEYSLOT) and each master's own slot ranges (its 'myself' line)."""
+        slot = int(self.nodes[0].cli("CLUSTER", "KEYSLOT", key).strip())
+        for n in self.nodes:
+            mine = next(l for l in n.cli("CLUSTER", "NODES").splitlines() if "myself" in l)
+            for r in mine.split()[8:]:
+                lo, _, hi = r.partition("-")
+                if lo.isdigit() and int(lo) <= slot <= int(hi or lo):
+                    return n.port
+        raise AssertionError(f"no master owns slot {slot} of {key}")
+
+    def assert_keys_on_their_slot_owners(self) -> dict[int, list[str]]:
+        """Every object is on the master that owns its slot; returns the keys per port.
+        (Which masters hold objects depends on the keys' hashes: a few keys can all fall on
+        one master, so a test asserts where each key is, not how many masters got one.)"""
+        per_node = {n.port: n.keys() for n in self.nodes}
+        for port, ks in per_node.items():
+            for k in ks:
+                assert self.slot_owner(k) == port, (k, port, per_node)
+        return per_node
+
 
 def wait_until(pred, timeout: float = 20.0, what: str = "condition") -> None:
     deadline = time.monotonic() + timeout
