@@ -142,9 +142,9 @@ std::string ConfigJson(const kvd::server::ServerConfig& c, const HttpConfig& h) 
   return j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
-// The labelled series (lookups per model and salt, transfers per device, copy throughput)
-// into the snapshot; the lookup totals are their sums. The overflow label set is shown once
-// something was counted under it.
+// The lookup series per model and salt into the snapshot; the lookup totals are their sums.
+// The overflow label set is shown once something was counted under it. (The transfer and
+// copy-throughput series are registry families: ServiceCounters::RegisterMetrics.)
 void CopyLabelledCounters(const kvd::server::ServiceCounters& c, uint64_t chunk,
                           kvd::http::Snapshot* s) {
   using kvd::server::LookupValues;
@@ -175,38 +175,6 @@ void CopyLabelledCounters(const kvd::server::ServiceCounters& c, uint64_t chunk,
   if (load(c.lookups.overflow().lookups) > 0) {
     lookup(c.lookups.overflow_labels(), c.lookups.overflow());
   }
-
-  using kvd::server::TransferValues;
-  auto device = [&](const std::array<std::string, 1>& labels, const TransferValues& v) {
-    s->device_transfers.push_back({labels[0], load(v.submitted_stores), load(v.finished_stores),
-                                   load(v.submitted_retrieves), load(v.finished_retrieves)});
-  };
-  c.transfers.ForEach(device);
-  const TransferValues& other = c.transfers.overflow();
-  if (load(other.submitted_stores) + load(other.submitted_retrieves) > 0) {
-    device(c.transfers.overflow_labels(), other);
-  }
-
-  auto histogram = [&](const kvd::server::ThroughputHistogram& h) {
-    kvd::http::HistogramView v;
-    for (const auto& b : h.buckets) v.buckets.push_back(load(b));
-    v.sum = h.sum.load(std::memory_order_relaxed);
-    return v;
-  };
-  auto throughput = [&](const std::array<std::string, 3>& labels,
-                        const kvd::server::ThroughputValues& v) {
-    kvd::http::ThroughputView x{labels[0], labels[1], labels[2], histogram(v.store),
-                                histogram(v.load)};
-    if (x.store.count() + x.load.count() > 0) s->throughput.push_back(std::move(x));
-  };
-  c.throughput.ForEach(throughput);
-  throughput(c.throughput.overflow_labels(), c.throughput.overflow());
-  s->throughput_bounds.assign(kvd::server::kThroughputBoundsGBps.begin(),
-                              kvd::server::kThroughputBoundsGBps.end());
-
-  s->label_families = {{"lookup", c.lookups.size(), c.lookups.refused()},
-                       {"transfer", c.transfers.size(), c.transfers.refused()},
-                       {"l0_l1_throughput", c.throughput.size(), c.throughput.refused()}};
 }
 
 // POST /metrics/reset for the labelled series: each label set's counters minus what the
@@ -226,20 +194,6 @@ void SubtractLabelledCounters(kvd::http::Snapshot& s, const kvd::http::Snapshot&
       for (size_t i = 0; i < x.early_exits.size() && i < y.early_exits.size(); ++i) {
         sub(x.early_exits[i].second, y.early_exits[i].second);
       }
-    }
-  }
-  for (auto& x : s.device_transfers) {
-    for (const auto& y : b.device_transfers) {
-      if (x.device != y.device) continue;
-      sub(x.submitted_stores, y.submitted_stores);
-      sub(x.finished_stores, y.finished_stores);
-      sub(x.submitted_retrieves, y.submitted_retrieves);
-      sub(x.finished_retrieves, y.finished_retrieves);
-    }
-  }
-  for (auto& f : s.label_families) {
-    for (const auto& g : b.label_families) {
-      if (f.family == g.family) sub(f.refused, g.refused);
     }
   }
 }
@@ -735,10 +689,7 @@ int RunServer(const CliConfig& cli) {
     }
     std::unique_ptr<kvd::server::KvService> svc = std::move(created).value();
     const auto l1 = svc->l1_stats();
-    if (kvd::server::KvEventLog* events = svc->kv_events()) events->RegisterMetrics(registry);
-    if (kvd::server::BlendOps* blend = svc->blend()) blend->RegisterMetrics(registry);
-    svc->engine_driven()->RegisterMetrics(registry);
-    svc->lmcache()->RegisterMetrics(registry);
+    svc->RegisterMetrics(registry);
     kvd::server::RequestMetrics metrics;
     metrics.RegisterMetrics(registry);
     // The server uses the service until it is destroyed: it goes first (below).

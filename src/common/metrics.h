@@ -52,6 +52,9 @@ struct FamilyDesc {
   Kind kind = Kind::kCounter;
   std::vector<std::string> label_names;   // empty: a single unlabelled series
   std::vector<double> bounds;             // histograms: bucket upper bounds, ascending; +Inf implied
+  // Histograms: write each bound with one decimal ("5.0"), as lmcache's exporter does for
+  // the families kvd shares with it; otherwise the shortest form ("5", "0.001").
+  bool one_decimal_bounds = false;
 };
 
 // One series as collected.

@@ -78,6 +78,12 @@ std::string Bound(double b) {
   return buf;
 }
 
+std::string OneDecimal(double b) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.1f", b);
+  return buf;
+}
+
 // The metrics registry's families (common/metrics.h), whatever their owner registered.
 void RenderFamilies(Writer& w, const std::vector<metrics::FamilySnapshot>& families) {
   for (const auto& f : families) {
@@ -97,7 +103,9 @@ void RenderFamilies(Writer& w, const std::vector<metrics::FamilySnapshot>& famil
       uint64_t cum = 0;
       for (size_t i = 0; i < series.buckets.size(); ++i) {
         cum += series.buckets[i];
-        const std::string le = i < d.bounds.size() ? Bound(d.bounds[i]) : "+Inf";
+        const std::string le = i >= d.bounds.size() ? "+Inf"
+                               : d.one_decimal_bounds ? OneDecimal(d.bounds[i])
+                                                      : Bound(d.bounds[i]);
         w.Value(d.name + "_bucket{" + labels + sep + "le=\"" + le + "\"}", cum);
       }
       const std::string suffix = labels.empty() ? "" : "{" + labels + "}";
@@ -243,59 +251,6 @@ void RenderLookups(Writer& w, const Snapshot& s) {
   }
 }
 
-// Transfers per device, and lmcache's copy-throughput histograms (GB/s; lmcache's bucket
-// bounds, written as its exporter writes them: "5.0").
-void RenderTransfers(Writer& w, const Snapshot& s) {
-  auto family = [&](const char* name, const char* help, auto value) {
-    w.Header(name, "counter", help);
-    for (const auto& d : s.device_transfers) {
-      w.Value(std::string(name) + "{device=\"" + Escape(d.device) + "\"}",
-              static_cast<uint64_t>(value(d)));
-    }
-  };
-  using D = DeviceTransfersView;
-  family("lmcache_mp_num_submitted_stores_total",
-         "STOREs of registered workers submitted for copying.",
-         [](const D& d) { return d.submitted_stores; });
-  family("lmcache_mp_num_finished_stores_total",
-         "STOREs whose copy is over (whatever its outcome).",
-         [](const D& d) { return d.finished_stores; });
-  family("lmcache_mp_num_submitted_retrieves_total",
-         "RETRIEVEs of registered workers submitted for copying.",
-         [](const D& d) { return d.submitted_retrieves; });
-  family("lmcache_mp_num_finished_retrieves_total",
-         "RETRIEVEs whose copy is over (whatever its outcome).",
-         [](const D& d) { return d.finished_retrieves; });
-
-  auto histogram = [&](const char* name, const char* help, bool store) {
-    w.Header(name, "histogram", help);
-    for (const auto& t : s.throughput) {
-      const HistogramView& h = store ? t.store : t.load;
-      if (h.count() == 0) continue;
-      const std::string labels = "device=\"" + Escape(t.device) + "\",engine_id=\"" +
-                                 Escape(t.engine_id) + "\",model_name=\"" +
-                                 Escape(t.model_name) + "\"";
-      uint64_t cum = 0;
-      for (size_t i = 0; i < h.buckets.size(); ++i) {
-        cum += h.buckets[i];
-        char le[32];
-        if (i < s.throughput_bounds.size()) {
-          std::snprintf(le, sizeof(le), "%.1f", s.throughput_bounds[i]);
-        } else {
-          std::snprintf(le, sizeof(le), "+Inf");
-        }
-        w.Value(std::string(name) + "_bucket{" + labels + ",le=\"" + le + "\"}", cum);
-      }
-      w.Value(std::string(name) + "_sum{" + labels + "}", h.sum);
-      w.Value(std::string(name) + "_count{" + labels + "}", cum);
-    }
-  };
-  histogram("lmcache_mp_l0_l1_store_throughput_GB_per_second",
-            "Copy throughput (GB/s) of STOREs, worker KV to L1, per request.", true);
-  histogram("lmcache_mp_l0_l1_load_throughput_GB_per_second",
-            "Copy throughput (GB/s) of RETRIEVEs, L1 to worker KV, per request.", false);
-}
-
 }  // namespace
 
 std::string EscapeLabelValue(std::string_view v) {
@@ -372,7 +327,6 @@ std::string RenderPrometheus(const Snapshot& s, const std::string& version) {
 
   // --- LMCache counterparts (lmcache 0.5.6 `lmcache server` names and labels) ---
   RenderLookups(w, s);
-  RenderTransfers(w, s);
   w.Counter("lmcache_mp_l1_write_chunks_total", "Chunk objects written into L1.",
             c.stored_chunks);
   w.Counter("lmcache_mp_l1_read_chunks_total", "Chunk objects read from L1.", c.retrieved_chunks);
@@ -428,17 +382,6 @@ std::string RenderPrometheus(const Snapshot& s, const std::string& version) {
             s.chunk_key_memo_misses);
   w.Gauge("kvd_chunk_key_memo_bytes", "Memory of the chunk-key memo (--chunk-key-memo-mb).",
           s.chunk_key_memo_bytes);
-  w.Header("kvd_metric_label_sets", "gauge",
-           "Label sets a labelled metric family keeps (at most --metrics-max-label-sets; the "
-           "__other__ set not included).");
-  for (const auto& f : s.label_families) {
-    w.Value("kvd_metric_label_sets{family=\"" + Escape(f.family) + "\"}", f.label_sets);
-  }
-  w.Header("kvd_metric_label_sets_refused_total", "counter",
-           "Distinct label sets a full family counted under its __other__ label set.");
-  for (const auto& f : s.label_families) {
-    w.Value("kvd_metric_label_sets_refused_total{family=\"" + Escape(f.family) + "\"}", f.refused);
-  }
 
   w.Header("kvd_requests_total", "counter", "Requests completed, per operation.");
   for (const auto& o : s.ops) {

@@ -65,38 +65,6 @@ struct LookupLabelsView {
   std::vector<std::pair<std::string, uint64_t>> early_exits;  // reason -> lookups (all reasons)
 };
 
-// lmcache-driven transfers of one device ("cpu", "cuda:N").
-struct DeviceTransfersView {
-  std::string device;
-  uint64_t submitted_stores = 0, finished_stores = 0;
-  uint64_t submitted_retrieves = 0, finished_retrieves = 0;
-};
-
-// A histogram: per-bucket counts (not cumulative; bounds elsewhere, +Inf last) and sum.
-struct HistogramView {
-  std::vector<uint64_t> buckets;
-  double sum = 0;
-  uint64_t count() const {
-    uint64_t n = 0;
-    for (uint64_t b : buckets) n += b;
-    return n;
-  }
-};
-
-// Copy throughput (GB/s) of one (device, engine_id, model_name): store = worker to L1,
-// load = L1 to worker (lmcache's l0_l1 store / load throughput).
-struct ThroughputView {
-  std::string device, engine_id, model_name;
-  HistogramView store, load;
-};
-
-// One labelled metric family's bounded table of label sets (server/service_counters.h).
-struct LabelFamilyView {
-  std::string family;        // "lookup", "transfer", "l0_l1_throughput"
-  uint64_t label_sets = 0;   // kept (the overflow set not included)
-  uint64_t refused = 0;      // distinct label sets counted under the overflow set
-};
-
 struct InstanceView {
   int64_t instance_id = 0;
   bool engine_driven = false;
@@ -175,10 +143,6 @@ struct Snapshot {
   L1View l1;
   CacheCounters counters;
   std::vector<LookupLabelsView> lookup_labels;       // in first-seen order, overflow set last
-  std::vector<DeviceTransfersView> device_transfers;
-  std::vector<ThroughputView> throughput;
-  std::vector<double> throughput_bounds;             // GB/s upper bounds; +Inf implied
-  std::vector<LabelFamilyView> label_families;
   std::vector<InstanceView> instances;
   uint64_t sessions = 0;
   uint64_t session_bytes = 0;

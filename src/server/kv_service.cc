@@ -128,6 +128,14 @@ Status KvService::Unregister(int64_t instance_id) {
   return Status::Ok();  // mappings are released when the last in-flight copy lets go
 }
 
+void KvService::RegisterMetrics(metrics::Registry& registry) {
+  metric_handles_ = counters_.RegisterMetrics(registry);
+  if (kv_events_) kv_events_->RegisterMetrics(registry);
+  if (blend_) blend_->RegisterMetrics(registry);
+  engine_driven_.RegisterMetrics(registry);
+  lmcache_.RegisterMetrics(registry);
+}
+
 std::vector<std::string> KvService::ExperimentalCapabilities() const {
   std::vector<std::string> caps;
   if (kv_events_) caps.push_back("kv_event_stream");

@@ -162,6 +162,11 @@ class KvService {
   // GET_EXPERIMENTAL: the capabilities this server advertises ("kv_event_stream").
   std::vector<std::string> ExperimentalCapabilities() const;
 
+  // Registers the metric families of the service and its parts (the counters, both
+  // transfer modes, the KV-event log, blend). Call once; the registry must outlive the
+  // service (the service unregisters its own families when destroyed).
+  void RegisterMetrics(metrics::Registry& registry);
+
  private:
   KvService(const ServerConfig& config, const Clock* clock, std::unique_ptr<KvEventLog> events,
             std::unique_ptr<L1ListenerFanOut> fanout, std::unique_ptr<BlendIndex> blend_index,
@@ -185,6 +190,8 @@ class KvService {
   LmcacheTransfers lmcache_;
   EngineDrivenTransfers engine_driven_;
   std::unique_ptr<BlendOps> blend_;  // --engine-type blend only
+  // The counters' collected families: removed first, before what they read.
+  std::vector<metrics::CollectorHandle> metric_handles_;
 };
 
 }  // namespace kvd::server

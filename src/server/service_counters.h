@@ -1,5 +1,6 @@
 // ServiceCounters: request and byte counters of the cache service, for /metrics and the
-// dashboard. Relaxed atomics: any thread may add, readers see eventually consistent values.
+// dashboard. Relaxed atomics: any thread may add, readers (a collection of the metrics
+// registry, any thread) see eventually consistent values.
 //
 // The series lmcache labels come in LabelTables (common/label_table.h), bounded by
 // --metrics-max-label-sets: lookups per (model_name, cache_salt), transfers per device, and
@@ -13,8 +14,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "common/label_table.h"
+#include "common/metrics.h"
 
 namespace kvd::server {
 
@@ -94,6 +97,13 @@ struct ServiceCounters {
       retrieved_bytes{0};
   // Instances cancelled because a copy of theirs outlived its TTL (issue 11, finding 2).
   std::atomic<uint64_t> cancelled_instances{0};
+
+  // Registers, collected from the tables above: lmcache's transfer counters per device
+  // (lmcache_mp_num_{submitted,finished}_{stores,retrieves}_total), its copy-throughput
+  // histograms (lmcache_mp_l0_l1_{store,load}_throughput_GB_per_second, a series once it has
+  // a sample) and kvd_metric_label_sets{,_refused_total} per table. The overflow label set
+  // shows once something was counted under it. The handles must not outlive this object.
+  std::vector<metrics::CollectorHandle> RegisterMetrics(metrics::Registry& registry) const;
 };
 
 }  // namespace kvd::server

@@ -181,10 +181,6 @@ inline Snapshot SampleSnapshot() {
     b.early_exits = {{"no_gpu_context", 0}, {"empty_chunk_hashes", 0}};
     s.lookup_labels = {a, b};
   }
-  s.device_transfers = {{"cpu", 10, 9, 5, 5}};
-  s.throughput_bounds = {0, 5, 10};
-  s.throughput.push_back({"cpu", "17", "llama", {{0, 2, 1, 0}, 12.5}, {{0, 0, 0, 0}, 0}});
-  s.label_families = {{"lookup", 2, 0}, {"transfer", 1, 0}, {"l0_l1_throughput", 1, 0}};
   s.counters.stores = 10;
   s.counters.store_failures = 1;
   s.counters.stored_chunks = 12;

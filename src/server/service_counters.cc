@@ -1,0 +1,102 @@
+#include "server/service_counters.h"
+
+#include <utility>
+
+namespace kvd::server {
+namespace {
+
+uint64_t Load(const std::atomic<uint64_t>& a) { return a.load(std::memory_order_relaxed); }
+
+// One of lmcache's four transfer counters, per device.
+metrics::CollectorHandle TransferFamily(metrics::Registry& registry, const ServiceCounters& c,
+                                        const char* name, const char* help,
+                                        std::atomic<uint64_t> TransferValues::*field) {
+  return registry.AddCollected(
+      {name, help, metrics::Kind::kCounter, {"device"}, {}},
+      [&c, field](metrics::SeriesSink& sink) {
+        auto add = [&](const std::array<std::string, 1>& labels, const TransferValues& v) {
+          sink.Add({labels[0]}, static_cast<double>(Load(v.*field)));
+        };
+        c.transfers.ForEach(add);
+        const TransferValues& other = c.transfers.overflow();
+        if (Load(other.submitted_stores) + Load(other.submitted_retrieves) > 0) {
+          add(c.transfers.overflow_labels(), other);
+        }
+      });
+}
+
+// lmcache's l0_l1 store or load throughput histogram, per (device, engine_id, model_name).
+metrics::CollectorHandle ThroughputFamily(metrics::Registry& registry, const ServiceCounters& c,
+                                          const char* name, const char* help,
+                                          ThroughputHistogram ThroughputValues::*which) {
+  metrics::FamilyDesc desc{name, help, metrics::Kind::kHistogram,
+                           {"device", "engine_id", "model_name"},
+                           {kThroughputBoundsGBps.begin(), kThroughputBoundsGBps.end()}};
+  desc.one_decimal_bounds = true;  // "5.0", as lmcache's exporter writes them
+  return registry.AddCollected(std::move(desc), [&c, which](metrics::SeriesSink& sink) {
+    auto add = [&](const std::array<std::string, 3>& labels, const ThroughputValues& v) {
+      const ThroughputHistogram& h = v.*which;
+      std::vector<uint64_t> buckets;
+      uint64_t n = 0;
+      for (const auto& b : h.buckets) n += buckets.emplace_back(Load(b));
+      if (n == 0) return;  // as lmcache: a label set shows once it has a sample
+      sink.AddHistogram({labels[0], labels[1], labels[2]}, std::move(buckets),
+                        h.sum.load(std::memory_order_relaxed));
+    };
+    c.throughput.ForEach(add);
+    add(c.throughput.overflow_labels(), c.throughput.overflow());
+  });
+}
+
+}  // namespace
+
+std::vector<metrics::CollectorHandle> ServiceCounters::RegisterMetrics(
+    metrics::Registry& registry) const {
+  std::vector<metrics::CollectorHandle> h;
+  h.push_back(TransferFamily(registry, *this, "lmcache_mp_num_submitted_stores_total",
+                             "STOREs of registered workers submitted for copying.",
+                             &TransferValues::submitted_stores));
+  h.push_back(TransferFamily(registry, *this, "lmcache_mp_num_finished_stores_total",
+                             "STOREs whose copy is over (whatever its outcome).",
+                             &TransferValues::finished_stores));
+  h.push_back(TransferFamily(registry, *this, "lmcache_mp_num_submitted_retrieves_total",
+                             "RETRIEVEs of registered workers submitted for copying.",
+                             &TransferValues::submitted_retrieves));
+  h.push_back(TransferFamily(registry, *this, "lmcache_mp_num_finished_retrieves_total",
+                             "RETRIEVEs whose copy is over (whatever its outcome).",
+                             &TransferValues::finished_retrieves));
+  h.push_back(ThroughputFamily(registry, *this, "lmcache_mp_l0_l1_store_throughput_GB_per_second",
+                               "Copy throughput (GB/s) of STOREs, worker KV to L1, per request.",
+                               &ThroughputValues::store));
+  h.push_back(ThroughputFamily(registry, *this, "lmcache_mp_l0_l1_load_throughput_GB_per_second",
+                               "Copy throughput (GB/s) of RETRIEVEs, L1 to worker KV, per request.",
+                               &ThroughputValues::load));
+  // The three tables' sizes and refusals: {family, kept label sets, refused label sets}.
+  auto tables = [this](auto per_table) {
+    per_table("lookup", lookups.size(), lookups.refused());
+    per_table("transfer", transfers.size(), transfers.refused());
+    per_table("l0_l1_throughput", throughput.size(), throughput.refused());
+  };
+  h.push_back(registry.AddCollected(
+      {"kvd_metric_label_sets",
+       "Label sets a labelled metric family keeps (at most --metrics-max-label-sets; the "
+       "__other__ set not included).",
+       metrics::Kind::kGauge, {"family"}, {}},
+      [tables](metrics::SeriesSink& sink) {
+        tables([&](const char* family, size_t kept, uint64_t) {
+          sink.Add({family}, static_cast<double>(kept));
+        });
+      }));
+  h.push_back(registry.AddCollected(
+      {"kvd_metric_label_sets_refused_total",
+       "Distinct label sets a full family counted under its __other__ label set.",
+       metrics::Kind::kCounter, {"family"}, {}},
+      [tables](metrics::SeriesSink& sink) {
+        tables([&](const char* family, size_t, uint64_t refused) {
+          sink.Add({family}, static_cast<double>(refused));
+        });
+      }));
+  return h;
+}
+
+}  // namespace kvd::server
