@@ -68,13 +68,14 @@ void BlendIndex::OnEntriesRemoved(std::span<const l1::ChunkKey> keys, l1::Remova
 
 BlendOps::BlendOps(const ServerConfig& config, const Clock* clock, BlendIndex* index,
                    l1::L1Cache* l1, InstanceRegistry* registry,
-                   Lookups* lookups, transfer::ShmAccessPolicy shm_policy)
+                   Lookups* lookups, l2::TierSet* tiers, transfer::ShmAccessPolicy shm_policy)
     : config_(config),
       clock_(clock),
       index_(index),
       l1_(l1),
       registry_(registry),
       lookups_(lookups),
+      tiers_(tiers),
       shm_policy_(std::move(shm_policy)) {}
 
 std::string BlendOps::LockOwner(std::string_view request_id) {
@@ -242,7 +243,7 @@ Result<std::optional<wire::CbUnifiedLookupResult>> BlendOps::UnifiedLookup(
   bool polling = false;
   {
     MutexLock lock(&req_mu_);
-    polling = prefix_loading_.count(rid) > 0;
+    polling = prefix_loading_.count(rid) > 0 || tier_loading_.count(rid) > 0;
   }
   if (!polling) {
     m_.lookup_requests.Add();
@@ -257,19 +258,39 @@ Result<std::optional<wire::CbUnifiedLookupResult>> BlendOps::UnifiedLookup(
     prefix_loading_[rid] = clock_->NowNanos();
     return std::optional<wire::CbUnifiedLookupResult>();
   }
+  // The chunks L1 lacked are asked for once per lookup: after the loads answered, whatever
+  // is still missing is a miss.
+  bool tiers_asked = false;
+  std::optional<int64_t> asked_prefix_chunks;
   {
     MutexLock lock(&req_mu_);
     prefix_loading_.erase(rid);
+    if (auto it = tier_loading_.find(rid); it != tier_loading_.end()) {
+      if (it->second.pending->load(std::memory_order_acquire) > 0) {
+        return std::optional<wire::CbUnifiedLookupResult>();
+      }
+      asked_prefix_chunks = it->second.prefix_chunks;
+      tier_loading_.erase(it);
+      tiers_asked = true;
+    }
   }
-  const int64_t prefix_chunks = lookups_->QueryPrefetchStatus(rid).value_or(0);
+  const bool ask_tiers = tiers_ != nullptr && !tiers_asked;
+  std::vector<l1::ChunkKey> missing;  // chunks to ask the tiers for (ask_tiers)
+  std::unordered_set<l1::ChunkKey, l1::ChunkKeyHash> missing_set;
+  auto resident = [&](const l1::ChunkKey& k, uint32_t world) {
+    for (uint32_t s = 0; s < world; ++s) {
+      if (!l1_->IsResident(k, s)) return false;
+    }
+    return true;
+  };
+  const int64_t prefix_chunks =
+      asked_prefix_chunks ? *asked_prefix_chunks : lookups_->QueryPrefetchStatus(rid).value_or(0);
   const int64_t prefix_tokens = prefix_chunks * c;
 
   wire::CbUnifiedLookupResult out;
   out.prefix_coverage_tokens = prefix_tokens;
   const int64_t num_tokens = std::min<int64_t>(static_cast<int64_t>(key.token_ids.size()),
                                                std::max<int64_t>(key.end, 0));
-  m_.lookup_requested_tokens.Add(static_cast<uint64_t>((num_tokens / c) * c));
-  m_.lookup_prefix_hit_tokens.Add(static_cast<uint64_t>(prefix_tokens));
 
   // --- non-prefix leg: the matcher, then L1 ---
   const auto ns_info = registry_->KeyNamespace(key.model_name, key.world_size);
@@ -291,7 +312,6 @@ Result<std::optional<wire::CbUnifiedLookupResult>> BlendOps::UnifiedLookup(
       return st;
     }
   }
-  m_.fingerprint_matches.Add(candidates.size());
   const uint32_t world = static_cast<uint32_t>(std::max<int64_t>(1, key.world_size));
   // --- segmented prefix (--enable-segmented-prefix): the chunks after the prefix's first
   // gap that L1 still holds for every rank at their own positions (their chained keys: same
@@ -315,9 +335,11 @@ Result<std::optional<wire::CbUnifiedLookupResult>> BlendOps::UnifiedLookup(
         if (i <= prefix_chunks) continue;  // the prefix, and the gap that ends it
         const l1::ChunkKey& k = chunks->keys[j];
         if (k.ns != *ns) break;  // another namespace than the matcher's: never mixed
-        bool all = true;
-        for (uint32_t s = 0; s < world && all; ++s) all = l1_->IsResident(k, s);
-        if (all) tail.emplace_back(i, k);
+        if (resident(k, world)) {
+          tail.emplace_back(i, k);
+        } else if (ask_tiers && missing_set.insert(k).second) {
+          missing.push_back(k);
+        }
       }
     }
   }
@@ -327,6 +349,7 @@ Result<std::optional<wire::CbUnifiedLookupResult>> BlendOps::UnifiedLookup(
     return it != tail.end() && it->first == chunk;
   };
   std::vector<blend::MatchCandidate> present;
+  std::vector<const blend::MatchCandidate*> absent;  // not in L1 on every rank
   uint64_t stale = 0;
   for (const auto& cand : candidates) {
     if (cand.cur_st < prefix_tokens) continue;
@@ -338,19 +361,27 @@ Result<std::optional<wire::CbUnifiedLookupResult>> BlendOps::UnifiedLookup(
     }
     l1::ChunkKey k{*ns, {}};
     std::copy(cand.key.bytes().begin(), cand.key.bytes().end(), k.chunk_hash.begin());
-    bool all = true;
-    for (uint32_t s = 0; s < world && all; ++s) all = l1_->IsResident(k, s);
-    if (all) {
+    if (resident(k, world)) {
       present.push_back(cand);
       if (index_->parity()) index_->matcher().ClearStrikes(*ns, cand.key);
       continue;
     }
     ++stale;
-    // Missing from L1. Parity mode strikes it (lmcache's lazy removal); the default mode
-    // removed it when it left L1 (BlendIndex), so one still here is incomplete on some rank
-    // or may be in a tier: it stays.
-    if (index_->parity()) index_->matcher().Strike(*ns, cand.key);
+    absent.push_back(&cand);
+    if (ask_tiers && missing_set.insert(k).second) missing.push_back(k);
   }
+  if (!missing.empty() && LoadFromTiers(key, world, prefix_chunks, std::move(missing))) {
+    return std::optional<wire::CbUnifiedLookupResult>();  // [tier loading]: the client polls
+  }
+  // Missing from L1 (and from the tiers, when they were asked). Parity mode strikes it
+  // (lmcache's lazy removal); the default mode removed it when it left L1 (BlendIndex), so
+  // one still here is incomplete on some rank or was in no tier: it stays.
+  if (index_->parity()) {
+    for (const blend::MatchCandidate* cand : absent) index_->matcher().Strike(*ns, cand->key);
+  }
+  m_.lookup_requested_tokens.Add(static_cast<uint64_t>((num_tokens / c) * c));
+  m_.lookup_prefix_hit_tokens.Add(static_cast<uint64_t>(prefix_tokens));
+  m_.fingerprint_matches.Add(candidates.size());
   auto selected = blend::SelectNonOverlapping(present, prefix_tokens);
   // Read-lock the selected chunks, then the segmented prefix's, for the workers' retrieves
   // (indices 0..n-1 of the owner).
@@ -593,6 +624,37 @@ Result<bool> BlendOps::RetrievePreComputed(const wire::CbRetrievePreComputedRequ
   return true;
 }
 
+bool BlendOps::LoadFromTiers(const wire::CacheKey& key, uint32_t world, int64_t prefix_chunks,
+                             std::vector<l1::ChunkKey> chunks) {
+  if (tiers_ == nullptr || chunks.empty()) return false;
+  const auto format = lookups_->TierFormatFor(key.model_name, key.world_size);
+  if (!format) return false;  // no registered worker of the model: nothing to load into
+  auto pending = std::make_shared<std::atomic<size_t>>(chunks.size());
+  {
+    MutexLock lock(&req_mu_);
+    tier_loading_[key.request_id] = {pending, prefix_chunks, clock_->NowNanos()};
+  }
+  m_.tier_load_chunks.Add(chunks.size());
+  // One prefetch per chunk: a tier prefetch stops at the first chunk it cannot load, and
+  // these chunks are not a sequence. Their completions may run inline, here.
+  for (const l1::ChunkKey& k : chunks) {
+    l2::PrefetchRequest p;
+    p.chunks = {k};
+    p.hashes = {k.chunk_hash};
+    p.model_name = key.model_name;
+    p.cache_salt = key.cache_salt;
+    p.world_size = world;
+    p.format = *format;
+    tiers_->Prefetch(std::move(p), [pending, loaded = &m_.tier_loaded_chunks](size_t n) {
+      // The TierSet answers every prefetch before it closes, and KvService closes it
+      // before this object goes: `loaded` is alive here.
+      loaded->Add(n);
+      pending->fetch_sub(1, std::memory_order_acq_rel);
+    });
+  }
+  return true;
+}
+
 void BlendOps::DropRequestLocked(const std::string& request_id) {
   auto it = requests_.find(request_id);
   if (it == requests_.end()) return;
@@ -604,6 +666,7 @@ void BlendOps::EndSession(std::string_view request_id) {
   MutexLock lock(&req_mu_);
   const std::string rid(request_id);
   prefix_loading_.erase(rid);
+  tier_loading_.erase(rid);
   DropRequestLocked(rid);
 }
 
@@ -618,6 +681,9 @@ void BlendOps::Maintain() {
   for (const auto& rid : old) DropRequestLocked(rid);
   for (auto it = prefix_loading_.begin(); it != prefix_loading_.end();) {
     it = now - it->second > ttl ? prefix_loading_.erase(it) : std::next(it);
+  }
+  for (auto it = tier_loading_.begin(); it != tier_loading_.end();) {
+    it = now - it->second.started_ns > ttl ? tier_loading_.erase(it) : std::next(it);
   }
 }
 
@@ -662,6 +728,12 @@ void BlendOps::RegisterMetrics(metrics::Registry& registry) {
       {"lmcache_blend_scatter_tokens_total", "Token rows scattered into workers' KV caches.", &m_.scatter_tokens},
       {"lmcache_blend_scatter_shifted_chunks_total", "Scattered chunks whose K was re-rotated.",
        &m_.scatter_shifted_chunks},
+      {"kvd_blend_lookup_tier_load_chunks_total",
+       "Chunks blend lookups asked the tiers for (non-prefix matches, and segmented-prefix "
+       "chunks, that L1 lacked).",
+       &m_.tier_load_chunks},
+      {"kvd_blend_lookup_tier_loaded_chunks_total", "Of those, the chunks the tiers brought into L1.",
+       &m_.tier_loaded_chunks},
   };
   for (const auto& f : families) {
     metric_handles_.push_back(registry.AddCollected(

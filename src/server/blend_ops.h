@@ -16,7 +16,11 @@
 //
 //   (none) --cb_unified_lookup--> [prefix loading] --poll--> (reply nil; client polls again)
 //      |                                |
-//      |                                v  prefix known
+//      |                                v  prefix known; matches (or, segmented prefix, chunks
+//      |                                |  after the gap) that L1 lacks, with tiers
+//      |                         [tier loading] --poll--> (reply nil) until every load answered
+//      |                                |  (each chunk asked for once per lookup)
+//      |                                v
 //      +----------------------------> [locked]: matches found in L1, read-locked under the
 //                                        |      owner "<request_id>\x1fblend" (readers per
 //                                        |      object as LOOKUP), recorded here
@@ -33,18 +37,20 @@
 //
 // Fingerprints leave the matcher when their chunk leaves L1 and no tier is configured
 // (BlendIndex, an L1 listener, synchronously); with tiers, a lookup that finds a fingerprint's
-// chunk missing from L1 keeps it (a tier may hold it: follow-up). In parity mode
-// (--blend-lmcache-parity) a missing chunk is struck instead (Matcher::Strike).
+// chunk missing from L1 keeps it and asks the tiers for it ([tier loading]). In parity mode
+// (--blend-lmcache-parity) a chunk still missing then is struck (Matcher::Strike).
 //
 // Threads: every method is thread-safe. Rope state is replaced whole under rope_mu_ and
 // shared by shared_ptr with the retrieves using it; request state is under req_mu_, never held
 // across a copy. The matcher has its own lock. Lock order: L1 shard -> matcher (the listener);
 // req_mu_ is never held while calling L1 except ReleaseAllLocks/ReleaseLocks (which take no
 // listener path).
-// Ownership: BlendOps borrows the cache, registry, lookups and the BlendIndex (all
-// owned by KvService and outliving it; the BlendIndex is also one of L1's listeners).
+// Ownership: BlendOps borrows the cache, registry, lookups, tiers and the BlendIndex (all
+// owned by KvService and outliving it; the BlendIndex is also one of L1's listeners). A tier
+// load's completion holds only a shared counter, never BlendOps.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -115,8 +121,10 @@ class BlendIndex : public l1::L1Listener {
 class BlendOps {
  public:
   // Borrows everything; all must outlive this object.
+  // `tiers` may be null (no --l2-adapter).
   BlendOps(const ServerConfig& config, const Clock* clock, BlendIndex* index, l1::L1Cache* l1,
-           InstanceRegistry* registry, Lookups* lookups, transfer::ShmAccessPolicy shm_policy);
+           InstanceRegistry* registry, Lookups* lookups, l2::TierSet* tiers,
+           transfer::ShmAccessPolicy shm_policy);
 
   // cb_register_rope: replaces the instance's rope state. Errors as lmcache's (instance not
   // registered, group_to_cache / group_rot / kv_quant), plus kvd's on the tables' memory.
@@ -124,7 +132,12 @@ class BlendOps {
   // cb_unregister_rope (and when the instance goes). Returns whether it had one.
   bool UnregisterRope(int64_t instance_id);
 
-  // cb_unified_lookup: nullopt while the prefix leg loads from a tier (reply nil).
+  // cb_unified_lookup: nullopt (reply nil; the client asks again) while the prefix leg
+  // loads from a tier, then while the tiers load the non-prefix matches (and, with
+  // --enable-segmented-prefix, the chunks after the prefix's gap) that L1 lacks: each such
+  // chunk is asked for once per lookup, on its own (one missing chunk does not hold up the
+  // others); what arrived is then answered like what L1 had (lmcache loads its matches from
+  // L2 the same way, in one sparse prefetch).
   Result<std::optional<wire::CbUnifiedLookupResult>> UnifiedLookup(const wire::LookupRequest& req);
   // cb_retrieve_pre_computed: scatter_ran. Errors (reply [handle, false]) for a missing
   // instance or rope registration.
@@ -169,7 +182,19 @@ class BlendOps {
     bool finished = false;         // every worker retrieved; locks released, matches dropped
   };
 
+  // The tier loads one lookup started for chunks L1 lacked; the lookup answers when none is
+  // left (each load's completion counts one down, from a tier thread).
+  struct TierLoads {
+    std::shared_ptr<std::atomic<size_t>> pending;
+    int64_t prefix_chunks = 0;  // the prefix leg's answer (Lookups hands it out once)
+    int64_t started_ns = 0;
+  };
+
   void DropRequestLocked(const std::string& request_id) KVD_REQUIRES(req_mu_);
+  // Starts one tier prefetch per chunk of `chunks` (distinct, none resident on every slot);
+  // false when there is nothing to load them with (no tiers, no registered format).
+  bool LoadFromTiers(const wire::CacheKey& key, uint32_t world, int64_t prefix_chunks,
+                     std::vector<l1::ChunkKey> chunks);
 
   const ServerConfig& config_;
   const Clock* const clock_;
@@ -177,6 +202,7 @@ class BlendOps {
   l1::L1Cache* const l1_;
   InstanceRegistry* const registry_;
   Lookups* const lookups_;
+  l2::TierSet* const tiers_;
   const transfer::ShmAccessPolicy shm_policy_;
 
   mutable Mutex rope_mu_;
@@ -184,6 +210,7 @@ class BlendOps {
   mutable Mutex req_mu_;
   std::unordered_map<std::string, RequestState> requests_ KVD_GUARDED_BY(req_mu_);
   std::unordered_map<std::string, int64_t> prefix_loading_ KVD_GUARDED_BY(req_mu_);
+  std::unordered_map<std::string, TierLoads> tier_loading_ KVD_GUARDED_BY(req_mu_);
 
   struct Metrics {
     metrics::Counter lookup_requests;
@@ -203,6 +230,8 @@ class BlendOps {
     metrics::Counter fingerprint_matches;
     metrics::Counter scatter_tokens;
     metrics::Counter scatter_shifted_chunks;
+    metrics::Counter tier_load_chunks;    // chunks lookups asked the tiers for
+    metrics::Counter tier_loaded_chunks;  // of which the tiers brought into L1
   };
   Metrics m_;
   std::vector<metrics::CollectorHandle> metric_handles_;

@@ -98,7 +98,7 @@ KvService::KvService(const ServerConfig& config, const Clock* clock,
   engine_driven_.set_kv_events(kv_events_.get());
   if (blend_index_) {
     blend_ = std::make_unique<BlendOps>(config_, clock, blend_index_.get(), l1_.get(),
-                                        &registry_, &lookups_, std::move(shm_policy));
+                                        &registry_, &lookups_, tiers_.get(), std::move(shm_policy));
     auto hook = [blend = blend_.get()](const CommittedStore& s) { blend->OnStoreCommitted(s); };
     lmcache_.set_store_hook(hook);
     engine_driven_.set_store_hook(hook);

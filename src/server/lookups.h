@@ -81,9 +81,10 @@ class Lookups {
   // Read locks one lookup takes per object slot (one per reader of the object).
   static uint32_t ReadLocksPerSlot(const wire::CacheKey& key, int64_t tp_size);
 
- private:
   // The tier format of a registered instance of the model (nullopt: none registered).
   std::optional<l2::ObjectFormat> TierFormatFor(const std::string& model, int64_t world_size) const;
+
+ private:
   // A prefetch's callback is done with the request: counts a change, calls the wakeup.
   void PrefetchEnded();
 

@@ -8,9 +8,12 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <random>
+#include <thread>
 
 #include "blend/rope.h"
 #include "server/handlers.h"
@@ -245,6 +248,33 @@ TEST_F(BlendOpsTest, FingerprintsFromWorkerZeroCommittedChunksRemovedWithL1) {
   EXPECT_EQ(blend().matcher().Stats().live, 0u) << "removed with their L1 entries";
 }
 
+// Every layer's K rows of `w`'s blocks [dst_block, +16) hold RotateK(old_st + t -> cur_st + t)
+// of the rows in [src_block, +16), and V rows are byte-identical. Returns the K rows the
+// rotation changed.
+size_t ExpectScatteredRotated(const FakeWorker& w, const blend::RopeTable& table, int64_t src_block,
+                              int64_t dst_block, int64_t old_st, int64_t cur_st) {
+  blend::KRowGeometry g;
+  g.elem = blend::KvElem::kBFloat16;
+  g.num_heads = kHeads;
+  g.head_stride = kHead;
+  g.rot_dim = kHead;
+  size_t k_diff = 0, v_diff = 0, k_changed = 0;
+  for (int64_t l = 0; l < kLayers; ++l) {
+    for (int64_t t = 0; t < kChunk; ++t) {
+      const int64_t sb = src_block + t / kBlock, db = dst_block + t / kBlock, slot = t % kBlock;
+      std::vector<uint8_t> ref(w.Row(l, 0, sb, slot), w.Row(l, 0, sb, slot) + FakeWorker::kRowBytes);
+      std::vector<uint8_t> orig = ref;
+      EXPECT_TRUE(blend::RotateK(table, old_st + t, cur_st + t, g, ref).ok());
+      if (ref != orig) ++k_changed;
+      if (std::memcmp(ref.data(), w.Row(l, 0, db, slot), FakeWorker::kRowBytes) != 0) ++k_diff;
+      if (std::memcmp(w.Row(l, 1, sb, slot), w.Row(l, 1, db, slot), FakeWorker::kRowBytes) != 0) ++v_diff;
+    }
+  }
+  EXPECT_EQ(k_diff, 0u);
+  EXPECT_EQ(v_diff, 0u);
+  return k_changed;
+}
+
 TEST_F(BlendOpsTest, LookupFindsDocumentElsewhereAndRetrieveScattersRotatedK) {
   FakeWorker w("/kvd_test_blend_w");
   w.Fill(7);
@@ -275,27 +305,7 @@ TEST_F(BlendOpsTest, LookupFindsDocumentElsewhereAndRetrieveScattersRotatedK) {
   ASSERT_TRUE(ran.ok()) << ran.status().ToString();
   EXPECT_TRUE(*ran);
   // V byte-identical; K = RotateK(256 + t -> 512 + t) of the stored row.
-  const blend::RopeTable table = rope_.Table();
-  blend::KRowGeometry g;
-  g.elem = blend::KvElem::kBFloat16;
-  g.num_heads = kHeads;
-  g.head_stride = kHead;
-  g.rot_dim = kHead;
-  size_t k_diff = 0, v_diff = 0, k_changed = 0;
-  for (int64_t l = 0; l < kLayers; ++l) {
-    for (int64_t t = 0; t < kChunk; ++t) {
-      const int64_t src_block = 16 + t / kBlock, dst_block = 48 + t / kBlock, slot = t % kBlock;
-      std::vector<uint8_t> ref(w.Row(l, 0, src_block, slot), w.Row(l, 0, src_block, slot) + FakeWorker::kRowBytes);
-      std::vector<uint8_t> orig = ref;
-      ASSERT_TRUE(blend::RotateK(table, 256 + t, 512 + t, g, ref).ok());
-      if (ref != orig) ++k_changed;
-      if (std::memcmp(ref.data(), w.Row(l, 0, dst_block, slot), FakeWorker::kRowBytes) != 0) ++k_diff;
-      if (std::memcmp(w.Row(l, 1, src_block, slot), w.Row(l, 1, dst_block, slot), FakeWorker::kRowBytes) != 0) ++v_diff;
-    }
-  }
-  EXPECT_EQ(k_diff, 0u);
-  EXPECT_EQ(v_diff, 0u);
-  EXPECT_GT(k_changed, 0u) << "the rotation moved K";
+  EXPECT_GT(ExpectScatteredRotated(w, rope_.Table(), 16, 48, 256, 512), 0u) << "the rotation moved K";
   // Done for the only worker: state and locks gone, pins dropped. A repeat is a no-op.
   EXPECT_EQ(blend().requests_held(), 0u);
   EXPECT_EQ(svc_->l1_stats().pinned_objects, 0u);
@@ -525,6 +535,161 @@ TEST_F(BlendOpsTest, HandshakeRoutedOnlyForBlend) {
   ASSERT_TRUE(s.ok());
   EXPECT_EQ((*s)->blend(), nullptr);
   EXPECT_EQ(HandleRequest(**s, *op, frames, "c"), wire::EncodeNil());
+}
+
+// With a tier (fs) behind L1: a fingerprint whose chunk left L1 stays, and the lookup asks
+// the tier for the chunk, answers nil while it loads, then reports it like an L1 hit.
+class BlendOpsTierTest : public BlendOpsTest {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/kvd_blend_tier_XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+    cfg_.l2_adapters = {R"({"type":"fs","base_path":")" + dir_ + R"("})"};
+    BlendOpsTest::SetUp();
+    svc_->RegisterMetrics(registry_);
+  }
+  void TearDown() override {
+    svc_.reset();
+    std::filesystem::remove_all(dir_);
+  }
+  // Asks until the lookup answers (nil: still loading); `nils` counts the nil replies.
+  wire::CbUnifiedLookupResult LookupPolling(const wire::CacheKey& key, int* nils) {
+    for (int i = 0; i < 2000; ++i) {
+      auto r = blend().UnifiedLookup({key, 1});
+      EXPECT_TRUE(r.ok()) << r.status().ToString();
+      if (!r.ok()) break;
+      if (r->has_value()) return **r;
+      ++*nils;
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    ADD_FAILURE() << "the lookup never answered";
+    return {};
+  }
+  double Metric(const std::string& name) { return metrics::ValueOf(registry_.Collect(), name, -1); }
+
+  std::string dir_;
+  metrics::Registry registry_;
+};
+
+TEST_F(BlendOpsTierTest, NonPrefixMatchLeftL1IsLoadedFromTheTierThenScattered) {
+  FakeWorker w("/kvd_test_blend_tw");
+  w.Fill(11);
+  ASSERT_TRUE(svc_->RegisterKvCache(w.Registration(100, 1)).ok());
+  ASSERT_TRUE(blend().RegisterRope(Rope(100)).ok());
+  StoreSysDoc();
+  ASSERT_TRUE(svc_->WaitTiersIdle(10));
+  svc_->Clear();
+  ASSERT_EQ(svc_->l1_stats().entries, 0u);
+  EXPECT_EQ(blend().matcher().Stats().live, 2u) << "a tier may hold them: fingerprints stay";
+
+  // other + other2 + doc: no prefix anywhere; doc (stored at 256) matches at 512, in the tier.
+  const auto segs = std::vector<std::vector<int64_t>>{Segment(3), Segment(4), Segment(2)};
+  int nils = 0;
+  auto res = LookupPolling(Key(std::nullopt, segs, "q"), &nils);
+  EXPECT_GE(nils, 1) << "answered nil while the tier loaded the chunk";
+  EXPECT_EQ(res.prefix_coverage_tokens, 0);
+  ASSERT_EQ(res.non_prefix_segments.size(), 1u);
+  const auto m = res.non_prefix_segments[0];
+  EXPECT_EQ(m.old_st, 256);
+  EXPECT_EQ(m.cur_st, 512);
+  EXPECT_EQ(Metric("kvd_blend_lookup_tier_load_chunks_total"), 1);
+  EXPECT_EQ(Metric("kvd_blend_lookup_tier_loaded_chunks_total"), 1);
+  EXPECT_EQ(Metric("lmcache_blend_lookup_requests_total"), 1) << "the polls are one lookup";
+  EXPECT_EQ(Metric("lmcache_blend_lookup_non_prefix_hit_tokens_total"), 256);
+  EXPECT_EQ(Metric("lmcache_blend_lookup_requested_tokens_total"), 768) << "counted once";
+
+  // The bytes came back from the tier: the retrieve scatters them, re-rotated.
+  w.ZeroBlocks(48, 16);
+  wire::CbRetrievePreComputedRequest rr;
+  rr.key = Key(0, segs, "q");
+  rr.match_results = {m};
+  rr.block_ids = Blocks(16, 48);
+  rr.instance_id = 100;
+  auto ran = blend().RetrievePreComputed(rr);
+  ASSERT_TRUE(ran.ok()) << ran.status().ToString();
+  EXPECT_TRUE(*ran);
+  EXPECT_GT(ExpectScatteredRotated(w, rope_.Table(), 16, 48, 256, 512), 0u);
+  svc_->EndSession("q");
+}
+
+TEST_F(BlendOpsTierTest, AChunkNoTierHoldsIsAskedForOnceThenAMiss) {
+  FakeWorker w("/kvd_test_blend_tw2");
+  w.Fill(12);
+  ASSERT_TRUE(svc_->RegisterKvCache(w.Registration(100, 1)).ok());
+  StoreSysDoc();
+  ASSERT_TRUE(svc_->WaitTiersIdle(10));
+  svc_->Clear();
+  for (const auto& e : std::filesystem::directory_iterator(dir_)) std::filesystem::remove_all(e.path());
+  const auto segs = std::vector<std::vector<int64_t>>{Segment(3), Segment(4), Segment(2)};
+  int nils = 0;
+  auto res = LookupPolling(Key(std::nullopt, segs, "q"), &nils);
+  EXPECT_GE(nils, 1);
+  EXPECT_EQ(res.non_prefix_segments.size(), 0u);
+  EXPECT_EQ(Metric("kvd_blend_lookup_tier_load_chunks_total"), 1);
+  EXPECT_EQ(Metric("kvd_blend_lookup_tier_loaded_chunks_total"), 0);
+  EXPECT_EQ(Metric("lmcache_blend_lookup_stale_chunks_total"), 1);
+  EXPECT_EQ(blend().requests_held(), 0u);
+  // A new lookup of the request asks again (once).
+  nils = 0;
+  res = LookupPolling(Key(std::nullopt, segs, "q"), &nils);
+  EXPECT_EQ(res.non_prefix_segments.size(), 0u);
+  EXPECT_EQ(Metric("kvd_blend_lookup_tier_load_chunks_total"), 2);
+  svc_->EndSession("q");
+}
+
+TEST_F(BlendOpsTierTest, SegmentedPrefixChunksInTheTierOnlyAreLoadedAndDelivered) {
+  ServerConfig cfg = cfg_;
+  cfg.enable_segmented_prefix = true;
+  cfg.shm_name += "_seg";
+  metrics::Registry registry;  // outlives the service, which unregisters from it
+  auto created = KvService::Create(cfg, &clock_);
+  ASSERT_TRUE(created.ok()) << created.status().ToString();
+  KvService& svc = **created;
+  svc.RegisterMetrics(registry);
+  BlendOps& b = *svc.blend();
+  FakeWorker w("/kvd_test_blend_tseg");
+  w.Fill(13);
+  ASSERT_TRUE(svc.RegisterKvCache(w.Registration(100, 1)).ok());
+  ASSERT_TRUE(b.RegisterRope(Rope(100)).ok());
+  // Chunks 0 and 2 of the prompt stored (chunk 1 never: the gap), written to the tier, then
+  // gone from L1.
+  const auto prompt = std::vector<std::vector<int64_t>>{Segment(1), Segment(2), Segment(3)};
+  ASSERT_TRUE(svc.Store({Key(0, {Segment(1)}, "s0"), 100, Blocks(0, 16), "", 0}).ok());
+  wire::CacheKey third = Key(0, prompt, "s2");
+  third.start = 2 * kChunk;
+  ASSERT_TRUE(svc.Store({third, 100, Blocks(32, 16), "", 0}).ok());
+  ASSERT_TRUE(svc.WaitTiersIdle(10));
+  svc.Clear();
+  ASSERT_EQ(svc.l1_stats().entries, 0u);
+
+  std::optional<wire::CbUnifiedLookupResult> res;
+  for (int i = 0; i < 2000 && !res; ++i) {
+    auto r = b.UnifiedLookup({Key(std::nullopt, prompt, "q"), 1});
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    if (r->has_value()) res = **r;
+    else std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_TRUE(res.has_value());
+  EXPECT_EQ(res->prefix_coverage_tokens, kChunk) << "chunk 0 through the prefix leg's prefetch";
+  ASSERT_EQ(res->segmented_prefix_segments.size(), 1u) << "chunk 2 from the tier";
+  EXPECT_EQ(res->segmented_prefix_segments[0].cur_st, 2 * kChunk);
+  EXPECT_EQ(res->segmented_prefix_segments[0].old_st, 2 * kChunk);
+  for (const auto& n : res->non_prefix_segments) EXPECT_NE(n.cur_st, 2 * kChunk);
+  EXPECT_EQ(metrics::ValueOf(registry.Collect(), "kvd_blend_lookup_tier_loaded_chunks_total", -1), 1);
+
+  // Delivered unrotated: chunk 2's stored rows (blocks 32..47) land in blocks 48..63.
+  w.ZeroBlocks(48, 16);
+  wire::CbRetrievePreComputedRequest rr;
+  rr.key = Key(0, prompt, "q");
+  rr.match_results = res->segmented_prefix_segments;
+  rr.block_ids = Blocks(16, 48);
+  rr.instance_id = 100;
+  auto ran = b.RetrievePreComputed(rr);
+  ASSERT_TRUE(ran.ok()) << ran.status().ToString();
+  EXPECT_TRUE(*ran);
+  EXPECT_EQ(ExpectScatteredRotated(w, rope_.Table(), 32, 48, 512, 512), 0u) << "not rotated";
+  svc.EndSession("q");
 }
 
 }  // namespace
