@@ -12,12 +12,14 @@ stores) when `kvd.blend.enable` is true and the server answers the blend handsha
 Scheduler side
     - the lookup is `cb_unified_lookup` (polled while it answers None) instead of LOOKUP +
       QUERY_PREFETCH_STATUS: its prefix is reported to vLLM exactly as LOOKUP's, its
-      non-prefix segments are kept for the request;
+      non-prefix segments (and its segmented-prefix chunks, exact: never recomputed) are kept
+      for the request;
     - in the step that computes the rest of the prompt, the usable segments (wholly after
       what vLLM already has, from its own prefix cache or the prefix load) go to the workers
       in the connector metadata (`kvd_blend_plans`), with the request's block ids;
-    - a request that reuses KV through blend never stores a chunk from its first reused
-      token on (its KV is approximate), through the parent's `max_offload_tokens`.
+    - a request that reuses KV through blend never stores a chunk from its first
+      re-positioned token on (its KV is approximate), through the parent's
+      `max_offload_tokens`.
 
 Worker side
     - after the KV caches are registered, `cb_register_rope` with the model's own cos/sin
@@ -43,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from kvd_blend.config import BlendConfig
-from kvd_blend.plan import BlendRequestPlan, Segment, usable_segments
+from kvd_blend.plan import BlendRequestPlan, Segment, segments_from_reply, usable_segments
 
 try:  # the connector class vLLM itself resolves for "LMCacheMPConnector"
     from lmcache.integration.vllm.lmcache_mp_connector import LMCacheMPConnector
@@ -135,8 +137,7 @@ class _BlendLookups:
             return None
         try:
             prefix = int(res.prefix_coverage_tokens)
-            segs = [Segment(int(m.old_st), int(m.old_ed), int(m.cur_st), int(m.cur_ed), bytes(m.hash))
-                    for m in res.non_prefix_segments]
+            segs = segments_from_reply(res)
         except Exception as e:  # noqa: BLE001 - a malformed reply: no reuse at all
             return self._finish(request_id, 0, "lookup_reply", f"{type(e).__name__}: {e}")
         if prefix % self._inner.lmcache_tokens_per_chunk:
@@ -260,11 +261,15 @@ class KvdBlendConnector(LMCacheMPConnector):
                         "min_reused_tokens=%d: normal prefill", req_id, reused, num_computed,
                         self.blend_config.min_reused_tokens)
             return None
-        # Nothing from the first reused token on is stored: its KV is approximate.
+        # Nothing from the first re-positioned token on is stored: its KV is approximate.
+        # Exact segments (segmented prefix) and the recomputed gaps before it are the full
+        # prefill's; with only exact segments nothing is approximate.
         chunk = self.scheduler_adapter.lmcache_tokens_per_chunk
-        cap = usable[0].cur_st // chunk * chunk
-        tracker.max_offload_tokens = cap if tracker.max_offload_tokens is None else min(
-            tracker.max_offload_tokens, cap)
+        moved = [s for s in usable if not s.exact]
+        cap = moved[0].cur_st // chunk * chunk if moved else prompt
+        if moved:
+            tracker.max_offload_tokens = cap if tracker.max_offload_tokens is None else min(
+                tracker.max_offload_tokens, cap)
         logger.info("kvd_blend: request %s: reusing %d tokens in %d segments of [%d, %d); "
                     "storing at most %d tokens; lookup %.1f ms", req_id, reused, len(usable),
                     num_computed, prompt, cap, lookups.lookup_ms.get(req_id, 0.0))

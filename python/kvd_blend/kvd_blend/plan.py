@@ -2,7 +2,9 @@
 
 A request's forward computes prompt positions [start, end) as rows [row0, row0 + end - start)
 of the batch. Some of those positions lie in reused segments: their KV was scattered into the
-paged cache by the server (re-rotated to these positions) before the forward. Every layer
+paged cache by the server (re-rotated to these positions) before the forward. A segment may be
+exact (a segmented-prefix chunk: same position, same tokens before it): its rows are reused
+and never recomputed. Every layer
 before the check layer runs on all rows. At the check layer the rows that go on are:
 
     - every row no segment covers (the question, gaps between documents, partial tails),
@@ -30,13 +32,19 @@ from kvd_blend.config import BlendConfig
 @dataclass(frozen=True)
 class Segment:
     """One reused chunk: stored at [old_st, old_ed), reused at [cur_st, cur_ed); `hash` is the
-    storage key the server's lookup gave (sent back unchanged with the retrieve)."""
+    storage key the server's lookup gave (sent back unchanged with the retrieve).
+
+    `exact`: a segmented-prefix chunk (the server's `segmented_prefix_segments`, with
+    --enable-segmented-prefix): the chunk after a gap in the prompt's cached prefix, at its own
+    position, whose KV was computed after the same tokens as here. Its KV is the full
+    prefill's, so none of its rows is recomputed; the rows of the gap are."""
 
     old_st: int
     old_ed: int
     cur_st: int
     cur_ed: int
     hash: bytes
+    exact: bool = False
 
     @property
     def num_tokens(self) -> int:
@@ -56,6 +64,21 @@ class BlendRequestPlan:
     block_ids: list[list[int]]    # per KV cache group, the request's blocks from position 0
     cache_salt: str = ""
     request_configs: dict[str, Any] | None = None
+
+
+def segments_from_reply(reply: Any) -> list[Segment]:
+    """The segments of a `cb_unified_lookup` reply: its non-prefix matches, then its
+    segmented-prefix chunks (exact; absent from servers that do not send them). Raises on a
+    malformed reply."""
+    out = [Segment(int(m.old_st), int(m.old_ed), int(m.cur_st), int(m.cur_ed), bytes(m.hash))
+           for m in reply.non_prefix_segments]
+    for m in getattr(reply, "segmented_prefix_segments", None) or []:
+        if int(m.old_st) != int(m.cur_st) or int(m.old_ed) != int(m.cur_ed):
+            raise ValueError(f"segmented-prefix chunk moved: [{m.old_st}, {m.old_ed}) -> "
+                             f"[{m.cur_st}, {m.cur_ed})")
+        out.append(Segment(int(m.old_st), int(m.old_ed), int(m.cur_st), int(m.cur_ed),
+                           bytes(m.hash), exact=True))
+    return out
 
 
 def usable_segments(segments: list[Segment], start: int, end: int) -> list[Segment]:
@@ -81,18 +104,28 @@ def reused_mask(plan: BlendRequestPlan) -> torch.Tensor:
     return m
 
 
+def exact_mask(plan: BlendRequestPlan) -> torch.Tensor:
+    """bool [end - start]: True where the position's KV is reused and exact (Segment.exact)."""
+    m = torch.zeros(plan.end - plan.start, dtype=torch.bool)
+    for s in plan.segments:
+        if s.exact:
+            m[s.cur_st - plan.start:s.cur_ed - plan.start] = True
+    return m
+
+
 def choose_rows(plan: BlendRequestPlan, deviation: torch.Tensor, cfg: BlendConfig) -> torch.Tensor:
     """Which of the request's rows (0-based within the request) run after the check layer.
 
     `deviation`: float [end - start], the per-row deviation of fresh K against reused K at the
     check layer (only reused rows' entries are read). Ties in hkvd go to the earlier row.
+    Exact segments' rows are never chosen and do not count toward the ratio.
     Returns the sorted int64 row indices.
     """
     n = plan.end - plan.start
     reused = reused_mask(plan)
     keep = ~reused
     keep[n - 1] = True
-    reused_idx = torch.nonzero(reused, as_tuple=False).flatten()
+    reused_idx = torch.nonzero(reused & ~exact_mask(plan), as_tuple=False).flatten()
     n_reused = int(reused_idx.numel())
     quota = min(n_reused, math.ceil(cfg.recompute_ratio * n_reused - 1e-9)) if n_reused else 0
     if cfg.random_seed is not None:
@@ -108,6 +141,8 @@ def choose_rows(plan: BlendRequestPlan, deviation: torch.Tensor, cfg: BlendConfi
             keep[reused_idx[order]] = True
         if cfg.boundary_k:
             for s in plan.segments:
+                if s.exact:
+                    continue
                 a = s.cur_st - plan.start
                 keep[a:min(a + cfg.boundary_k, s.cur_ed - plan.start)] = True
     return torch.nonzero(keep, as_tuple=False).flatten()

@@ -6,8 +6,10 @@ import pytest
 import torch
 
 from kvd_blend.config import BlendConfig
-from kvd_blend.plan import (BlendRequestPlan, Segment, choose_rows, k_deviation, reused_mask, runs,
-                            usable_segments)
+from types import SimpleNamespace
+
+from kvd_blend.plan import (BlendRequestPlan, Segment, choose_rows, exact_mask, k_deviation,
+                            reused_mask, runs, segments_from_reply, usable_segments)
 
 
 def seg(cur_st: int, n: int, old_st: int = 0) -> Segment:
@@ -118,6 +120,44 @@ def test_random_is_seeded_and_takes_the_same_quota():
     assert a.numel() in (77, 78)  # ceil(0.15 * 512) = 77 reused rows, plus the last row unless drawn
     other = choose_rows(p, torch.zeros(512), BlendConfig(recompute_ratio=0.15, hkvd=False, random_seed=4))
     assert not torch.equal(a, other)
+
+
+def exact(cur_st: int, n: int) -> Segment:
+    return Segment(cur_st, cur_st + n, cur_st, cur_st + n, b"e%d" % cur_st, exact=True)
+
+
+def test_exact_segments_are_reused_never_chosen_and_outside_the_ratio():
+    # [0, 256) moved (non-prefix), [512, 768) exact (segmented prefix); [256, 512) is the gap.
+    p = plan(0, 800, [seg(0, 256, old_st=1024), exact(512, 256)])
+    dev = torch.zeros(800)
+    dev[512:768] = 100.0  # an exact row's deviation never makes it recomputed
+    dev[5] = 1.0
+    kept = set(choose_rows(p, dev, BlendConfig(recompute_ratio=1 / 256)).tolist())
+    assert kept == {5} | set(range(256, 512)) | set(range(768, 800))  # quota ceil(1) of 256
+    kept = set(choose_rows(p, dev, BlendConfig(recompute_ratio=1.0)).tolist())
+    assert kept == set(range(512)) | set(range(768, 800)), "ratio 1: every moved row, no exact one"
+    b = choose_rows(p, dev, BlendConfig(recompute_ratio=0.0, hkvd=False, boundary_k=2)).tolist()
+    assert 0 in b and 1 in b and 512 not in b and 513 not in b
+    r = choose_rows(p, dev, BlendConfig(recompute_ratio=1.0, hkvd=False, random_seed=1)).tolist()
+    assert not set(r) & set(range(512, 768))
+    assert exact_mask(p).sum().item() == 256 and reused_mask(p).sum().item() == 512
+
+
+def _match(old_st: int, cur_st: int, n: int = 256) -> SimpleNamespace:
+    return SimpleNamespace(old_st=old_st, old_ed=old_st + n, cur_st=cur_st, cur_ed=cur_st + n,
+                           hash=b"k" * 32)
+
+
+def test_segments_from_reply_marks_the_segmented_prefix_exact():
+    reply = SimpleNamespace(non_prefix_segments=[_match(256, 1024)],
+                            segmented_prefix_segments=[_match(512, 512)])
+    got = segments_from_reply(reply)
+    assert [(s.old_st, s.cur_st, s.exact) for s in got] == [(256, 1024, False), (512, 512, True)]
+    # lmcache's own server (0.5.6) may send none.
+    assert len(segments_from_reply(SimpleNamespace(non_prefix_segments=[_match(0, 256)]))) == 1
+    with pytest.raises(ValueError, match="moved"):
+        segments_from_reply(SimpleNamespace(non_prefix_segments=[],
+                                            segmented_prefix_segments=[_match(512, 768)]))
 
 
 def test_reused_mask_marks_segment_positions_relative_to_start():
