@@ -188,8 +188,8 @@ const FlagSpec kFlags[] = {
      .show = [](const CliConfig& c) { return std::string(c.server.enable_dedup_content ? "true" : "false"); }},
     {.name = "--enable-blend-reorder", .group = kMp, .kind = K::kSwitch,
      .lmcache_default = "false",
-     .note = "--engine-type blend only: answer cb_reorder_plan (kvd keeps the prompt's "
-             "order: an empty plan)",
+     .note = "--engine-type blend only: answer cb_reorder_plan with lmcache's planner "
+             "(prompts recorded on stores; a plan's budget capped at 1 s)",
      .apply = [](const FlagValue& v, CliConfig& c) { c.server.enable_blend_reorder = v.AsBool(); },
      .show = [](const CliConfig& c) { return std::string(c.server.enable_blend_reorder ? "true" : "false"); }},
     {.name = "--enable", .group = kMp, .kind = K::kList, .lmcache_default = "[]", .serves = "",

@@ -6,6 +6,7 @@
 #include <unordered_set>
 
 #include "blend/matcher_plan.h"
+#include "keys/chunk_hasher.h"
 #include "blend/scatter.h"
 #include "layout/layout.h"
 #include "server/chunk_keys.h"
@@ -76,7 +77,8 @@ BlendOps::BlendOps(const ServerConfig& config, const Clock* clock, BlendIndex* i
       registry_(registry),
       lookups_(lookups),
       tiers_(tiers),
-      shm_policy_(std::move(shm_policy)) {}
+      shm_policy_(std::move(shm_policy)),
+      prompts_(config.enable_blend_reorder ? std::make_unique<blend::PromptStore>() : nullptr) {}
 
 std::string BlendOps::LockOwner(std::string_view request_id) {
   std::string s(request_id);
@@ -205,6 +207,7 @@ void BlendOps::OnStoreCommitted(const CommittedStore& s) {
   const auto& key = *s.key;
   const auto& keys = s.chunks->keys;
   if (keys.empty()) return;
+  if (prompts_) RecordPrompt(key, *s.chunks);
   const int64_t c = config_.chunk_size;
   std::unordered_set<l1::ChunkKey, l1::ChunkKeyHash> done(s.committed.begin(), s.committed.end());
   std::vector<uint8_t> committed(keys.size());
@@ -232,6 +235,70 @@ void BlendOps::OnStoreCommitted(const CommittedStore& s) {
     return;
   }
   m_.fingerprints_registered.Add(counts->registered);
+}
+
+void BlendOps::RecordPrompt(const wire::CacheKey& key, const RequestChunks& chunks) {
+  // The request's chain from chunk 0: the stored range's own keys when it starts there.
+  std::vector<blend::ChainHash> chain;
+  if (chunks.first_chunk == 0) {
+    chain.reserve(chunks.keys.size());
+    for (const auto& k : chunks.keys) chain.push_back(k.chunk_hash);
+  } else {
+    auto tokens = key.token_ids.span();
+    const size_t end = std::min<size_t>(tokens.size(), static_cast<size_t>(std::max<int64_t>(key.end, 0)));
+    std::vector<int64_t> t(tokens.begin(), tokens.begin() + static_cast<std::ptrdiff_t>(end));
+    auto hashes = keys::ComputeChunkHashes(t, static_cast<uint32_t>(config_.chunk_size));
+    if (!hashes.ok()) return;  // best effort, as lmcache's: the store itself succeeded
+    chain.assign(hashes->begin(), hashes->end());
+  }
+  prompts_->Record({key.model_name, key.world_size, key.cache_salt}, key.request_id,
+                   key.token_ids.span(), chain);
+}
+
+std::vector<uint32_t> BlendOps::ReorderPlan(const wire::CbReorderPlanRequest& req) {
+  m_.reorder_requests.Add();
+  if (!prompts_) return {};
+  const wire::CacheKey& key = req.key;
+  const int64_t c = config_.chunk_size;
+  const int64_t budget_ms = std::min<int64_t>(req.budget_ms, kMaxReorderBudgetMs);
+  const blend::PlanDeadline deadline(clock_, clock_->NowNanos() + budget_ms * 1'000'000);
+  const auto ns = prompts_->Resolve(key.model_name, key.world_size, key.cache_salt);
+  if (!ns) return {};  // the salt must match; an empty model name or zero world size: any
+  const std::span<const uint32_t> prompt = key.token_ids.span();
+  // The matcher's hits for the prompt, in the resolved namespace's partition.
+  std::vector<blend::ChainHash> hits;
+  const auto ns_info = registry_->KeyNamespace(ns->model_name, ns->world_size);
+  if (ns_info.registered && ns_info.agreed && prompt.size() >= static_cast<size_t>(c)) {
+    std::string model;
+    KeyModelNameInto(&model, ns->model_name, ns_info.key_namespace);
+    if (auto l1ns = l1_->namespaces().Find(model, static_cast<int32_t>(ns->world_size), ns->cache_salt)) {
+      std::vector<blend::MatchCandidate> candidates;
+      if (index_->matcher().Probe(*l1ns, prompt, 0, &candidates).ok()) {
+        for (const auto& cand : candidates) {
+          if (cand.key.size() != 32) continue;
+          blend::ChainHash h;
+          std::copy(cand.key.bytes().begin(), cand.key.bytes().end(), h.begin());
+          hits.push_back(h);
+        }
+      }
+    }
+  }
+  // The prompt's own chain hashes from chunk 0 (its exact prefix among the stored prompts).
+  std::vector<int64_t> t(prompt.begin(), prompt.end());
+  auto chain = keys::ComputeChunkHashes(t, static_cast<uint32_t>(c));
+  if (!chain.ok()) return {};
+  const std::vector<blend::ChainHash> prompt_chain(chain->begin(), chain->end());
+  const blend::PromptStore::Candidates found = prompts_->Find(*ns, hits, prompt_chain);
+  std::vector<std::span<const uint32_t>> candidates;
+  for (const auto& p : found.prompts) candidates.emplace_back(*p);
+  auto perm = blend::PlanReorder(prompt, candidates, c, found.baseline_chunks, deadline,
+                                 static_cast<size_t>(req.keep_prefix));
+  if (!perm) return {};
+  m_.reorder_plans.Add();
+  std::vector<uint32_t> out;
+  out.reserve(perm->size());
+  for (uint32_t i : *perm) out.push_back(prompt[i]);
+  return out;
 }
 
 Result<std::optional<wire::CbUnifiedLookupResult>> BlendOps::UnifiedLookup(
@@ -728,6 +795,9 @@ void BlendOps::RegisterMetrics(metrics::Registry& registry) {
       {"lmcache_blend_scatter_tokens_total", "Token rows scattered into workers' KV caches.", &m_.scatter_tokens},
       {"lmcache_blend_scatter_shifted_chunks_total", "Scattered chunks whose K was re-rotated.",
        &m_.scatter_shifted_chunks},
+      {"kvd_blend_reorder_requests_total", "cb_reorder_plan requests.", &m_.reorder_requests},
+      {"kvd_blend_reorder_plans_total", "cb_reorder_plan requests answered with a new order.",
+       &m_.reorder_plans},
       {"kvd_blend_lookup_tier_load_chunks_total",
        "Chunks blend lookups asked the tiers for (non-prefix matches, and segmented-prefix "
        "chunks, that L1 lacked).",

@@ -10,7 +10,10 @@
 //   cb_retrieve_pre_computed                checks the client's matches against the lookup's,
 //                                           pins them and scatters them, re-rotated, into the
 //                                           worker's registered KV (blend/scatter.h)
-//   cb_protocol_handshake, cb_reorder_plan  version check; reorder keeps the prompt's order
+//   cb_protocol_handshake                   version check
+//   cb_reorder_plan                         the prompt reordered to start with a stored
+//                                           prompt's beginning (blend/reorder.h; the stored
+//                                           prompts are recorded on worker 0's STOREs)
 //
 // One request's blend state:
 //
@@ -60,6 +63,7 @@
 #include <vector>
 
 #include "blend/matcher.h"
+#include "blend/reorder.h"
 #include "blend/rope.h"
 #include "blend/rope_geometry.h"
 #include "common/clock.h"
@@ -142,6 +146,12 @@ class BlendOps {
   // cb_retrieve_pre_computed: scatter_ran. Errors (reply [handle, false]) for a missing
   // instance or rope registration.
   Result<bool> RetrievePreComputed(const wire::CbRetrievePreComputedRequest& req);
+  // cb_reorder_plan (--enable-blend-reorder): the prompt's tokens reordered so it starts with
+  // a copy of a stored prompt's beginning (blend/reorder.h), or empty to keep its order.
+  // Candidates come from the prompts worker 0's stores recorded (PromptStore) and the
+  // matcher's hits; planning stops after min(budget_ms, kMaxReorderBudgetMs).
+  static constexpr int64_t kMaxReorderBudgetMs = 1000;
+  std::vector<uint32_t> ReorderPlan(const wire::CbReorderPlanRequest& req);
   // END_SESSION: drops the request's blend locks and state.
   void EndSession(std::string_view request_id);
   // Periodic: forgets request states older than the session TTL (their locks too).
@@ -191,6 +201,8 @@ class BlendOps {
   };
 
   void DropRequestLocked(const std::string& request_id) KVD_REQUIRES(req_mu_);
+  // Worker 0's store committed chunks of `key`: its prompt and chain go to prompts_.
+  void RecordPrompt(const wire::CacheKey& key, const RequestChunks& chunks);
   // Starts one tier prefetch per chunk of `chunks` (distinct, none resident on every slot);
   // false when there is nothing to load them with (no tiers, no registered format).
   bool LoadFromTiers(const wire::CacheKey& key, uint32_t world, int64_t prefix_chunks,
@@ -204,6 +216,8 @@ class BlendOps {
   Lookups* const lookups_;
   l2::TierSet* const tiers_;
   const transfer::ShmAccessPolicy shm_policy_;
+  // Stored prompts for cb_reorder_plan; null without --enable-blend-reorder.
+  const std::unique_ptr<blend::PromptStore> prompts_;
 
   mutable Mutex rope_mu_;
   std::map<int64_t, std::shared_ptr<const RopeState>> rope_ KVD_GUARDED_BY(rope_mu_);
@@ -230,6 +244,8 @@ class BlendOps {
     metrics::Counter fingerprint_matches;
     metrics::Counter scatter_tokens;
     metrics::Counter scatter_shifted_chunks;
+    metrics::Counter reorder_requests;
+    metrics::Counter reorder_plans;       // of which answered with a new order
     metrics::Counter tier_load_chunks;    // chunks lookups asked the tiers for
     metrics::Counter tier_loaded_chunks;  // of which the tiers brought into L1
   };

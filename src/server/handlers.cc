@@ -124,7 +124,7 @@ std::optional<std::string> HandleBlend(KvService& svc, BlendOps& blend, const wi
         return Fail(op, client, Status::FailedPrecondition("needs --enable-blend-reorder"),
                     FailureReply(svc, op));
       }
-      return wire::EncodeCbReorderPlan({});  // keep the prompt's order
+      return wire::EncodeCbReorderPlan(blend.ReorderPlan(*req));  // empty: keep the order
     }
     default:
       return std::nullopt;

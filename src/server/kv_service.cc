@@ -102,14 +102,11 @@ KvService::KvService(const ServerConfig& config, const Clock* clock,
     auto hook = [blend = blend_.get()](const CommittedStore& s) { blend->OnStoreCommitted(s); };
     lmcache_.set_store_hook(hook);
     engine_driven_.set_store_hook(hook);
-    spdlog::info("engine type blend: CacheBlend ops served (fingerprints on worker 0's stores{}{}{})",
+    spdlog::info("engine type blend: CacheBlend ops served (fingerprints on worker 0's stores{}{}{}{})",
                  config_.blend_lmcache_parity ? "; lmcache parity mode" : "",
                  config_.enable_dedup_content ? "; content dedup" : "",
-                 config_.enable_segmented_prefix ? "; segmented prefix" : "");
-    if (config_.enable_blend_reorder) {
-      spdlog::warn("--enable-blend-reorder: kvd answers cb_reorder_plan with an empty plan "
-                   "(the prompt keeps its order)");
-    }
+                 config_.enable_segmented_prefix ? "; segmented prefix" : "",
+                 config_.enable_blend_reorder ? "; reorder plans" : "");
   }
 }
 

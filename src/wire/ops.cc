@@ -50,7 +50,7 @@ constexpr std::array kOps = {
     OpInfo{Op::kCbProtocolHandshake, "cb_protocol_handshake", 33, 1, 1, D::kInline, false},
     OpInfo{Op::kSubscribeKvEvents, "subscribe_kv_events", -1, 4, 4, D::kInline, true},
     OpInfo{Op::kServerModuleCall, "server_module_call", -1, 1, 1, D::kInline, false},
-    OpInfo{Op::kCbReorderPlan, "cb_reorder_plan", -1, 3, 3, D::kInline, false},
+    OpInfo{Op::kCbReorderPlan, "cb_reorder_plan", -1, 3, 3, D::kPool, false},
 };
 
 }  // namespace

@@ -1,7 +1,8 @@
 """CacheBlend, differential: the same traffic to `lmcache server --engine-type blend` (0.5.6,
 CPU) and to `kvd server --engine-type blend --blend-lmcache-parity`, through the real lmcache
 client stubs. Every reply must be equal (handshakes; cb_unified_lookup's prefix coverage and
-every non-prefix segment with its positions and storage-key bytes), except the retrieve:
+every non-prefix segment with its positions and storage-key bytes; with
+--enable-blend-reorder on both, every cb_reorder_plan answer), except the retrieve:
 lmcache has no CPU scatter and answers scatter_ran=False, kvd scatters and answers True.
 
 Then kvd's default mode on the same traffic: it differs from lmcache only where
@@ -40,8 +41,9 @@ def _rope_cache(max_pos: int = 4096) -> torch.Tensor:
     return torch.cat([f.cos(), f.sin()], dim=-1).contiguous()
 
 
-def _traffic(url: str, t: dict[str, list[int]], tag: str) -> list:
-    """Runs the scripted traffic; returns what each reply said, in order."""
+def _traffic(url: str, t: dict[str, list[int]], tag: str, reorder: bool = False) -> list:
+    """Runs the scripted traffic; returns what each reply said, in order. With `reorder`
+    (the server runs with --enable-blend-reorder) it asks for reorder plans too."""
     from lmcache.v1.multiprocess.custom_types import IPCCacheServerKey  # noqa: PLC0415
     from lmcache.v1.platform.devices.cpu.shm import CpuShmTensorWrapper  # noqa: PLC0415
 
@@ -90,6 +92,19 @@ def _traffic(url: str, t: dict[str, list[int]], tag: str) -> list:
             tail = [(m.old_st, m.cur_st, bytes(m.hash)) for m in res.segmented_prefix_segments]
             out.append((f"lookup {name}", res.prefix_coverage_tokens, segs, tail))
             results[name] = (prompt, rid, res)
+        if reorder:
+            # Stored: sys + a + b and sys2 + c. Prompts made of their documents in another
+            # order, a question (miss) last; keep_prefix keeps sys in place.
+            asks = {
+                "reordered": (t["sys"] + t["b"] + t["a"] + t["miss"], 0),
+                "reordered-keep": (t["sys"] + t["b"] + t["a"] + t["miss"], CHUNK),
+                "two-docs": (t["c"] + t["sys2"] + t["miss"], 0),
+                "permuted": (prompts["permuted"], 0),
+                "keep-mismatch": (t["c"] + t["sys2"] + t["miss"], 5),
+            }
+            for name, (p, keep) in asks.items():
+                plan = client.cb_reorder_plan(key(p, f"{tag}-ro-{name}", None), keep, 5000).result(timeout=60)
+                out.append((f"reorder {name}", list(plan)))
         # The retrieve of the permuted prompt into fresh blocks.
         prompt, rid, res = results["permuted"]
         dst = list(range(1 + 3 * BPC, 1 + 6 * BPC))
@@ -112,14 +127,15 @@ def _server(tmp_path, kind: str, extra: list[str]) -> H.ServerProc:
 
 def test_kvd_parity_mode_answers_as_lmcache_blend_server(tmp_path):
     t = _tokens()
-    ref = _server(tmp_path, "lmcache", ["--engine-type", "blend"])
+    ref = _server(tmp_path, "lmcache", ["--engine-type", "blend", "--enable-blend-reorder"])
     try:
-        want = _traffic(ref.url, t, "ref")
+        want = _traffic(ref.url, t, "ref", reorder=True)
     finally:
         ref.stop()
-    kvd = _server(tmp_path, "kvd", ["--engine-type", "blend", "--blend-lmcache-parity"])
+    kvd = _server(tmp_path, "kvd", ["--engine-type", "blend", "--blend-lmcache-parity",
+                                    "--enable-blend-reorder"])
     try:
-        got = _traffic(kvd.url, t, "kvd")
+        got = _traffic(kvd.url, t, "kvd", reorder=True)
         assert kvd.alive()
     finally:
         kvd.stop()
@@ -133,6 +149,12 @@ def test_kvd_parity_mode_answers_as_lmcache_blend_server(tmp_path):
     assert lookups["lookup prefix-then-other"][1] == CHUNK
     assert [s[2] for s in lookups["lookup unaligned"][2]] == [17]
     assert lookups["lookup miss"][2] == []
+    # lmcache's planner reordered the prompts made of stored documents, and kvd's did the same.
+    plans = {w[0]: w[1] for w in want if w[0].startswith("reorder")}
+    assert plans["reorder reordered"] == t["sys"] + t["a"] + t["b"] + t["miss"]
+    assert plans["reorder reordered-keep"] == plans["reorder reordered"]
+    assert plans["reorder two-docs"] == t["sys2"] + t["c"] + t["miss"]
+    assert plans["reorder keep-mismatch"] == []
 
 
 def test_kvd_default_mode_differs_only_where_documented(tmp_path):
