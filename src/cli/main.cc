@@ -142,59 +142,24 @@ std::string ConfigJson(const kvd::server::ServerConfig& c, const HttpConfig& h) 
   return j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
-// The lookup series per model and salt into the snapshot; the lookup totals are their sums.
-// The overflow label set is shown once something was counted under it. (The transfer and
-// copy-throughput series are registry families: ServiceCounters::RegisterMetrics.)
-void CopyLabelledCounters(const kvd::server::ServiceCounters& c, uint64_t chunk,
-                          kvd::http::Snapshot* s) {
+// The lookup totals (every label set summed) for /status and the dashboard; the series per
+// model and salt, like the transfer and copy-throughput ones, are registry families
+// (ServiceCounters::RegisterMetrics). The overflow label set counts once it counted.
+void SumLookupCounters(const kvd::server::ServiceCounters& c, uint64_t chunk, kvd::http::Snapshot* s) {
   using kvd::server::LookupValues;
   auto load = [](const std::atomic<uint64_t>& a) { return a.load(std::memory_order_relaxed); };
-  auto lookup = [&](const std::array<std::string, 2>& labels, const LookupValues& v) {
-    kvd::http::LookupLabelsView x;
-    x.model_name = labels[0];
-    x.cache_salt = labels[1];
-    x.lookups = load(v.lookups);
-    x.requested_tokens = load(v.requested_chunks) * chunk;
-    x.hit_l1_tokens = load(v.hit_l1_chunks) * chunk;
-    x.hit_l2_tokens = load(v.hit_l2_chunks) * chunk;
-    x.hit_tokens = x.hit_l1_tokens + x.hit_l2_tokens;
-    x.hit_l1_keys = load(v.hit_l1_keys);
-    x.hit_l2_keys = load(v.hit_l2_keys);
-    for (size_t i = 0; i < v.early_exits.size(); ++i) {
-      x.early_exits.emplace_back(kvd::server::kEarlyExitNames[i], load(v.early_exits[i]));
-    }
+  auto lookup = [&](const std::array<std::string, 2>&, const LookupValues& v) {
     auto& t = s->counters;
-    t.lookups += x.lookups;
-    t.lookup_tokens += x.requested_tokens;
-    t.hit_tokens += x.hit_tokens;
-    t.hit_l1_tokens += x.hit_l1_tokens;
-    t.hit_l2_tokens += x.hit_l2_tokens;
-    s->lookup_labels.push_back(std::move(x));
+    const uint64_t l1 = load(v.hit_l1_chunks) * chunk, l2 = load(v.hit_l2_chunks) * chunk;
+    t.lookups += load(v.lookups);
+    t.lookup_tokens += load(v.requested_chunks) * chunk;
+    t.hit_tokens += l1 + l2;
+    t.hit_l1_tokens += l1;
+    t.hit_l2_tokens += l2;
   };
   c.lookups.ForEach(lookup);
   if (load(c.lookups.overflow().lookups) > 0) {
     lookup(c.lookups.overflow_labels(), c.lookups.overflow());
-  }
-}
-
-// POST /metrics/reset for the labelled series: each label set's counters minus what the
-// baseline had for the same label set (histograms are not reset, as elsewhere).
-void SubtractLabelledCounters(kvd::http::Snapshot& s, const kvd::http::Snapshot& b) {
-  auto sub = [](uint64_t& v, uint64_t base) { v = v > base ? v - base : 0; };
-  for (auto& x : s.lookup_labels) {
-    for (const auto& y : b.lookup_labels) {
-      if (x.model_name != y.model_name || x.cache_salt != y.cache_salt) continue;
-      sub(x.lookups, y.lookups);
-      sub(x.requested_tokens, y.requested_tokens);
-      sub(x.hit_tokens, y.hit_tokens);
-      sub(x.hit_l1_tokens, y.hit_l1_tokens);
-      sub(x.hit_l2_tokens, y.hit_l2_tokens);
-      sub(x.hit_l1_keys, y.hit_l1_keys);
-      sub(x.hit_l2_keys, y.hit_l2_keys);
-      for (size_t i = 0; i < x.early_exits.size() && i < y.early_exits.size(); ++i) {
-        sub(x.early_exits[i].second, y.early_exits[i].second);
-      }
-    }
   }
 }
 
@@ -246,7 +211,6 @@ class ServiceStats final : public kvd::http::StatsSource, public kvd::http::Admi
     sub(c.hit_tokens, bc.hit_tokens);
     sub(c.hit_l1_tokens, bc.hit_l1_tokens);
     sub(c.hit_l2_tokens, bc.hit_l2_tokens);
-    SubtractLabelledCounters(s, b);
     sub(c.stores, bc.stores);
     sub(c.store_failures, bc.store_failures);
     sub(c.stored_chunks, bc.stored_chunks);
@@ -280,7 +244,7 @@ class ServiceStats final : public kvd::http::StatsSource, public kvd::http::Admi
             l1.evicted_bytes, l1.populated_bytes, kvd::l1::PageKindName(svc_->l1().page_kind()),
             l1.lookup_locks, l1.shed_lookup_locks};
     const auto& c = svc_->counters();
-    CopyLabelledCounters(c, static_cast<uint64_t>(cfg_.chunk_size), &s);
+    SumLookupCounters(c, static_cast<uint64_t>(cfg_.chunk_size), &s);
     if (const kvd::l2::TierSet* tiers = svc_->tiers()) {
       const kvd::l2::TierSetStats ts = tiers->stats();
       auto& v = s.tiers;

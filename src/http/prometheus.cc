@@ -204,53 +204,6 @@ void RenderTiers(Writer& w, const TiersView& v) {
   w.Gauge("kvd_l2_queued_prefetch_jobs", "Lookups waiting for a prefetch slot.", v.queued_prefetch_jobs);
 }
 
-// lmcache's lookup series, one label set per (model_name, cache_salt) in lmcache's label
-// order (the Prometheus exporter sorts label names).
-void RenderLookups(Writer& w, const Snapshot& s) {
-  std::vector<std::string> labels;
-  labels.reserve(s.lookup_labels.size());
-  for (const auto& l : s.lookup_labels) {
-    labels.push_back("cache_salt=\"" + Escape(l.cache_salt) + "\",model_name=\"" +
-                     Escape(l.model_name) + "\"");
-  }
-  auto family = [&](const char* name, const char* help, auto value) {
-    w.Header(name, "counter", help);
-    for (size_t i = 0; i < s.lookup_labels.size(); ++i) {
-      w.Value(std::string(name) + "{" + labels[i] + "}",
-              static_cast<uint64_t>(value(s.lookup_labels[i])));
-    }
-  };
-  using L = LookupLabelsView;
-  family("lmcache_mp_lookups_requests_total", "LOOKUP requests.",
-         [](const L& l) { return l.lookups; });
-  family("lmcache_mp_lookup_requested_tokens_total",
-         "Tokens (full chunks) asked for by LOOKUP requests.",
-         [](const L& l) { return l.requested_tokens; });
-  family("lmcache_mp_lookup_hit_tokens_total",
-         "Tokens LOOKUP found cached (the contiguous prefix).",
-         [](const L& l) { return l.hit_tokens; });
-  family("lmcache_mp_lookup_hit_l1_tokens_total", "Of the hit tokens: found in L1.",
-         [](const L& l) { return l.hit_l1_tokens; });
-  family("lmcache_mp_lookup_hit_l2_tokens_total",
-         "Of the hit tokens: brought into L1 from the tiers (prefetch).",
-         [](const L& l) { return l.hit_l2_tokens; });
-  family("lmcache_mp_lookup_hit_l1_keys_total",
-         "Hit objects (one per rank of a hit chunk) L1 already held.",
-         [](const L& l) { return l.hit_l1_keys; });
-  family("lmcache_mp_lookup_hit_l2_keys_total", "Hit objects loaded from the tiers into L1.",
-         [](const L& l) { return l.hit_l2_keys; });
-  w.Header("lmcache_mp_lookup_early_exit_requests_total", "counter",
-           "LOOKUP requests answered without probing the cache, by reason.");
-  for (size_t i = 0; i < s.lookup_labels.size(); ++i) {
-    for (const auto& [reason, n] : s.lookup_labels[i].early_exits) {
-      if (n == 0) continue;  // as lmcache: a reason appears once it happened
-      w.Value("lmcache_mp_lookup_early_exit_requests_total{" + labels[i] + ",reason=\"" +
-                  Escape(reason) + "\"}",
-              n);
-    }
-  }
-}
-
 }  // namespace
 
 std::string EscapeLabelValue(std::string_view v) {
@@ -326,7 +279,6 @@ std::string RenderPrometheus(const Snapshot& s, const std::string& version) {
   const CacheCounters& c = s.counters;
 
   // --- LMCache counterparts (lmcache 0.5.6 `lmcache server` names and labels) ---
-  RenderLookups(w, s);
   w.Counter("lmcache_mp_l1_write_chunks_total", "Chunk objects written into L1.",
             c.stored_chunks);
   w.Counter("lmcache_mp_l1_read_chunks_total", "Chunk objects read from L1.", c.retrieved_chunks);

@@ -57,14 +57,6 @@ struct CacheCounters {
   uint64_t retrieved_bytes = 0;
 };
 
-// Lookup counters of one (model_name, cache_salt): lmcache's lookup series' label set.
-struct LookupLabelsView {
-  std::string model_name, cache_salt;
-  uint64_t lookups = 0, requested_tokens = 0, hit_tokens = 0, hit_l1_tokens = 0,
-           hit_l2_tokens = 0, hit_l1_keys = 0, hit_l2_keys = 0;
-  std::vector<std::pair<std::string, uint64_t>> early_exits;  // reason -> lookups (all reasons)
-};
-
 struct InstanceView {
   int64_t instance_id = 0;
   bool engine_driven = false;
@@ -142,7 +134,6 @@ struct Snapshot {
   int64_t chunk_size = 0;
   L1View l1;
   CacheCounters counters;
-  std::vector<LookupLabelsView> lookup_labels;       // in first-seen order, overflow set last
   std::vector<InstanceView> instances;
   uint64_t sessions = 0;
   uint64_t session_bytes = 0;

@@ -126,7 +126,7 @@ Status KvService::Unregister(int64_t instance_id) {
 }
 
 void KvService::RegisterMetrics(metrics::Registry& registry) {
-  metric_handles_ = counters_.RegisterMetrics(registry);
+  metric_handles_ = counters_.RegisterMetrics(registry, config_.chunk_size);
   if (kv_events_) kv_events_->RegisterMetrics(registry);
   if (blend_) blend_->RegisterMetrics(registry);
   engine_driven_.RegisterMetrics(registry);

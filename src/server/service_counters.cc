@@ -48,11 +48,64 @@ metrics::CollectorHandle ThroughputFamily(metrics::Registry& registry, const Ser
   });
 }
 
+// One of lmcache's lookup counters, per (cache_salt, model_name): `value` of the block.
+template <typename F>
+metrics::CollectorHandle LookupFamily(metrics::Registry& registry, const ServiceCounters& c,
+                                      const char* name, const char* help, F value) {
+  return registry.AddCollected(
+      {name, help, metrics::Kind::kCounter, {"cache_salt", "model_name"}, {}},
+      [&c, value](metrics::SeriesSink& sink) {
+        auto add = [&](const std::array<std::string, 2>& labels, const LookupValues& v) {
+          sink.Add({labels[1], labels[0]}, static_cast<double>(value(v)));
+        };
+        c.lookups.ForEach(add);
+        if (Load(c.lookups.overflow().lookups) > 0) add(c.lookups.overflow_labels(), c.lookups.overflow());
+      });
+}
+
 }  // namespace
 
-std::vector<metrics::CollectorHandle> ServiceCounters::RegisterMetrics(
-    metrics::Registry& registry) const {
+std::vector<metrics::CollectorHandle> ServiceCounters::RegisterMetrics(metrics::Registry& registry,
+                                                                       int64_t chunk_size) const {
   std::vector<metrics::CollectorHandle> h;
+  const uint64_t chunk = static_cast<uint64_t>(chunk_size);
+  using V = LookupValues;
+  h.push_back(LookupFamily(registry, *this, "lmcache_mp_lookups_requests_total", "LOOKUP requests.",
+                           [](const V& v) { return Load(v.lookups); }));
+  h.push_back(LookupFamily(registry, *this, "lmcache_mp_lookup_requested_tokens_total",
+                           "Tokens (full chunks) asked for by LOOKUP requests.",
+                           [chunk](const V& v) { return Load(v.requested_chunks) * chunk; }));
+  h.push_back(LookupFamily(registry, *this, "lmcache_mp_lookup_hit_tokens_total",
+                           "Tokens LOOKUP found cached (the contiguous prefix).", [chunk](const V& v) {
+                             return (Load(v.hit_l1_chunks) + Load(v.hit_l2_chunks)) * chunk;
+                           }));
+  h.push_back(LookupFamily(registry, *this, "lmcache_mp_lookup_hit_l1_tokens_total",
+                           "Of the hit tokens: found in L1.",
+                           [chunk](const V& v) { return Load(v.hit_l1_chunks) * chunk; }));
+  h.push_back(LookupFamily(registry, *this, "lmcache_mp_lookup_hit_l2_tokens_total",
+                           "Of the hit tokens: brought into L1 from the tiers (prefetch).",
+                           [chunk](const V& v) { return Load(v.hit_l2_chunks) * chunk; }));
+  h.push_back(LookupFamily(registry, *this, "lmcache_mp_lookup_hit_l1_keys_total",
+                           "Hit objects (one per rank of a hit chunk) L1 already held.",
+                           [](const V& v) { return Load(v.hit_l1_keys); }));
+  h.push_back(LookupFamily(registry, *this, "lmcache_mp_lookup_hit_l2_keys_total",
+                           "Hit objects loaded from the tiers into L1.",
+                           [](const V& v) { return Load(v.hit_l2_keys); }));
+  h.push_back(registry.AddCollected(
+      {"lmcache_mp_lookup_early_exit_requests_total",
+       "LOOKUP requests answered without probing the cache, by reason.",
+       metrics::Kind::kCounter, {"cache_salt", "model_name", "reason"}, {}},
+      [this](metrics::SeriesSink& sink) {
+        auto add = [&](const std::array<std::string, 2>& labels, const LookupValues& v) {
+          for (size_t i = 0; i < v.early_exits.size(); ++i) {
+            const uint64_t n = Load(v.early_exits[i]);
+            if (n == 0) continue;  // as lmcache: a reason appears once it happened
+            sink.Add({labels[1], labels[0], kEarlyExitNames[i]}, static_cast<double>(n));
+          }
+        };
+        lookups.ForEach(add);
+        add(lookups.overflow_labels(), lookups.overflow());
+      }));
   h.push_back(TransferFamily(registry, *this, "lmcache_mp_num_submitted_stores_total",
                              "STOREs of registered workers submitted for copying.",
                              &TransferValues::submitted_stores));

@@ -98,12 +98,15 @@ struct ServiceCounters {
   // Instances cancelled because a copy of theirs outlived its TTL (issue 11, finding 2).
   std::atomic<uint64_t> cancelled_instances{0};
 
-  // Registers, collected from the tables above: lmcache's transfer counters per device
+  // Registers, collected from the tables above: lmcache's lookup counters per (cache_salt,
+  // model_name) (lmcache_mp_lookup*_total, tokens = chunks x `chunk_size`; early exits per
+  // reason once one happened), its transfer counters per device
   // (lmcache_mp_num_{submitted,finished}_{stores,retrieves}_total), its copy-throughput
   // histograms (lmcache_mp_l0_l1_{store,load}_throughput_GB_per_second, a series once it has
   // a sample) and kvd_metric_label_sets{,_refused_total} per table. The overflow label set
   // shows once something was counted under it. The handles must not outlive this object.
-  std::vector<metrics::CollectorHandle> RegisterMetrics(metrics::Registry& registry) const;
+  std::vector<metrics::CollectorHandle> RegisterMetrics(metrics::Registry& registry,
+                                                        int64_t chunk_size) const;
 };
 
 }  // namespace kvd::server

@@ -161,26 +161,6 @@ inline Snapshot SampleSnapshot() {
   s.counters.hit_tokens = 512;
   s.counters.hit_l1_tokens = 256;
   s.counters.hit_l2_tokens = 256;
-  // The same lookups per (model_name, cache_salt).
-  {
-    LookupLabelsView a;
-    a.model_name = "llama";
-    a.lookups = 3;
-    a.requested_tokens = 1536;
-    a.hit_tokens = 512;
-    a.hit_l1_tokens = 256;
-    a.hit_l2_tokens = 256;
-    a.hit_l1_keys = 2;
-    a.hit_l2_keys = 2;
-    a.early_exits = {{"no_gpu_context", 0}, {"empty_chunk_hashes", 1}};
-    LookupLabelsView b;
-    b.model_name = "llama";
-    b.cache_salt = "tenant-1";
-    b.lookups = 1;
-    b.requested_tokens = 512;
-    b.early_exits = {{"no_gpu_context", 0}, {"empty_chunk_hashes", 0}};
-    s.lookup_labels = {a, b};
-  }
   s.counters.stores = 10;
   s.counters.store_failures = 1;
   s.counters.stored_chunks = 12;

@@ -28,7 +28,7 @@ double Value(const metrics::FamilySnapshot& f, const std::vector<std::string>& l
 TEST(ServiceCountersMetrics, TransfersPerDeviceAndTheOverflowSetOnceUsed) {
   ServiceCounters c(/*max_label_sets=*/1);
   metrics::Registry r;
-  auto handles = c.RegisterMetrics(r);
+  auto handles = c.RegisterMetrics(r, 256);
   TransferValues& cpu = c.transfers.Get({"cpu"});
   cpu.submitted_stores += 3;
   cpu.finished_stores += 2;
@@ -68,7 +68,7 @@ TEST(ServiceCountersMetrics, TransfersPerDeviceAndTheOverflowSetOnceUsed) {
 TEST(ServiceCountersMetrics, ThroughputHistogramsPerLabelSetOnceSampledWithLmcachesBounds) {
   ServiceCounters c;
   metrics::Registry r;
-  auto handles = c.RegisterMetrics(r);
+  auto handles = c.RegisterMetrics(r, 256);
   ThroughputValues& v = c.throughput.Get({"cpu", "17", "llama"});
   v.store.Record(5'000'000'000, 1.0);  // 5 GB/s
   v.store.Record(6'000'000'000, 1.0);  // 6 GB/s
@@ -92,6 +92,53 @@ TEST(ServiceCountersMetrics, ThroughputHistogramsPerLabelSetOnceSampledWithLmcac
   r.ResetCounters();
   all = r.Collect();
   EXPECT_EQ(Family(all, "lmcache_mp_l0_l1_store_throughput_GB_per_second").series.at(0).count(), 2u);
+}
+
+TEST(ServiceCountersMetrics, LookupsPerSaltAndModelInTokensWithEarlyExitsOnceTheyHappened) {
+  ServiceCounters c(/*max_label_sets=*/2);
+  metrics::Registry r;
+  auto handles = c.RegisterMetrics(r, 256);
+  LookupValues& a = c.lookups.Get({"llama", ""});
+  a.lookups += 3;
+  a.requested_chunks += 6;
+  a.hit_l1_chunks += 1;
+  a.hit_l2_chunks += 1;
+  a.hit_l1_keys += 2;
+  a.hit_l2_keys += 2;
+  a.early_exits[static_cast<size_t>(EarlyExit::kEmptyChunkHashes)] += 1;
+  LookupValues& b = c.lookups.Get({"llama", "tenant-1"});
+  b.lookups += 1;
+  b.requested_chunks += 2;
+  auto all = r.Collect();
+  const std::vector<std::string> la{"", "llama"}, lb{"tenant-1", "llama"};  // cache_salt, model_name
+  EXPECT_EQ(Family(all, "lmcache_mp_lookups_requests_total").desc.label_names,
+            (std::vector<std::string>{"cache_salt", "model_name"}));
+  EXPECT_EQ(Value(Family(all, "lmcache_mp_lookups_requests_total"), la), 3);
+  EXPECT_EQ(Value(Family(all, "lmcache_mp_lookups_requests_total"), lb), 1);
+  EXPECT_EQ(Value(Family(all, "lmcache_mp_lookup_requested_tokens_total"), la), 1536);
+  EXPECT_EQ(Value(Family(all, "lmcache_mp_lookup_requested_tokens_total"), lb), 512);
+  EXPECT_EQ(Value(Family(all, "lmcache_mp_lookup_hit_tokens_total"), la), 512);
+  EXPECT_EQ(Value(Family(all, "lmcache_mp_lookup_hit_tokens_total"), lb), 0);
+  EXPECT_EQ(Value(Family(all, "lmcache_mp_lookup_hit_l1_tokens_total"), la), 256);
+  EXPECT_EQ(Value(Family(all, "lmcache_mp_lookup_hit_l2_tokens_total"), la), 256);
+  EXPECT_EQ(Value(Family(all, "lmcache_mp_lookup_hit_l1_keys_total"), la), 2);
+  EXPECT_EQ(Value(Family(all, "lmcache_mp_lookup_hit_l2_keys_total"), lb), 0);
+  const auto& exits = Family(all, "lmcache_mp_lookup_early_exit_requests_total");
+  ASSERT_EQ(exits.series.size(), 1u) << "a reason appears once it happened";
+  EXPECT_EQ(exits.series[0].label_values, (std::vector<std::string>{"", "llama", "empty_chunk_hashes"}));
+  EXPECT_EQ(exits.series[0].value, 1);
+  EXPECT_EQ(Family(all, "lmcache_mp_lookups_requests_total").series.size(), 2u) << "no __other__ yet";
+  // A third label set: the table is full, it counts under __other__, which now shows.
+  c.lookups.Get({"mistral", ""}).lookups += 4;
+  all = r.Collect();
+  EXPECT_EQ(Value(Family(all, "lmcache_mp_lookups_requests_total"), {kOverflowLabel, kOverflowLabel}), 4);
+  EXPECT_EQ(Value(Family(all, "kvd_metric_label_sets_refused_total"), {"lookup"}), 1);
+  // /metrics/reset: per label set, from zero.
+  r.ResetCounters();
+  a.lookups += 1;
+  all = r.Collect();
+  EXPECT_EQ(Value(Family(all, "lmcache_mp_lookups_requests_total"), la), 1);
+  EXPECT_EQ(Value(Family(all, "lmcache_mp_lookups_requests_total"), lb), 0);
 }
 
 }  // namespace
