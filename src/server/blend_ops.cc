@@ -6,8 +6,8 @@
 #include <unordered_set>
 
 #include "blend/matcher_plan.h"
-#include "keys/chunk_hasher.h"
 #include "blend/scatter.h"
+#include "keys/chunk_hasher.h"
 #include "layout/layout.h"
 #include "server/chunk_keys.h"
 #include "transfer/bus_error_guard.h"
