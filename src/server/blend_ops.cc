@@ -810,6 +810,17 @@ void BlendOps::RegisterMetrics(metrics::Registry& registry) {
         {f.name, f.help, metrics::Kind::kCounter, {}, {}},
         [c = f.counter](metrics::SeriesSink& sink) { sink.Add(static_cast<double>(c->value())); }));
   }
+  if (prompts_) {
+    metric_handles_.push_back(registry.AddCollected(
+        {"kvd_blend_reorder_stored_prompts", "Stored prompts cb_reorder_plan can copy from.",
+         metrics::Kind::kGauge, {}, {}},
+        [p = prompts_.get()](metrics::SeriesSink& sink) { sink.Add(static_cast<double>(p->prompts())); }));
+    metric_handles_.push_back(registry.AddCollected(
+        {"kvd_blend_reorder_stored_tokens",
+         "Their tokens (at most 2^24; the oldest recorded prompts leave first).", metrics::Kind::kGauge,
+         {}, {}},
+        [p = prompts_.get()](metrics::SeriesSink& sink) { sink.Add(static_cast<double>(p->tokens())); }));
+  }
 }
 
 }  // namespace kvd::server

@@ -537,6 +537,43 @@ TEST_F(BlendOpsTest, HandshakeRoutedOnlyForBlend) {
   EXPECT_EQ(HandleRequest(**s, *op, frames, "c"), wire::EncodeNil());
 }
 
+TEST_F(BlendOpsTest, ReorderPlanServesTheStoredPromptsOrderFromWorkerZerosStores) {
+  ServerConfig cfg = cfg_;
+  cfg.enable_blend_reorder = true;
+  cfg.shm_name += "_reorder";
+  metrics::Registry registry;  // outlives the service, which unregisters from it
+  auto created = KvService::Create(cfg, &clock_);
+  ASSERT_TRUE(created.ok()) << created.status().ToString();
+  KvService& svc = **created;
+  svc.RegisterMetrics(registry);
+  FakeWorker w("/kvd_test_blend_wro");
+  w.Fill(3);
+  ASSERT_TRUE(svc.RegisterKvCache(w.Registration(100, 1)).ok());
+  // Stored: sys + doc (worker 0). Asked: doc + sys + a question: the plan serves sys + doc
+  // first (2 whole chunks; the prompt's own prefix has none), the question last.
+  ASSERT_TRUE(svc.Store({Key(0, {Segment(1), Segment(2)}, "s"), 100, Blocks(0, 32), "", 0}).ok());
+  svc.EndSession("s");
+  auto gauge = [&](const char* name) { return metrics::ValueOf(registry.Collect(), name, -1); };
+  EXPECT_EQ(gauge("kvd_blend_reorder_stored_prompts"), 1);
+  EXPECT_EQ(gauge("kvd_blend_reorder_stored_tokens"), 512);
+  wire::CbReorderPlanRequest req;
+  req.key = Key(std::nullopt, {Segment(2), Segment(1), Segment(5)}, "q");
+  req.budget_ms = 1000;
+  const std::vector<uint32_t> plan = svc.blend()->ReorderPlan(req);
+  std::vector<uint32_t> want;
+  for (const auto& seg : {Segment(1), Segment(2), Segment(5)})
+    for (int64_t t : seg) want.push_back(static_cast<uint32_t>(t));
+  EXPECT_EQ(plan, want);
+  // Keeping the first token in place rules the copy out; another salt has no stored prompt.
+  req.keep_prefix = 1;
+  EXPECT_TRUE(svc.blend()->ReorderPlan(req).empty());
+  req.keep_prefix = 0;
+  req.key.cache_salt = "other";
+  EXPECT_TRUE(svc.blend()->ReorderPlan(req).empty());
+  EXPECT_EQ(gauge("kvd_blend_reorder_requests_total"), 3);
+  EXPECT_EQ(gauge("kvd_blend_reorder_plans_total"), 1);
+}
+
 // With a tier (fs) behind L1: a fingerprint whose chunk left L1 stays, and the lookup asks
 // the tier for the chunk, answers nil while it loads, then reports it like an L1 hit.
 class BlendOpsTierTest : public BlendOpsTest {
