@@ -43,6 +43,9 @@
 // chunk missing from L1 keeps it and asks the tiers for it ([tier loading]). In parity mode
 // (--blend-lmcache-parity) a chunk still missing then is struck (Matcher::Strike).
 //
+// Files: blend_ops.cc (rope, fingerprints, lookups, reorder, state), blend_retrieve.cc
+// (cb_retrieve_pre_computed).
+//
 // Threads: every method is thread-safe. Rope state is replaced whole under rope_mu_ and
 // shared by shared_ptr with the retrieves using it; request state is under req_mu_, never held
 // across a copy. The matcher has its own lock. Lock order: L1 shard -> matcher (the listener);
