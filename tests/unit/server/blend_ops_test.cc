@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <random>
 #include <thread>
 
@@ -166,6 +167,20 @@ std::vector<std::vector<int64_t>> Blocks(int64_t first, int64_t count) {
   return {ids};
 }
 
+// Asks `b` until the lookup answers (nil: still loading); `nils` counts the nil replies.
+wire::CbUnifiedLookupResult PollUnifiedLookup(BlendOps& b, const wire::CacheKey& key, int* nils) {
+  for (int i = 0; i < 2000; ++i) {
+    auto r = b.UnifiedLookup({key, 1});
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    if (!r.ok()) break;
+    if (r->has_value()) return **r;
+    ++*nils;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ADD_FAILURE() << "the lookup never answered";
+  return {};
+}
+
 class BlendOpsTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -193,6 +208,20 @@ class BlendOpsTest : public ::testing::Test {
     EXPECT_TRUE(r.ok()) << r.status().ToString();
     EXPECT_TRUE(r.ok() && r->has_value());
     return r.ok() && r->has_value() ? **r : wire::CbUnifiedLookupResult{};
+  }
+  // A second service on this fixture's settings as `change` alters them (its own L1 segment,
+  // "_<suffix>"), its metrics registered in `registry`, which must outlive it. Null (and a
+  // test failure) when it does not start.
+  std::unique_ptr<KvService> OtherService(const std::function<void(ServerConfig&)>& change,
+                                          const std::string& suffix, metrics::Registry& registry) {
+    ServerConfig cfg = cfg_;
+    change(cfg);
+    cfg.shm_name += "_" + suffix;
+    auto created = KvService::Create(cfg, &clock_);
+    EXPECT_TRUE(created.ok()) << created.status().ToString();
+    if (!created.ok()) return nullptr;
+    (*created)->RegisterMetrics(registry);
+    return std::move(created).value();
   }
   // Stores sys + doc at [0, 512) from blocks 0..31 of w (instance 100, worker 0).
   void StoreSysDoc() {
@@ -538,14 +567,10 @@ TEST_F(BlendOpsTest, HandshakeRoutedOnlyForBlend) {
 }
 
 TEST_F(BlendOpsTest, ReorderPlanServesTheStoredPromptsOrderFromWorkerZerosStores) {
-  ServerConfig cfg = cfg_;
-  cfg.enable_blend_reorder = true;
-  cfg.shm_name += "_reorder";
   metrics::Registry registry;  // outlives the service, which unregisters from it
-  auto created = KvService::Create(cfg, &clock_);
-  ASSERT_TRUE(created.ok()) << created.status().ToString();
-  KvService& svc = **created;
-  svc.RegisterMetrics(registry);
+  auto other = OtherService([](ServerConfig& c) { c.enable_blend_reorder = true; }, "reorder", registry);
+  ASSERT_NE(other, nullptr);
+  KvService& svc = *other;
   FakeWorker w("/kvd_test_blend_wro");
   w.Fill(3);
   ASSERT_TRUE(svc.RegisterKvCache(w.Registration(100, 1)).ok());
@@ -590,18 +615,8 @@ class BlendOpsTierTest : public BlendOpsTest {
     svc_.reset();
     std::filesystem::remove_all(dir_);
   }
-  // Asks until the lookup answers (nil: still loading); `nils` counts the nil replies.
   wire::CbUnifiedLookupResult LookupPolling(const wire::CacheKey& key, int* nils) {
-    for (int i = 0; i < 2000; ++i) {
-      auto r = blend().UnifiedLookup({key, 1});
-      EXPECT_TRUE(r.ok()) << r.status().ToString();
-      if (!r.ok()) break;
-      if (r->has_value()) return **r;
-      ++*nils;
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    }
-    ADD_FAILURE() << "the lookup never answered";
-    return {};
+    return PollUnifiedLookup(blend(), key, nils);
   }
   double Metric(const std::string& name) { return metrics::ValueOf(registry_.Collect(), name, -1); }
 
@@ -676,14 +691,10 @@ TEST_F(BlendOpsTierTest, AChunkNoTierHoldsIsAskedForOnceThenAMiss) {
 }
 
 TEST_F(BlendOpsTierTest, SegmentedPrefixChunksInTheTierOnlyAreLoadedAndDelivered) {
-  ServerConfig cfg = cfg_;
-  cfg.enable_segmented_prefix = true;
-  cfg.shm_name += "_seg";
   metrics::Registry registry;  // outlives the service, which unregisters from it
-  auto created = KvService::Create(cfg, &clock_);
-  ASSERT_TRUE(created.ok()) << created.status().ToString();
-  KvService& svc = **created;
-  svc.RegisterMetrics(registry);
+  auto other = OtherService([](ServerConfig& c) { c.enable_segmented_prefix = true; }, "seg", registry);
+  ASSERT_NE(other, nullptr);
+  KvService& svc = *other;
   BlendOps& b = *svc.blend();
   FakeWorker w("/kvd_test_blend_tseg");
   w.Fill(13);
@@ -700,14 +711,8 @@ TEST_F(BlendOpsTierTest, SegmentedPrefixChunksInTheTierOnlyAreLoadedAndDelivered
   svc.Clear();
   ASSERT_EQ(svc.l1_stats().entries, 0u);
 
-  std::optional<wire::CbUnifiedLookupResult> res;
-  for (int i = 0; i < 2000 && !res; ++i) {
-    auto r = b.UnifiedLookup({Key(std::nullopt, prompt, "q"), 1});
-    ASSERT_TRUE(r.ok()) << r.status().ToString();
-    if (r->has_value()) res = **r;
-    else std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  ASSERT_TRUE(res.has_value());
+  int nils = 0;
+  std::optional<wire::CbUnifiedLookupResult> res = PollUnifiedLookup(b, Key(std::nullopt, prompt, "q"), &nils);
   EXPECT_EQ(res->prefix_coverage_tokens, kChunk) << "chunk 0 through the prefix leg's prefetch";
   ASSERT_EQ(res->segmented_prefix_segments.size(), 1u) << "chunk 2 from the tier";
   EXPECT_EQ(res->segmented_prefix_segments[0].cur_st, 2 * kChunk);
