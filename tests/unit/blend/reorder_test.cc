@@ -124,7 +124,9 @@ TEST(ReorderGolden, PromptStoreAnswersAsLmcaches) {
         EXPECT_EQ(found.baseline_chunks, step["baseline_chunks"].get<int64_t>());
       }
     }
-    EXPECT_LE(store.tokens(), std::max<size_t>(script["max_tokens"].get<size_t>(), 1u << 12));
+    // The bound holds, unless one prompt alone is over it (the newest is always kept).
+    EXPECT_TRUE(store.tokens() <= script["max_tokens"].get<size_t>() || store.prompts() == 1)
+        << store.tokens() << " tokens in " << store.prompts() << " prompts";
   }
 }
 
