@@ -255,6 +255,19 @@ void BlendOps::RecordPrompt(const wire::CacheKey& key, const RequestChunks& chun
                    key.token_ids.span(), chain);
 }
 
+std::optional<l1::NamespaceId> BlendOps::MatcherPartition(const std::string& model_name,
+                                                          int64_t world_size,
+                                                          const std::string& cache_salt,
+                                                          bool* registered) const {
+  const auto info = registry_->KeyNamespace(model_name, world_size);
+  const bool known = info.registered && info.agreed;
+  if (registered) *registered = known;
+  if (!known) return std::nullopt;
+  std::string model;
+  KeyModelNameInto(&model, model_name, info.key_namespace);
+  return l1_->namespaces().Find(model, static_cast<int32_t>(world_size), cache_salt);
+}
+
 std::vector<uint32_t> BlendOps::ReorderPlan(const wire::CbReorderPlanRequest& req) {
   m_.reorder_requests.Add();
   if (!prompts_) return {};
@@ -267,20 +280,15 @@ std::vector<uint32_t> BlendOps::ReorderPlan(const wire::CbReorderPlanRequest& re
   const std::span<const uint32_t> prompt = key.token_ids.span();
   // The matcher's hits for the prompt, in the resolved namespace's partition.
   std::vector<blend::ChainHash> hits;
-  const auto ns_info = registry_->KeyNamespace(ns->model_name, ns->world_size);
-  if (ns_info.registered && ns_info.agreed && prompt.size() >= static_cast<size_t>(c)) {
-    std::string model;
-    KeyModelNameInto(&model, ns->model_name, ns_info.key_namespace);
-    if (auto l1ns = l1_->namespaces().Find(model, static_cast<int32_t>(ns->world_size), ns->cache_salt)) {
-      std::vector<blend::MatchCandidate> candidates;
-      if (index_->matcher().Probe(*l1ns, prompt, 0, &candidates).ok()) {
-        for (const auto& cand : candidates) {
-          if (cand.key.size() != 32) continue;
-          blend::ChainHash h;
-          std::copy(cand.key.bytes().begin(), cand.key.bytes().end(), h.begin());
-          hits.push_back(h);
-        }
-      }
+  const auto l1ns = MatcherPartition(ns->model_name, ns->world_size, ns->cache_salt);
+  std::vector<blend::MatchCandidate> matches;
+  if (l1ns && prompt.size() >= static_cast<size_t>(c) &&
+      index_->matcher().Probe(*l1ns, prompt, 0, &matches).ok()) {
+    for (const auto& cand : matches) {
+      if (cand.key.size() != 32) continue;
+      blend::ChainHash h;
+      std::copy(cand.key.bytes().begin(), cand.key.bytes().end(), h.begin());
+      hits.push_back(h);
     }
   }
   // The prompt's own chain hashes from chunk 0 (its exact prefix among the stored prompts).
@@ -360,15 +368,10 @@ Result<std::optional<wire::CbUnifiedLookupResult>> BlendOps::UnifiedLookup(
                                                std::max<int64_t>(key.end, 0));
 
   // --- non-prefix leg: the matcher, then L1 ---
-  const auto ns_info = registry_->KeyNamespace(key.model_name, key.world_size);
-  std::optional<l1::NamespaceId> ns;
-  if (ns_info.registered && ns_info.agreed) {
-    std::string model;
-    KeyModelNameInto(&model, key.model_name, ns_info.key_namespace);
-    ns = l1_->namespaces().Find(model, static_cast<int32_t>(key.world_size), key.cache_salt);
-  } else {
-    m_.lookup_no_gpu_context_errors.Add();
-  }
+  bool registered = false;
+  const std::optional<l1::NamespaceId> ns =
+      MatcherPartition(key.model_name, key.world_size, key.cache_salt, &registered);
+  if (!registered) m_.lookup_no_gpu_context_errors.Add();
   std::vector<blend::MatchCandidate> candidates;
   // The matcher sees every token of the key, as lmcache's does: the connector's key ends at
   // the prompt's last full chunk (`end`, the prefix leg's range), and a document at an

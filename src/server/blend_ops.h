@@ -204,6 +204,12 @@ class BlendOps {
   };
 
   void DropRequestLocked(const std::string& request_id) KVD_REQUIRES(req_mu_);
+  // The L1 namespace (the matcher's partition) of a model's chunks: nullopt unless its
+  // workers registered and agree on the key namespace (`registered`, when given, says
+  // whether they did) and L1 knows the namespace.
+  std::optional<l1::NamespaceId> MatcherPartition(const std::string& model_name, int64_t world_size,
+                                                  const std::string& cache_salt,
+                                                  bool* registered = nullptr) const;
   // Worker 0's store committed chunks of `key`: its prompt and chain go to prompts_.
   void RecordPrompt(const wire::CacheKey& key, const RequestChunks& chunks);
   // Starts one tier prefetch per chunk of `chunks` (distinct, none resident on every slot);
