@@ -1,7 +1,11 @@
-// Request handlers: decode → validate → call KvService → encode exactly one reply frame.
-// The only place where a Status becomes a wire reply. Safe to call from any thread.
+// Request handlers: one table entry per op says how the server answers it — decode →
+// validate → call KvService → encode exactly one reply frame, the reply of a request refused
+// before it runs, and how the socket loop must treat it beyond wire::OpInfo::dispatch. The only
+// place where a Status becomes a wire reply, and the only place that names ops (the socket
+// loop reads the entry's rule). The table is immutable; safe to call from any thread.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <string_view>
 
@@ -10,6 +14,19 @@
 #include "wire/ops.h"
 
 namespace kvd::server {
+
+// How the socket loop (zmq_server.cc) treats an op beyond its wire dispatch.
+enum class SocketRule : uint8_t {
+  kAsDispatched,             // wire::OpInfo::dispatch decides
+  kStream,                   // a subscription: the KV-event streams take it; no reply here
+  kParkWhilePrefetching,     // answered when the request's prefetch ends (prefetch_waits.h)
+  kPoolWhileCommitsPending,  // never inline while GPU commits are in flight: it may wait for
+                             // them (lookups.h, Visibility)
+  kLaneWhenBlend,            // on the worker's lane when blend is on: ordered with that
+                             // worker's registration and retrieves (CacheBlend's rope ops)
+};
+
+SocketRule SocketRuleOf(wire::Op op);
 
 // `client` is the connection's ZMQ routing id (named in log lines). Never throws; bad
 // input yields the op's failure reply (or nil where the op has none) and one warning line.

@@ -53,9 +53,10 @@ struct RunTiming {
 };
 
 // A WAIT_PREFETCH_STATUS parked until its prefetch ends (prefetch_waits.h): its envelope
-// (the reply's body is set when it is answered) and when it arrived.
+// (the reply's body is set when it is answered), its op and when it arrived.
 struct ParkedWait {
   Reply reply;
+  wire::Op op = wire::Op::kWaitPrefetchStatus;
   int64_t began = 0;
 };
 
@@ -282,7 +283,7 @@ struct ZmqServer::Impl {
 
   // WAIT_PREFETCH_STATUS for a request whose prefetch runs, with a timeout: parked (no
   // thread waits; AnswerWaits replies). False: it is answered now, as any inline op.
-  bool ParkWait(int64_t began) {
+  bool ParkWait(wire::Op op, int64_t began) {
     payload_views.clear();
     for (size_t i = 3; i < frames.size(); ++i) payload_views.push_back(View(frames[i]));
     auto req = wire::DecodeWaitPrefetch(payload_views);
@@ -297,11 +298,11 @@ struct ZmqServer::Impl {
     parked.identity = std::move(frames[0]);
     parked.uid = std::move(frames[1]);
     parked.op = std::move(frames[2]);
-    ParkedWait w{std::move(parked), began};
+    ParkedWait w{std::move(parked), op, began};
     if (!waits.Park(std::move(connection), std::move(request_id), deadline, std::move(w))) {
       // Bound reached: answer "still running" now (Park left `w` as it was).
-      metrics->CountRefused(wire::Op::kWaitPrefetchStatus);
-      metrics->End(wire::Op::kWaitPrefetchStatus, began);
+      metrics->CountRefused(op);
+      metrics->End(op, began);
       const std::string nil = wire::EncodeNil();
       w.reply.body = zmq::message_t(nil.data(), nil.size());
       sending.push_back(std::move(w.reply));
@@ -325,7 +326,7 @@ struct ZmqServer::Impl {
           auto hits = service->QueryPrefetchStatus(id);  // nullopt: still running (timed out)
           const std::string body = hits ? wire::EncodeInt(*hits) : wire::EncodeNil();
           w.reply.body = zmq::message_t(body.data(), body.size());
-          metrics->End(wire::Op::kWaitPrefetchStatus, w.began);
+          metrics->End(w.op, w.began);
           sending.push_back(std::move(w.reply));
         });
   }
@@ -385,17 +386,14 @@ struct ZmqServer::Impl {
     uint64_t payload_bytes = 0;
     for (size_t i = 3; i < frames.size(); ++i) payload_bytes += frames[i].size();
     wire::Dispatch dispatch = info.dispatch;
-    // CacheBlend's rope (un)registration maps and converts the engine's tables: on the
-    // worker's lane, ordered with its register_kv_cache and retrieves (not the socket thread).
-    if (service->blend() != nullptr &&
-        (info.op == wire::Op::kCbRegisterRope || info.op == wire::Op::kCbUnregisterRope)) {
+    const SocketRule rule = SocketRuleOf(info.op);
+    if (rule == SocketRule::kLaneWhenBlend && service->blend() != nullptr) {
       dispatch = wire::Dispatch::kInstanceLane;
     }
     if (dispatch == wire::Dispatch::kInlineUnlessLong) {
       const bool long_request = payload_bytes > kInlinePayloadBytes;
-      // A LOOKUP may wait (bounded) for GPU STORE commits in flight (lookups.h, Visibility):
-      // never on this thread.
-      const bool may_wait = info.op == wire::Op::kLookup && service->CommitsPending();
+      const bool may_wait =
+          rule == SocketRule::kPoolWhileCommitsPending && service->CommitsPending();
       const bool run_here =
           !may_wait && (!long_request || (payload_bytes <= kInlineWhenAlonePayloadBytes &&
                                           !router.HasMessages()));
@@ -403,14 +401,14 @@ struct ZmqServer::Impl {
       if (run_here && long_request) SendAll();  // replies already made leave first
     }
     const int64_t began = metrics->Begin(info.op);
-    if (info.op == wire::Op::kSubscribeKvEvents) {  // a stream, not one reply
+    if (rule == SocketRule::kStream) {  // a subscription, not one reply
       payload_views.clear();
       for (size_t i = 3; i < frames.size(); ++i) payload_views.push_back(View(frames[i]));
       streams->Subscribe(View(frames[0]), View(frames[1]), View(frames[2]), payload_views);
       return metrics->End(info.op, began);
     }
 
-    if (info.op == wire::Op::kWaitPrefetchStatus && ParkWait(began)) return 0;
+    if (rule == SocketRule::kParkWhilePrefetching && ParkWait(info.op, began)) return 0;
     if (dispatch == wire::Dispatch::kInline) {
       payload_views.clear();
       for (size_t i = 3; i < frames.size(); ++i) payload_views.push_back(View(frames[i]));
