@@ -1,7 +1,5 @@
 #include "server/lmcache_transfers.h"
 
-#include "common/hex.h"
-
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -17,7 +15,6 @@
 #include "server/request_phases.h"
 #include "server/tiers.h"
 #include "transfer/copy_engine.h"
-#include "transfer/cuda/ipc_handles.h"
 #include "transfer/shm_mapping.h"
 
 namespace kvd::server {
@@ -282,15 +279,7 @@ Status LmcacheTransfers::Register(const wire::RegisterKvCacheRequest& req) {
                                              {l1_->base(), l1_->capacity_bytes()}, req.instance_id);
     if (!engine.ok()) return engine.status();
     inst->engine = std::move(engine).value();
-    for (size_t i = 0; i < req.tensors.size(); ++i) {
-      auto m = transfer::cuda::DescribeTensorMemory(req.tensors[i], i);
-      if (!m.ok()) continue;  // the engine opened what it uses; nothing else to identify
-      std::string id = "cuda " + transfer::cuda::FormatDeviceUuid(m->device) + " ";
-      AppendHex(id, m->handle.data(), m->handle.size());
-      if (std::find(inst->memory_ids.begin(), inst->memory_ids.end(), id) == inst->memory_ids.end()) {
-        inst->memory_ids.push_back(std::move(id));
-      }
-    }
+    inst->memory_ids = transfer::DeviceMemoryIds(req.tensors);
   } else {
     // Map each distinct segment once, covering every tensor that lives in it.
     std::map<std::string, uint64_t> need;

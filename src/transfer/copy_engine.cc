@@ -6,6 +6,9 @@
 #include <mutex>
 #include <sstream>
 
+#include "common/hex.h"
+#include "transfer/cuda/ipc_handles.h"
+
 namespace kvd::transfer {
 namespace {
 
@@ -21,6 +24,18 @@ Result<std::unique_ptr<CopyEngine>> MakeDeviceEngine(
     const HostPool& pool, int64_t instance_id) {
   if (TestFactory()) return TestFactory()(tensors, layout, pool, instance_id);
   return OpenDeviceEngine(tensors, layout, pool, instance_id);
+}
+
+std::vector<std::string> DeviceMemoryIds(const std::vector<wire::TensorDescriptor>& tensors) {
+  std::vector<std::string> ids;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    auto m = cuda::DescribeTensorMemory(tensors[i], i);
+    if (!m.ok()) continue;
+    std::string id = "cuda " + cuda::FormatDeviceUuid(m->device) + " ";
+    AppendHex(id, m->handle.data(), m->handle.size());
+    if (std::find(ids.begin(), ids.end(), id) == ids.end()) ids.push_back(std::move(id));
+  }
+  return ids;
 }
 
 void SetDeviceEngineFactoryForTesting(DeviceEngineFactory factory) {

@@ -151,6 +151,12 @@ using DeviceEngineFactory = std::function<Result<std::unique_ptr<CopyEngine>>(
 Result<std::unique_ptr<CopyEngine>> MakeDeviceEngine(
     const std::vector<wire::TensorDescriptor>& tensors, const layout::KvLayout& layout,
     const HostPool& pool, int64_t instance_id);
+// The device memory `tensors` live in, one id per distinct allocation in registration order:
+// "cuda <device uuid> <hex of the IPC handle>". A descriptor that does not parse is skipped
+// (an engine opened from these tensors refused or ignored it). Names what a GPU registration
+// maps, for /status and for the check that two instances do not share memory.
+std::vector<std::string> DeviceMemoryIds(const std::vector<wire::TensorDescriptor>& tensors);
+
 // Installs (or, with an empty function, removes) the test factory. Call it while no
 // registration is running.
 void SetDeviceEngineFactoryForTesting(DeviceEngineFactory factory);

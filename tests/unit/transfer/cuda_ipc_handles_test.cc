@@ -3,8 +3,12 @@
 // byte range of each tensor inside its allocation, and allocation dedup.
 #include "transfer/cuda/ipc_handles.h"
 
+#include "transfer/copy_engine.h"
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+
+#include <cstdio>
 
 namespace kvd::transfer::cuda {
 namespace {
@@ -193,6 +197,26 @@ TEST(CudaIpcHandlesTest, AllocationsAreOpenedOncePerHandle) {
   EXPECT_EQ(uses[0].end, 8192u + 4096u);
   EXPECT_EQ(uses[1].handle, Handle(2));
   EXPECT_EQ(uses[1].tensors, (std::vector<size_t>{1}));
+}
+
+TEST(CudaIpcHandlesTest, DeviceMemoryIdsNameEachAllocationOnce) {
+  // Two tensors in allocation 1, one in allocation 2, one whose descriptor does not parse.
+  auto unparsable = CudaDesc(3, 4096, 0);
+  unparsable.device_uuid = "cpu";
+  const auto ids = transfer::DeviceMemoryIds(
+      {CudaDesc(1, 4096, 0), CudaDesc(2, 4096, 0), unparsable, CudaDesc(1, 4096, 4096)});
+  auto hex = [](int first) {  // Bytes64(first), as lowercase hex
+    std::string s;
+    char two[3];
+    for (int i = 0; i < 64; ++i) {
+      std::snprintf(two, sizeof two, "%02x", first + i);
+      s += two;
+    }
+    return s;
+  };
+  const std::string h1 = hex(1), h2 = hex(2);
+  const std::string device = "GPU-5f3e2a10-9b7c-4d21-8e0f-0123456789ab";
+  EXPECT_EQ(ids, (std::vector<std::string>{"cuda " + device + " " + h1, "cuda " + device + " " + h2}));
 }
 
 }  // namespace
