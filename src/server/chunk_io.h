@@ -49,6 +49,7 @@
 #include "server/chunk_keys.h"
 #include "server/instance_registry.h"
 #include "server/kv_events.h"
+#include "server/service_context.h"
 #include "server/sessions.h"
 #include "wire/messages.h"
 
@@ -136,32 +137,21 @@ struct PinMiss {
   l1::ReadPin wrong_size;
 };
 
-// A store's chunks as committed, for whoever indexes stored content (CacheBlend's
-// fingerprints, server/blend_ops.h). Valid during the hook's call only.
-struct CommittedStore {
-  const wire::CacheKey* key = nullptr;       // the request's key (tokens from position 0)
-  const RequestChunks* chunks = nullptr;     // every chunk of the stored range
-  std::span<const l1::ChunkKey> committed;   // those this store committed
-  uint32_t slot = 0;                         // the worker's rank
-};
-// Called after a store's commit, on the committing thread (a copy's completion or the
-// request's thread); must be thread-safe and must not call back into a transfer.
-using StoreCommittedHook = std::function<void(const CommittedStore&)>;
-
 class ChunkIo {
  public:
-  // Borrows everything; all must outlive this object.
-  ChunkIo(int64_t chunk_size, l1::L1Cache* l1, SessionTable* sessions)
-      : chunk_size_(chunk_size), l1_(l1), sessions_(sessions) {}
+  // Borrows the context's L1, sessions, tiers (committed chunks are written behind to them
+  // and reads reported to them; null: none) and KV-event log (stores bind their chunks'
+  // tokens in it; null: none); all must outlive this object.
+  explicit ChunkIo(const ServiceContext& context)
+      : chunk_size_(context.config->chunk_size),
+        l1_(context.l1),
+        sessions_(context.sessions),
+        tiers_(context.tiers),
+        kv_events_(context.kv_events),
+        store_hook_(context.store_hook) {}
 
-  // The tiers committed chunks are written behind to and reads are reported to (null: none),
-  // and the KV-event log stores bind their chunks' tokens in (null: none). Set once, before
-  // use.
-  void set_tiers(l2::TierSet* tiers) { tiers_ = tiers; }
-  void set_kv_events(KvEventLog* events) { kv_events_ = events; }
   l2::TierSet* tiers() const { return tiers_; }
-  // Told of every store's committed chunks (null: nobody). Set once, before use.
-  void set_store_hook(StoreCommittedHook hook) { store_hook_ = std::move(hook); }
+  // Told of every store's committed chunks (empty: nobody).
   const StoreCommittedHook& store_hook() const { return store_hook_; }
 
   // Keys of the chunks of `key` a store writes for `inst` (RequestChunkKeys: namespace
@@ -217,9 +207,9 @@ class ChunkIo {
   const int64_t chunk_size_;
   l1::L1Cache* const l1_;
   SessionTable* const sessions_;
-  l2::TierSet* tiers_ = nullptr;
-  KvEventLog* kv_events_ = nullptr;
-  StoreCommittedHook store_hook_;
+  l2::TierSet* const tiers_;
+  KvEventLog* const kv_events_;
+  const StoreCommittedHook store_hook_;
 };
 
 // Hands a store's committed chunks (`committed`, from CommitLastFirst) on to the tiers:

@@ -43,16 +43,14 @@ void EngineDrivenTransfers::PendingRetrieve::Release(l1::L1Cache* l1) {
   pins.ReleaseFirstToLast();
 }
 
-EngineDrivenTransfers::EngineDrivenTransfers(const ServerConfig& config, const Clock* clock,
-                                             l1::L1Cache* l1, SessionTable* sessions,
-                                             InstanceRegistry* registry, ServiceCounters* counters)
-    : config_(config),
-      clock_(clock),
-      l1_(l1),
-      registry_(registry),
-      counters_(counters),
-      io_(config.chunk_size, l1, sessions),
-      ledger_(HoldLimits(config, l1->capacity_bytes())) {}
+EngineDrivenTransfers::EngineDrivenTransfers(const ServiceContext& context)
+    : config_(*context.config),
+      clock_(context.clock),
+      l1_(context.l1),
+      registry_(context.registry),
+      counters_(context.counters),
+      io_(context),
+      ledger_(HoldLimits(config_, context.l1->capacity_bytes())) {}
 
 EngineDrivenTransfers::~EngineDrivenTransfers() {
   metric_handles_.clear();

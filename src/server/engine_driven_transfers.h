@@ -48,10 +48,8 @@ namespace kvd::server {
 
 class EngineDrivenTransfers {
  public:
-  // Borrows everything; all must outlive this object.
-  EngineDrivenTransfers(const ServerConfig& config, const Clock* clock, l1::L1Cache* l1,
-                        SessionTable* sessions, InstanceRegistry* registry,
-                        ServiceCounters* counters);
+  // Borrows what the context points to; all must outlive this object.
+  explicit EngineDrivenTransfers(const ServiceContext& context);
   ~EngineDrivenTransfers();
 
   // REGISTER_ENGINE_DRIVEN_CONTEXT: validates the object shape, registers the instance and
@@ -63,12 +61,6 @@ class EngineDrivenTransfers {
   Status CommitStore(const wire::EngineDrivenRequest& req);
   Result<std::vector<wire::ShmSlot>> PrepareRetrieve(const wire::EngineDrivenRequest& req);
   Status CommitRetrieve(const wire::EngineDrivenRequest& req);
-  // The tiers committed objects are written behind to (null: none). Set once, before use.
-  void set_tiers(l2::TierSet* tiers) { io_.set_tiers(tiers); }
-  // The KV-event log stores bind their chunks' tokens in (BindStoredChunks); null: none.
-  void set_kv_events(KvEventLog* events) { io_.set_kv_events(events); }
-  // Told of each COMMIT_STORE's committed chunks (ChunkIo::set_store_hook). Set once.
-  void set_store_hook(StoreCommittedHook hook) { io_.set_store_hook(std::move(hook)); }
 
   // Drops every half-done operation of the instance (unregistered or reaped).
   void DropInstance(int64_t instance_id);

@@ -85,29 +85,41 @@ KvService::KvService(const ServerConfig& config, const Clock* clock,
                 config.chunk_key_memo_bytes),
       counters_(config.metrics_max_label_sets),
       registry_(clock),
-      lookups_(config_, l1_.get(), &sessions_, &registry_, &counters_),
-      lmcache_(config_, clock, l1_.get(), &sessions_, &registry_, &counters_, shm_policy),
-      engine_driven_(config_, clock, l1_.get(), &sessions_, &registry_, &counters_) {
-  lookups_.set_tiers(tiers_.get());
-  lookups_.set_pending_commits(lmcache_.pending_commits());
-  lmcache_.set_tiers(tiers_.get());
-  engine_driven_.set_tiers(tiers_.get());
-  // Stores bind their chunks' tokens for the "stored" KV events from the hashes they compute
-  // for their keys (the tokens are hashed once per store).
-  lmcache_.set_kv_events(kv_events_.get());
-  engine_driven_.set_kv_events(kv_events_.get());
-  if (blend_index_) {
-    blend_ = std::make_unique<BlendOps>(config_, clock, blend_index_.get(), l1_.get(),
-                                        &registry_, &lookups_, tiers_.get(), std::move(shm_policy));
-    auto hook = [blend = blend_.get()](const CommittedStore& s) { blend->OnStoreCommitted(s); };
-    lmcache_.set_store_hook(hook);
-    engine_driven_.set_store_hook(hook);
+      lookups_(Context()),
+      blend_(blend_index_ ? std::make_unique<BlendOps>(config_, clock, blend_index_.get(), l1_.get(),
+                                                       &registry_, &lookups_, tiers_.get(), shm_policy)
+                          : nullptr),
+      lmcache_(Context(BlendStoreHook()), std::move(shm_policy)),
+      engine_driven_(Context(BlendStoreHook())) {
+  if (blend_) {
     spdlog::info("engine type blend: CacheBlend ops served (fingerprints on worker 0's stores{}{}{}{})",
                  config_.blend_lmcache_parity ? "; lmcache parity mode" : "",
                  config_.enable_dedup_content ? "; content dedup" : "",
                  config_.enable_segmented_prefix ? "; segmented prefix" : "",
                  config_.enable_blend_reorder ? "; reorder plans" : "");
   }
+}
+
+ServiceContext KvService::Context(StoreCommittedHook store_hook) {
+  ServiceContext c;
+  c.config = &config_;
+  c.clock = clock_;
+  c.l1 = l1_.get();
+  c.sessions = &sessions_;
+  c.registry = &registry_;
+  c.counters = &counters_;
+  c.tiers = tiers_.get();
+  // Stores bind their chunks' tokens for the "stored" KV events from the hashes they compute
+  // for their keys (the tokens are hashed once per store).
+  c.kv_events = kv_events_.get();
+  c.pending_commits = pending_commits_;
+  c.store_hook = std::move(store_hook);
+  return c;
+}
+
+StoreCommittedHook KvService::BlendStoreHook() {
+  if (!blend_) return {};
+  return [blend = blend_.get()](const CommittedStore& s) { blend->OnStoreCommitted(s); };
 }
 
 KvService::~KvService() {

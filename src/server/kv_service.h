@@ -158,7 +158,7 @@ class KvService {
   LmcacheTransfers* lmcache() { return &lmcache_; }
   // True while an asynchronous STORE's chunks await their commit: a LOOKUP may then wait for
   // it (lookups.h, Visibility), so ZmqServer runs LOOKUPs on the pool. Lock-free.
-  bool CommitsPending() const { return lmcache_.pending_commits()->any(); }
+  bool CommitsPending() const { return pending_commits_->any(); }
   // GET_EXPERIMENTAL: the capabilities this server advertises ("kv_event_stream").
   std::vector<std::string> ExperimentalCapabilities() const;
 
@@ -172,6 +172,10 @@ class KvService {
             std::unique_ptr<L1ListenerFanOut> fanout, std::unique_ptr<BlendIndex> blend_index,
             std::unique_ptr<l1::L1Cache> l1, transfer::ShmAccessPolicy shm_policy,
             std::unique_ptr<l2::TierSet> tiers);
+  // What the parts are built from: the shared state above, and `store_hook` (empty: none).
+  ServiceContext Context(StoreCommittedHook store_hook = {});
+  // Blend's fingerprinting of committed stores (empty without blend). Needs blend_ built.
+  StoreCommittedHook BlendStoreHook();
 
   // Declaration order is destruction order in reverse: the parts (which hold L1 handles)
   // go before the sessions, the registry and the cache they borrow.
@@ -186,10 +190,14 @@ class KvService {
   SessionTable sessions_;
   ServiceCounters counters_;
   InstanceRegistry registry_;
+  // Shared with asynchronous copy completions, which may outlive the service's parts.
+  const std::shared_ptr<PendingCommits> pending_commits_ = std::make_shared<PendingCommits>();
+  // The parts, each built from one complete context (Context()). Blend is built before the
+  // transfer modes: their store hook calls it. They go first, then blend, then lookups.
   Lookups lookups_;
+  std::unique_ptr<BlendOps> blend_;  // --engine-type blend only
   LmcacheTransfers lmcache_;
   EngineDrivenTransfers engine_driven_;
-  std::unique_ptr<BlendOps> blend_;  // --engine-type blend only
   // The counters' collected families: removed first, before what they read.
   std::vector<metrics::CollectorHandle> metric_handles_;
 };

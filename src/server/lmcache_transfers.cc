@@ -100,20 +100,19 @@ bool SegmentsUnchanged(const Instance& inst) {
 
 }  // namespace
 
-LmcacheTransfers::LmcacheTransfers(const ServerConfig& config, const Clock* clock,
-                                   l1::L1Cache* l1, SessionTable* sessions,
-                                   InstanceRegistry* registry, ServiceCounters* counters,
+LmcacheTransfers::LmcacheTransfers(const ServiceContext& context,
                                    transfer::ShmAccessPolicy shm_policy)
-    : config_(config),
-      clock_(clock),
-      l1_(l1),
-      registry_(registry),
-      counters_(counters),
-      io_(config.chunk_size, l1, sessions),
-      copy_threads_(config.copy_threads > 0
-                        ? config.copy_threads
+    : config_(*context.config),
+      clock_(context.clock),
+      l1_(context.l1),
+      registry_(context.registry),
+      counters_(context.counters),
+      io_(context),
+      copy_threads_(config_.copy_threads > 0
+                        ? config_.copy_threads
                         : std::clamp(static_cast<int>(std::thread::hardware_concurrency()), 1, 8)),
-      shm_policy_(std::move(shm_policy)) {}
+      shm_policy_(std::move(shm_policy)),
+      pending_(context.pending_commits) {}
 
 Status LmcacheTransfers::Submit(const std::shared_ptr<const Instance>& inst,
                                 transfer::CopyDirection direction,

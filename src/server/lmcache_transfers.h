@@ -54,11 +54,9 @@ namespace kvd::server {
 
 class LmcacheTransfers {
  public:
-  // Borrows everything; all must outlive this object. `shm_policy` says whose shared memory
-  // a registration may map (owners, prefix, kvd's own segments).
-  LmcacheTransfers(const ServerConfig& config, const Clock* clock, l1::L1Cache* l1,
-                   SessionTable* sessions, InstanceRegistry* registry, ServiceCounters* counters,
-                   transfer::ShmAccessPolicy shm_policy);
+  // Borrows what the context points to; all must outlive this object. `shm_policy` says
+  // whose shared memory a registration may map (owners, prefix, kvd's own segments).
+  LmcacheTransfers(const ServiceContext& context, transfer::ShmAccessPolicy shm_policy);
 
   // REGISTER_KV_CACHE. Registering an id already registered with the same model only
   // refreshes its liveness. Client memory is mapped only when the policy allows it and no
@@ -72,20 +70,13 @@ class LmcacheTransfers {
   // committed, and read pins dropped, when the copy has completed.
   Status Store(const wire::TransferRequest& req, std::string* event_handle);
   Status Retrieve(const wire::TransferRequest& req, std::string* event_handle);
-  // The tiers committed objects are written behind to (null: none). Set once, before use.
-  void set_tiers(l2::TierSet* tiers) { io_.set_tiers(tiers); }
-  // The KV-event log stores bind their chunks' tokens in (BindStoredChunks); null: none.
-  void set_kv_events(KvEventLog* events) { io_.set_kv_events(events); }
-  // Told of each store's committed chunks (ChunkIo::set_store_hook). Set once, before use.
-  void set_store_hook(StoreCommittedHook hook) { io_.set_store_hook(std::move(hook)); }
 
   // Cancels the instances whose asynchronous copies are past their deadline (see above);
   // returns how many. Called periodically (KvService::Maintain).
   size_t CancelOverdueCopies();
   // Asynchronous copies submitted and not completed yet.
   size_t copies_in_flight() const { return inflight_->size(); }
-  // Chunks of asynchronous STOREs not committed yet (see Visibility above); lives as long as
-  // this object (and any completion still holding it). Lookups wait on it too.
+  // Chunks of asynchronous STOREs not committed yet (see Visibility above; the context's).
   PendingCommits* pending_commits() const { return pending_.get(); }
   // kvd_l1_lookup_waits_for_commit_total, kvd_l1_commit_wait_timeouts_total. The registry
   // must not outlive this object.
@@ -116,7 +107,8 @@ class LmcacheTransfers {
   const transfer::ShmAccessPolicy shm_policy_;
   // Shared with the completions, which may run after this object is gone.
   const std::shared_ptr<InFlightCopies> inflight_ = std::make_shared<InFlightCopies>();
-  const std::shared_ptr<PendingCommits> pending_ = std::make_shared<PendingCommits>();
+  // Chunks of asynchronous STOREs not committed yet (see Visibility above), the context's.
+  const std::shared_ptr<PendingCommits> pending_;
   std::vector<metrics::CollectorHandle> metric_handles_;
   // Cancelled instances with copies still in flight (released by CancelOverdueCopies once
   // their copies completed, or with this object).

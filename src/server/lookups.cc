@@ -11,9 +11,14 @@
 
 namespace kvd::server {
 
-Lookups::Lookups(const ServerConfig& config, l1::L1Cache* l1, SessionTable* sessions,
-                 const InstanceRegistry* registry, ServiceCounters* counters)
-    : config_(config), l1_(l1), sessions_(sessions), registry_(registry), counters_(counters) {}
+Lookups::Lookups(const ServiceContext& context)
+    : config_(*context.config),
+      l1_(context.l1),
+      sessions_(context.sessions),
+      registry_(context.registry),
+      counters_(context.counters),
+      tiers_(context.tiers),
+      pending_(context.pending_commits) {}
 
 uint32_t Lookups::ReadLocksPerSlot(const wire::CacheKey& key, int64_t tp_size) {
   // Each reader's RETRIEVE releases one lock on its own object. 0.5.6 clients say how many

@@ -37,6 +37,7 @@
 #include "server/config.h"
 #include "server/instance_registry.h"
 #include "server/pending_commits.h"
+#include "server/service_context.h"
 #include "server/chunk_keys.h"
 #include "server/service_counters.h"
 #include "server/sessions.h"
@@ -46,9 +47,10 @@ namespace kvd::server {
 
 class Lookups {
  public:
-  // Borrows everything; all must outlive this object.
-  Lookups(const ServerConfig& config, l1::L1Cache* l1, SessionTable* sessions,
-          const InstanceRegistry* registry, ServiceCounters* counters);
+  // Borrows the context's config, L1, sessions, registry, counters, tiers (a lookup
+  // prefetches from them; null: none) and pending commits (a lookup waits for them); all
+  // must outlive this object.
+  explicit Lookups(const ServiceContext& context);
 
   // LOOKUP: hit prefix (in chunks), read-locked, recorded for QueryPrefetchStatus. A model
   // no worker registered has 0 hits.
@@ -64,10 +66,6 @@ class Lookups {
   uint64_t prefetch_changes() const { return prefetch_changes_.load(std::memory_order_acquire); }
   // Called (from a tiers thread) each time a prefetch ends; null: none. Replaces the last.
   void SetPrefetchWakeup(std::function<void()> wakeup);
-  // The tiers a lookup prefetches from (null: none). Set once, before use.
-  void set_tiers(l2::TierSet* tiers) { tiers_ = tiers; }
-  // The STORE commits in flight a lookup waits for (null: none). Set once, before use.
-  void set_pending_commits(PendingCommits* pending) { pending_ = pending; }
   // The L1 keys of every full chunk of `key` [start, end) in the namespace its model's workers
   // registered (the request's session caches the hashes, as a LOOKUP's), or nothing
   // (namespace_known false) when no worker of the model registered or the namespace is
@@ -93,8 +91,8 @@ class Lookups {
   SessionTable* const sessions_;
   const InstanceRegistry* const registry_;
   ServiceCounters* const counters_;
-  l2::TierSet* tiers_ = nullptr;
-  PendingCommits* pending_ = nullptr;
+  l2::TierSet* const tiers_;
+  const std::shared_ptr<PendingCommits> pending_;
   std::atomic<uint64_t> prefetch_changes_{0};
   Mutex wakeup_mu_;
   std::function<void()> wakeup_ KVD_GUARDED_BY(wakeup_mu_);

@@ -51,7 +51,13 @@ class ChunkIoTest : public ::testing::Test {
     auto ns = l1_->namespaces().Intern("model", 1, "");
     ASSERT_TRUE(ns.ok());
     ns_ = *ns;
-    io_ = std::make_unique<ChunkIo>(256, l1_.get(), &sessions_);
+    config_.chunk_size = 256;
+    ServiceContext context;
+    context.config = &config_;
+    context.clock = &clock_;
+    context.l1 = l1_.get();
+    context.sessions = &sessions_;
+    io_ = std::make_unique<ChunkIo>(context);
     inst_.model_name = "model";
     inst_.world_size = 1;
     inst_.object_bytes = kObject;
@@ -82,6 +88,7 @@ class ChunkIoTest : public ::testing::Test {
   }
 
   FakeClock clock_;
+  ServerConfig config_;
   SessionTable sessions_{&clock_, 256, 60};
   CompletionLog log_;
   std::unique_ptr<l1::L1Cache> l1_;

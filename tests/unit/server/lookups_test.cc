@@ -132,8 +132,6 @@ class LookupsTest : public ::testing::Test {
       other->model_name = "other" + std::to_string(i);
       registry_->Put(other);
     }
-    lookups_ = std::make_unique<Lookups>(config_, l1_.get(), sessions_.get(), registry_.get(),
-                                         &counters_);
     l2::TierSpec spec;
     spec.config.type = "instant";
     spec.tier = std::make_shared<InstantTier>(inline_answers, std::move(absent), std::move(gate));
@@ -144,7 +142,16 @@ class LookupsTest : public ::testing::Test {
     std::vector<l2::TierSpec> specs;
     specs.push_back(std::move(spec));
     tiers_ = std::move(l2::TierSet::Create(to, std::move(specs), l1_.get())).value();
-    lookups_->set_tiers(tiers_.get());
+    ServiceContext context;
+    context.config = &config_;
+    context.clock = &clock_;
+    context.l1 = l1_.get();
+    context.sessions = sessions_.get();
+    context.registry = registry_.get();
+    context.counters = &counters_;
+    context.tiers = tiers_.get();
+    context.pending_commits = std::make_shared<PendingCommits>();
+    lookups_ = std::make_unique<Lookups>(context);
   }
   void TearDown() override {
     if (tiers_) tiers_->Close();
