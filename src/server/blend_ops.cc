@@ -88,16 +88,16 @@ std::string BlendOps::LockOwner(std::string_view request_id) {
 
 Status BlendOps::RegisterRope(const wire::CbRegisterRopeRequest& req) {
   auto inst = registry_->Find(req.instance_id);
-  if (!inst || inst->engine_driven) {
+  if (!inst || inst->engine_driven()) {
     return Status::InvalidArgument("Instance " + std::to_string(req.instance_id) +
                                    " has no paged KV cache registered; send REGISTER_KV_CACHE "
                                    "before CB_REGISTER_ROPE.");
   }
   const int64_t n_caches = static_cast<int64_t>(req.cos_sin_caches.size());
   int64_t max_eg = -1;
-  for (const auto& g : inst->layout.groups) {
+  for (const auto& g : inst->kvd().layout.groups) {
     const size_t list = g.engine_group;
-    const int64_t id = list < inst->engine_group_ids.size() ? inst->engine_group_ids[list]
+    const int64_t id = list < inst->kvd().engine_group_ids.size() ? inst->kvd().engine_group_ids[list]
                                                             : static_cast<int64_t>(list);
     max_eg = std::max(max_eg, id);
   }
@@ -172,7 +172,7 @@ Status BlendOps::RegisterRope(const wire::CbRegisterRopeRequest& req) {
   reg.kv_quant = *quant;
   if (Status st = blend::ValidateRopeRegistration(reg, max_eg); !st.ok()) return st;
   std::vector<std::string> skipped;
-  auto groups = blend::GroupRopesFor(inst->layout, inst->engine_group_ids, reg, &skipped);
+  auto groups = blend::GroupRopesFor(inst->kvd().layout, inst->kvd().engine_group_ids, reg, &skipped);
   if (!groups.ok()) return groups.status();
   for (const auto& line : skipped) spdlog::info("instance {}: re-RoPE skips {}", req.instance_id, line);
   state->groups = std::move(groups).value();

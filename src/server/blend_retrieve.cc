@@ -19,7 +19,7 @@ Result<bool> BlendOps::RetrievePreComputed(const wire::CbRetrievePreComputedRequ
     return st;
   };
   auto inst = registry_->Find(req.instance_id);
-  if (!inst || inst->engine_driven) {
+  if (!inst || inst->engine_driven()) {
     return fail(Status::NotFound("cb_retrieve_pre_computed: instance " +
                                  std::to_string(req.instance_id) + " has no registered KV cache"));
   }
@@ -106,9 +106,9 @@ Result<bool> BlendOps::RetrievePreComputed(const wire::CbRetrievePreComputedRequ
       lock_index.push_back(j);
     }
   }
-  if (inst->cpu_tensor_bases.empty()) {
+  if (inst->kvd().cpu_tensor_bases.empty()) {
     spdlog::warn("cb_retrieve_pre_computed: instance {} keeps its KV on {}: kvd's blend scatter "
-                 "is CPU-only for now; answering scatter_ran=false", req.instance_id, inst->device);
+                 "is CPU-only for now; answering scatter_ran=false", req.instance_id, inst->kvd().device);
     m_.retrieve_failures.Add();
     return false;
   }
@@ -134,9 +134,9 @@ Result<bool> BlendOps::RetrievePreComputed(const wire::CbRetrievePreComputedRequ
     pins.push_back(std::move(pin).value());
   }
   blend::ScatterRequest sr;
-  sr.layout = &inst->layout;
-  sr.tensor_bases = inst->cpu_tensor_bases;
-  sr.tensor_sizes = inst->cpu_tensor_sizes;
+  sr.layout = &inst->kvd().layout;
+  sr.tensor_bases = inst->kvd().cpu_tensor_bases;
+  sr.tensor_sizes = inst->kvd().cpu_tensor_sizes;
   sr.block_ids = req.block_ids;
   sr.matches = matches;
   sr.rope = rope->groups;

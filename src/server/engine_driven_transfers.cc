@@ -120,25 +120,25 @@ Result<std::pair<std::string, uint64_t>> EngineDrivenTransfers::Register(
   }
   auto inst = std::make_shared<Instance>();
   inst->id = req.instance_id;
-  inst->engine_driven = true;
+  WorkerCopies& w = inst->copies.emplace<WorkerCopies>();
   inst->model_name = req.model_name;
   inst->world_size = req.world_size;
-  inst->dtype = req.dtype_str;
+  w.dtype = req.dtype_str;
   inst->key_namespace = EngineDrivenNamespace(req);
   if (req.use_mla) {
-    inst->object_shape = {req.num_layers, slots, req.hidden_dim_size};
+    w.object_shape = {req.num_layers, slots, req.hidden_dim_size};
   } else {
-    inst->object_shape = {2, req.num_layers, slots, req.hidden_dim_size};
+    w.object_shape = {2, req.num_layers, slots, req.hidden_dim_size};
   }
   __int128 bytes = itemsize;
-  for (int64_t d : inst->object_shape) bytes *= d;
+  for (int64_t d : w.object_shape) bytes *= d;
   if (bytes > static_cast<__int128>(l1_->capacity_bytes())) {
     return Status::InvalidArgument("one chunk object (" +
                                    std::to_string(static_cast<int64_t>(bytes)) +
                                    " bytes) is larger than L1");
   }
   inst->object_bytes = static_cast<uint64_t>(bytes);
-  inst->tier_format = TierFormatOfEngineDriven(inst->object_bytes, inst->object_shape, inst->dtype,
+  inst->tier_format = TierFormatOfEngineDriven(inst->object_bytes, w.object_shape, w.dtype,
                                                inst->key_namespace);
   spdlog::info("registered engine-driven instance {} model '{}' world_size {}: object {} bytes{}",
                req.instance_id, req.model_name, req.world_size, inst->object_bytes,
@@ -159,7 +159,7 @@ Result<std::pair<std::vector<wire::ShmSlot>, std::vector<int64_t>>>
 EngineDrivenTransfers::PrepareStore(const wire::EngineDrivenRequest& req) {
   counters_->stores++;
   auto inst = registry_->Find(req.instance_id);
-  if (!inst || !inst->engine_driven) {
+  if (!inst || !inst->engine_driven()) {
     counters_->store_failures++;
     return Status::NotFound("prepare_store: instance " + std::to_string(req.instance_id) +
                             " has no engine-driven context");
@@ -217,7 +217,7 @@ EngineDrivenTransfers::PrepareStore(const wire::EngineDrivenRequest& req) {
     indices.reserve(pending.writes.size());
     for (size_t j = 0; j < pending.writes.size(); ++j) {
       const l1::WriteReservation& r = pending.writes.reservation(j);
-      slots.push_back({r.offset(), r.size(), inst->object_shape, inst->dtype});
+      slots.push_back({r.offset(), r.size(), inst->worker().object_shape, inst->worker().dtype});
       indices.push_back(pending.writes.chunk(j));
     }
     pending.hold = a.id;
@@ -275,7 +275,7 @@ Result<std::vector<wire::ShmSlot>> EngineDrivenTransfers::PrepareRetrieve(
     const wire::EngineDrivenRequest& req) {
   counters_->retrieves++;
   auto inst = registry_->Find(req.instance_id);
-  if (!inst || !inst->engine_driven) {
+  if (!inst || !inst->engine_driven()) {
     counters_->retrieve_failures++;
     return Status::NotFound("prepare_retrieve: instance " + std::to_string(req.instance_id) +
                             " has no engine-driven context");
@@ -310,7 +310,7 @@ Result<std::vector<wire::ShmSlot>> EngineDrivenTransfers::PrepareRetrieve(
   slots.reserve(pending.pins.size());
   sizes.reserve(pending.pins.size());
   for (const l1::ReadPin& pin : pending.pins) {
-    slots.push_back({pin.offset(), pin.size(), inst->object_shape, inst->dtype});
+    slots.push_back({pin.offset(), pin.size(), inst->worker().object_shape, inst->worker().dtype});
     sizes.push_back(pin.size());
   }
   const PendingKey key{req.instance_id, PendingId(req.key)};

@@ -13,6 +13,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include "common/clock.h"
@@ -26,51 +27,66 @@
 
 namespace kvd::server {
 
-// A registered worker: its KV tensors and the engine that copies between them and L1
-// (lmcache-driven), or the object shape it copies itself (engine-driven).
-struct Instance {
-  int64_t id = 0;
-  bool engine_driven = false;
-  std::string model_name;
-  int64_t world_size = 0;
-  // What goes into the keys of this instance's objects besides the model name (see
-  // KeyModelName): empty for canonical objects, which every instance of the model shares.
-  std::string key_namespace;
-  // lmcache-driven: the copy plan over the registered tensors and the engine executing it
-  // (CPU shared memory or CUDA IPC). The engine owns the tensors' mappings.
+// How a registered worker's KV moves between its memory and L1. Exactly one per instance.
+//
+// KvdCopies (lmcache-driven: REGISTER_KV_CACHE, STORE, RETRIEVE): kvd's copy engine copies
+// between the worker's registered tensors and L1.
+struct KvdCopies {
+  // The copy plan over the registered tensors and the engine executing it (CPU shared memory
+  // or CUDA IPC). The engine owns the tensors' mappings.
   layout::KvLayout layout;
   std::shared_ptr<transfer::CopyEngine> engine;
-  size_t num_tensors = 0;                     // registered tensors
-  // The client memory this instance maps, one id per segment or device allocation ("shm
-  // dev:inode", "cuda <device> <handle>"). No two instances may map the same memory.
-  std::vector<std::string> memory_ids;
-  // lmcache-driven: the registration as received (RegistrationFingerprint) and the segment
-  // behind each shared-memory name when it was mapped. A re-registration that matches both
-  // only refreshes liveness; any difference rebuilds the instance.
+  // The registration as received (RegistrationFingerprint) and the segment behind each
+  // shared-memory name when it was mapped. A re-registration that matches both only
+  // refreshes liveness; any difference rebuilds the instance.
   std::string registration;
   std::vector<std::pair<std::string, transfer::SegmentId>> shm_segments;
-  size_t num_mappings = 0;                    // shared-memory segments kvd mapped (CPU)
-  uint64_t object_bytes = 0;                  // bytes of one chunk object
-  // engine-driven: the slot shape the worker copies.
-  std::vector<int64_t> object_shape;
-  std::string dtype;
-  // How its objects are named and laid out in the tiers (server/tiers.h).
-  l2::ObjectFormat tier_format;
-  // lmcache-driven: where its KV lives, as lmcache's `device` label says it ("cpu" for
-  // shared memory, "cuda:N" for a GPU, N its ordinal in kvd's process), and its counters in
-  // ServiceCounters' tables (which outlive every instance). Null for engine-driven instances.
+  size_t num_mappings = 0;  // shared-memory segments kvd mapped (CPU)
+  // Where its KV lives, as lmcache's `device` label says it ("cpu" for shared memory,
+  // "cuda:N" for a GPU, N its ordinal in kvd's process), and its counters in
+  // ServiceCounters' tables (which outlive every instance).
   std::string device;
-  // lmcache-driven on CPU shared memory: the first mapped byte and the mapped length of the
-  // segment behind each registered tensor (owned by `engine`'s mappings, valid while this
-  // instance lives); empty for GPU and engine-driven instances. CacheBlend's scatter
-  // (server/blend_ops.h) writes through them.
+  TransferValues* transfer_counts = nullptr;
+  ThroughputValues* throughput = nullptr;
+  // On CPU shared memory: the first mapped byte and the mapped length of the segment behind
+  // each registered tensor (owned by `engine`'s mappings, valid while the instance lives);
+  // empty on a GPU. CacheBlend's scatter (server/blend_ops.h) writes through them.
   std::vector<uint8_t*> cpu_tensor_bases;
   std::vector<uint64_t> cpu_tensor_sizes;
   // The engine group id of each block-id list (the registration's engine_group_infos; empty:
   // list i is group i).
   std::vector<int64_t> engine_group_ids;
-  TransferValues* transfer_counts = nullptr;
-  ThroughputValues* throughput = nullptr;
+};
+
+// WorkerCopies (engine-driven: PREPARE/COMMIT): the worker copies through the pool's shared
+// memory itself; kvd hands it slots of this shape.
+struct WorkerCopies {
+  std::vector<int64_t> object_shape;
+  std::string dtype;
+};
+
+// A registered worker: what both modes share, and how its KV is copied.
+struct Instance {
+  int64_t id = 0;
+  std::string model_name;
+  int64_t world_size = 0;
+  // What goes into the keys of this instance's objects besides the model name (see
+  // KeyModelName): empty for canonical objects, which every instance of the model shares.
+  std::string key_namespace;
+  // The client memory this instance maps, one id per segment or device allocation ("shm
+  // dev:inode", "cuda <device> <handle>"). No two instances may map the same memory.
+  std::vector<std::string> memory_ids;
+  uint64_t object_bytes = 0;  // bytes of one chunk object
+  // How its objects are named and laid out in the tiers (server/tiers.h).
+  l2::ObjectFormat tier_format;
+  std::variant<KvdCopies, WorkerCopies> copies;
+
+  bool engine_driven() const { return std::holds_alternative<WorkerCopies>(copies); }
+  // The mode's part. Only after checking the mode (std::get throws on the other one).
+  const KvdCopies& kvd() const { return std::get<KvdCopies>(copies); }
+  KvdCopies& kvd() { return std::get<KvdCopies>(copies); }
+  const WorkerCopies& worker() const { return std::get<WorkerCopies>(copies); }
+  WorkerCopies& worker() { return std::get<WorkerCopies>(copies); }
 };
 
 // The largest world size a registration may name (objects have one L1 slot per rank).

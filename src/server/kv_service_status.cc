@@ -13,10 +13,11 @@ namespace {
 std::string EngineDrivenLayout(const Instance& inst) {
   std::ostringstream os;
   os << "engine-driven object [";
-  for (size_t i = 0; i < inst.object_shape.size(); ++i) {
-    os << (i ? ", " : "") << inst.object_shape[i];
+  const WorkerCopies& w = inst.worker();
+  for (size_t i = 0; i < w.object_shape.size(); ++i) {
+    os << (i ? ", " : "") << w.object_shape[i];
   }
-  os << "] " << inst.dtype;
+  os << "] " << w.dtype;
   return os.str();
 }
 
@@ -31,12 +32,12 @@ ServiceStatus KvService::StatusSnapshot() {
     const Instance& inst = *e.instance;
     InstanceStatus s;
     s.instance_id = inst.id;
-    s.engine_driven = inst.engine_driven;
+    s.engine_driven = inst.engine_driven();
     s.model_name = inst.model_name;
     s.world_size = inst.world_size;
-    s.layout = inst.engine_driven ? EngineDrivenLayout(inst) : inst.layout.Describe();
+    s.layout = inst.engine_driven() ? EngineDrivenLayout(inst) : inst.kvd().layout.Describe();
     s.object_bytes = inst.object_bytes;
-    s.num_mappings = inst.num_mappings;
+    s.num_mappings = inst.engine_driven() ? 0 : inst.kvd().num_mappings;
     s.idle_seconds = static_cast<double>(std::max<int64_t>(0, now - e.last_seen_ns)) * 1e-9;
     s.pinged = e.pinged;
     st.instances.push_back(std::move(s));

@@ -91,7 +91,7 @@ std::string RegistrationFingerprint(const wire::RegisterKvCacheRequest& req) {
 // True when every shared-memory name of the instance still names the segment it mapped
 // (a worker that recreated its segment under the same name gets a new mapping).
 bool SegmentsUnchanged(const Instance& inst) {
-  for (const auto& [name, id] : inst.shm_segments) {
+  for (const auto& [name, id] : inst.kvd().shm_segments) {
     auto now = transfer::IdentifySegment(name);
     if (!now.ok() || !(*now == id)) return false;
   }
@@ -123,7 +123,7 @@ Status LmcacheTransfers::Submit(const std::shared_ptr<const Instance>& inst,
   if (event_handle) event_handle->clear();
   const bool store = direction == transfer::CopyDirection::kGather;
   // The transfer is over when its completion has run, or when the engine refused it.
-  auto finished = [counts = inst->transfer_counts, store] {
+  auto finished = [counts = inst->kvd().transfer_counts, store] {
     if (!counts) return;
     auto& n = store ? counts->finished_stores : counts->finished_retrieves;
     n.fetch_add(1, std::memory_order_relaxed);
@@ -133,13 +133,14 @@ Status LmcacheTransfers::Submit(const std::shared_ptr<const Instance>& inst,
     finished();
     return Status::Ok();
   }
-  transfer::CopyEngine& engine = *inst->engine;
+  transfer::CopyEngine& engine = *inst->kvd().engine;
   // lmcache's L0<->L1 throughput: the bytes over the copy's time. A synchronous engine copies
   // inside Submit, so Submit to completion is the copy. An asynchronous (GPU) engine's copy
   // first waits for the client's event, which is not the copy's time: the engine times the
   // copy on the device and reports it (on_copy_timed), or it is not recorded.
   ThroughputHistogram* histogram =
-      inst->throughput ? (store ? &inst->throughput->store : &inst->throughput->load) : nullptr;
+      inst->kvd().throughput ? (store ? &inst->kvd().throughput->store : &inst->kvd().throughput->load)
+                             : nullptr;
   const bool device_timed = engine.caps().asynchronous;
   std::function<void(double)> on_copy_timed;
   if (histogram && device_timed) {
@@ -219,7 +220,7 @@ size_t LmcacheTransfers::CancelOverdueCopies() {
                   "reports completion; the worker must register again.",
                   o.instance_id, o.store ? "STORE" : "RETRIEVE",
                   static_cast<double>(o.overdue_ns) * 1e-9, o.store ? "write" : "read");
-    o.instance->engine->Cancel();
+    o.instance->kvd().engine->Cancel();
     registry_->RemoveIf(o.instance_id, o.instance.get());
     counters_->cancelled_instances++;
     // Kept until its copies report back, so the engine is not torn down (and its
@@ -251,8 +252,8 @@ Status LmcacheTransfers::Register(const wire::RegisterKvCacheRequest& req) {
   }
   if (Status st = CheckInstanceIdentity(req.model_name, req.world_size); !st.ok()) return st;
   const std::string registration = RegistrationFingerprint(req);
-  if (auto old = registry_->Peek(req.instance_id); old && !old->engine_driven &&
-                                                   old->registration == registration &&
+  if (auto old = registry_->Peek(req.instance_id); old && !old->engine_driven() &&
+                                                   old->kvd().registration == registration &&
                                                    SegmentsUnchanged(*old)) {
     registry_->Touch(req.instance_id);
     return Status::Ok();  // the same registration again (after a recovery): liveness only
@@ -268,16 +269,16 @@ Status LmcacheTransfers::Register(const wire::RegisterKvCacheRequest& req) {
   inst->model_name = req.model_name;
   inst->world_size = req.world_size;
   inst->object_bytes = layout->object_bytes;
-  inst->num_tensors = req.tensors.size();
-  inst->registration = registration;
-  for (const auto& g : req.group_infos) inst->engine_group_ids.push_back(g.engine_group_id);
+  KvdCopies& k = inst->kvd();  // the default alternative
+  k.registration = registration;
+  for (const auto& g : req.group_infos) k.engine_group_ids.push_back(g.engine_group_id);
   if (on_gpu) {
     // GPU KV caches (CUDA IPC): the device engine opens them; it refuses a registration
     // that mixes in CPU tensors, and says so when this build or machine has no CUDA.
     auto engine = transfer::MakeDeviceEngine(req.tensors, *layout,
                                              {l1_->base(), l1_->capacity_bytes()}, req.instance_id);
     if (!engine.ok()) return engine.status();
-    inst->engine = std::move(engine).value();
+    k.engine = std::move(engine).value();
     inst->memory_ids = transfer::DeviceMemoryIds(req.tensors);
   } else {
     // Map each distinct segment once, covering every tensor that lives in it.
@@ -290,17 +291,17 @@ Status LmcacheTransfers::Register(const wire::RegisterKvCacheRequest& req) {
       if (!m.ok()) return m.status();
       base_of[name] = m->data();
       inst->memory_ids.push_back("shm " + m->id().ToString());
-      inst->shm_segments.emplace_back(name, m->id());
+      k.shm_segments.emplace_back(name, m->id());
       mappings.push_back(std::move(m).value());
     }
     std::vector<uint8_t*> bases;
     for (const auto& t : req.tensors) {
       bases.push_back(base_of[t.shm_name]);
-      inst->cpu_tensor_sizes.push_back(need[t.shm_name]);
+      k.cpu_tensor_sizes.push_back(need[t.shm_name]);
     }
-    inst->cpu_tensor_bases = bases;
-    inst->num_mappings = mappings.size();
-    inst->engine = transfer::MakeCpuCopyEngine(*layout, std::move(bases), copy_threads_,
+    k.cpu_tensor_bases = bases;
+    k.num_mappings = mappings.size();
+    k.engine = transfer::MakeCpuCopyEngine(*layout, std::move(bases), copy_threads_,
                                                std::move(mappings));
   }
   if (layout->block_size_dependent > 0) {
@@ -308,21 +309,21 @@ Status LmcacheTransfers::Register(const wire::RegisterKvCacheRequest& req) {
     // size must not read these objects (docs/layouts.md).
     inst->key_namespace = "vllm-cpu blocks of " + std::to_string(layout->block_size_dependent);
   }
-  inst->layout = std::move(layout).value();
-  inst->tier_format = TierFormatOf(inst->layout, inst->key_namespace);
-  const transfer::EngineCaps& caps = inst->engine->caps();
-  inst->device = !caps.device_memory ? "cpu"
+  k.layout = std::move(layout).value();
+  inst->tier_format = TierFormatOf(k.layout, inst->key_namespace);
+  const transfer::EngineCaps& caps = k.engine->caps();
+  k.device = !caps.device_memory ? "cpu"
                  : caps.device_index >= 0 ? "cuda:" + std::to_string(caps.device_index)
                                           : "cuda";
-  inst->transfer_counts = &counters_->transfers.Get({inst->device});
-  inst->throughput = &counters_->throughput.Get(
-      {inst->device, std::to_string(req.instance_id), req.model_name});
+  k.transfer_counts = &counters_->transfers.Get({k.device});
+  k.throughput = &counters_->throughput.Get(
+      {k.device, std::to_string(req.instance_id), req.model_name});
   if (io_.tiers() && !inst->tier_format.layout_tag.empty()) {
     spdlog::info("instance {}: tier objects of this layout are kvd-private (layout tag {}): "
                  "lmcache servers sharing the tiers will not read them (docs/tiers.md)",
                  req.instance_id, inst->tier_format.layout_tag);
   }
-  const std::string described = inst->layout.Describe();
+  const std::string described = k.layout.Describe();
   if (Status st = registry_->PutExclusive(std::move(inst)); !st.ok()) {
     return Status::FailedPrecondition("instance " + std::to_string(req.instance_id) + ": " +
                                       st.message());
@@ -349,17 +350,17 @@ Status LmcacheTransfers::Store(const wire::TransferRequest& req, std::string* ev
     return st;
   };
   auto inst = registry_->Find(req.instance_id);
-  if (!inst || inst->engine_driven) {
+  if (!inst || inst->engine_driven()) {
     return fail(Status::NotFound("store: instance " + std::to_string(req.instance_id) +
                                  " has no registered KV cache"));
   }
   if (Status st = KeyMatchesInstance("store", req.key, *inst); !st.ok()) return fail(st);
-  submitted = inst->transfer_counts;
+  submitted = inst->kvd().transfer_counts;
   if (submitted) submitted->submitted_stores.fetch_add(1, std::memory_order_relaxed);
   auto chunks = io_.KeysToWrite(req.key, *inst);
   if (!chunks.ok()) return fail(chunks.status());
   const int64_t n = static_cast<int64_t>(chunks->keys.size());
-  if (Status st = transfer::ValidateBlockIds(inst->layout, req.block_ids, n); !st.ok()) {
+  if (Status st = transfer::ValidateBlockIds(inst->kvd().layout, req.block_ids, n); !st.ok()) {
     return fail(st);
   }
   const uint32_t slot = static_cast<uint32_t>(*req.key.worker_id);
@@ -368,7 +369,7 @@ Status LmcacheTransfers::Store(const wire::TransferRequest& req, std::string* ev
   // chunks before the last state): storing it would serve garbage to a later hit.
   auto reserved = io_.Reserve(chunks->keys, *inst, slot, /*copy_in_flight=*/true,
                               [&](size_t i) {
-                                return ChunkIsAllNull(inst->layout, req.block_ids,
+                                return ChunkIsAllNull(inst->kvd().layout, req.block_ids,
                                                       static_cast<int64_t>(i));
                               });
   if (!reserved.ok()) return fail(reserved.status());
@@ -391,7 +392,7 @@ Status LmcacheTransfers::Store(const wire::TransferRequest& req, std::string* ev
   // client saw the copy's event, but before the commit, waits for it (pending_commits.h).
   // Dropping the plan unrun (a refused Submit) releases the hold too.
   std::shared_ptr<PendingCommits::Hold> pending;
-  if (inst->engine->caps().asynchronous && !held->empty()) {
+  if (inst->kvd().engine->caps().asynchronous && !held->empty()) {
     std::vector<l1::ChunkKey> keys;
     keys.reserve(held->size());
     for (size_t j = 0; j < held->size(); ++j) keys.push_back(held->key(j));
@@ -434,19 +435,19 @@ Status LmcacheTransfers::Retrieve(const wire::TransferRequest& req, std::string*
     return st;
   };
   auto inst = registry_->Find(req.instance_id);
-  if (!inst || inst->engine_driven) {
+  if (!inst || inst->engine_driven()) {
     return fail(Status::NotFound("retrieve: instance " + std::to_string(req.instance_id) +
                                  " has no registered KV cache"));
   }
   if (req.key.model_name != inst->model_name || req.key.world_size != inst->world_size) {
     return fail(Status::InvalidArgument("retrieve: key does not match the instance's model"));
   }
-  submitted = inst->transfer_counts;
+  submitted = inst->kvd().transfer_counts;
   if (submitted) submitted->submitted_retrieves.fetch_add(1, std::memory_order_relaxed);
   auto chunks = io_.KeysToRead(req.key, *inst);
   if (!chunks.ok()) return fail(chunks.status());
   const int64_t n = (req.key.end - req.key.start) / config_.chunk_size;
-  if (Status st = transfer::ValidateBlockIds(inst->layout, req.block_ids, n); !st.ok()) {
+  if (Status st = transfer::ValidateBlockIds(inst->kvd().layout, req.block_ids, n); !st.ok()) {
     return fail(st);
   }
   const uint32_t slot = static_cast<uint32_t>(*req.key.worker_id);
