@@ -88,6 +88,14 @@ std::string RegistrationFingerprint(const wire::RegisterKvCacheRequest& req) {
   return s;
 }
 
+// The transfer is over (its completion ran, or the engine refused it): lmcache's
+// finished-transfer counter of the instance's device (null: none).
+void CountFinished(TransferValues* counts, bool store) {
+  if (!counts) return;
+  auto& n = store ? counts->finished_stores : counts->finished_retrieves;
+  n.fetch_add(1, std::memory_order_relaxed);
+}
+
 // True when every shared-memory name of the instance still names the segment it mapped
 // (a worker that recreated its segment under the same name gets a new mapping).
 bool SegmentsUnchanged(const Instance& inst) {
@@ -122,15 +130,10 @@ Status LmcacheTransfers::Submit(const std::shared_ptr<const Instance>& inst,
                                 std::string* event_handle) {
   if (event_handle) event_handle->clear();
   const bool store = direction == transfer::CopyDirection::kGather;
-  // The transfer is over when its completion has run, or when the engine refused it.
-  auto finished = [counts = inst->kvd().transfer_counts, store] {
-    if (!counts) return;
-    auto& n = store ? counts->finished_stores : counts->finished_retrieves;
-    n.fetch_add(1, std::memory_order_relaxed);
-  };
+  TransferValues* const counts = inst->kvd().transfer_counts;
   if (tasks.empty()) {  // nothing to copy: an empty handle says so
     on_complete(Status::Ok());
-    finished();
+    CountFinished(counts, store);
     return Status::Ok();
   }
   transfer::CopyEngine& engine = *inst->kvd().engine;
@@ -138,43 +141,46 @@ Status LmcacheTransfers::Submit(const std::shared_ptr<const Instance>& inst,
   // inside Submit, so Submit to completion is the copy. An asynchronous (GPU) engine's copy
   // first waits for the client's event, which is not the copy's time: the engine times the
   // copy on the device and reports it (on_copy_timed), or it is not recorded.
+  ThroughputValues* const throughput = inst->kvd().throughput;
   ThroughputHistogram* histogram =
-      inst->kvd().throughput ? (store ? &inst->kvd().throughput->store : &inst->kvd().throughput->load)
-                             : nullptr;
-  const bool device_timed = engine.caps().asynchronous;
+      throughput ? (store ? &throughput->store : &throughput->load) : nullptr;
+  const bool asynchronous = engine.caps().asynchronous;
   std::function<void(double)> on_copy_timed;
-  if (histogram && device_timed) {
+  if (histogram && asynchronous) {
     on_copy_timed = [histogram, bytes](double seconds) { histogram->Record(bytes, seconds); };
   }
-  on_complete = [done = std::move(on_complete), finished, histogram = device_timed ? nullptr : histogram,
-                 bytes, start = std::chrono::steady_clock::now()](const Status& st) {
+  // An asynchronous copy is watched until it completes (CancelOverdueCopies), with the TTL of
+  // what it holds: write reservations for a STORE, read pins for a RETRIEVE.
+  InFlightCopies::Id watch = 0;
+  if (asynchronous) {
+    const double ttl = store ? config_.l1_write_ttl_seconds : config_.l1_read_ttl_seconds;
+    watch = inflight_->Add(inst, store, clock_->NowNanos() + static_cast<int64_t>(ttl * 1e9));
+  }
+  // The copy's one completion, in this order: a synchronous copy's throughput, the caller's
+  // completion (commit, or release), the transfer counted as finished, the watch removed.
+  auto completion = [done = std::move(on_complete), counts, store, bytes,
+                     histogram = asynchronous ? nullptr : histogram,
+                     start = std::chrono::steady_clock::now(),
+                     inflight = watch ? inflight_ : nullptr, watch](const Status& st) {
     if (histogram && st.ok()) {
       const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
       histogram->Record(bytes, took.count());
     }
     done(st);
-    finished();
+    CountFinished(counts, store);
+    if (inflight) inflight->Remove(watch);
   };
-  InFlightCopies::Id watch = 0;
-  if (engine.caps().asynchronous) {
-    const double ttl = store ? config_.l1_write_ttl_seconds : config_.l1_read_ttl_seconds;
-    watch = inflight_->Add(inst, store, clock_->NowNanos() + static_cast<int64_t>(ttl * 1e9));
-    on_complete = [inflight = inflight_, watch, done = std::move(on_complete)](const Status& st) {
-      done(st);
-      inflight->Remove(watch);
-    };
-  }
   transfer::CopyPlan plan;
   plan.direction = direction;
   plan.block_ids = req.block_ids;
   plan.tasks = std::move(tasks);
   plan.wait_event = req.event_handle;
-  plan.on_complete = std::move(on_complete);
+  plan.on_complete = std::move(completion);
   plan.on_copy_timed = std::move(on_copy_timed);
   auto sub = engine.Submit(std::move(plan));
-  if (!sub.ok()) {
-    if (watch) inflight_->Remove(watch);  // refused: its completion never runs
-    finished();
+  if (!sub.ok()) {  // refused: its completion never runs
+    if (watch) inflight_->Remove(watch);
+    CountFinished(counts, store);
     return sub.status();
   }
   if (event_handle) *event_handle = sub->event_handle;
