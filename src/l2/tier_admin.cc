@@ -45,11 +45,7 @@ void TierSet::DeleteObjects(size_t index, std::vector<ObjectKey> keys, Tier::Don
           continue;
         }
         if (results[i].bytes > 0) n++;
-        auto it = t.index.find((*ids)[i]);
-        if (it == t.index.end()) continue;
-        t.usage -= std::min(t.usage, it->second.bytes);
-        t.lru.erase(it->second.lru);
-        t.index.erase(it);
+        t.index.Remove((*ids)[i]);
       }
     }
     spdlog::info("l2 {}: {} object(s) deleted on request", t.name, n);

@@ -122,7 +122,6 @@ void TierSet::RunJob(const std::shared_ptr<PrefetchJob>& job) {
     calls_in_flight_++;
     t.spec.tier->Exists(job->keys, [this, job, ti, &t](std::vector<ItemResult> results) {
       uint64_t found = 0, errors = 0;
-      const int64_t now = options_.clock->NowNanos();
       {
         MutexLock jl(&job->mu);
         for (size_t i = 0; i < results.size() && i < job->keys.size(); ++i) {
@@ -150,7 +149,7 @@ void TierSet::RunJob(const std::shared_ptr<PrefetchJob>& job) {
         }
         for (size_t i = 0; i < results.size() && i < job->keys.size(); ++i) {
           if (results[i].status.ok()) {
-            t.AccountLocked(job->keys[i], results[i].bytes ? results[i].bytes : job->req.format.object_bytes, now);
+            t.AccountLocked(job->keys[i], results[i].bytes ? results[i].bytes : job->req.format.object_bytes);
           }
         }
       }
@@ -247,7 +246,7 @@ void TierSet::OnExists(const std::shared_ptr<PrefetchJob>& job) {
       t.st.load_requests++;
       t.st.load_objects += count;
       t.st.inflight_load_objects += count;
-      for (size_t i : index[ti]) t.TouchLocked(RespKey(job->keys[i]), now, +1);
+      for (size_t i : index[ti]) t.BusyLocked(job->keys[i], +1);
     }
     calls_in_flight_++;
     auto idx = std::make_shared<std::vector<size_t>>(std::move(index[ti]));
@@ -267,7 +266,7 @@ void TierSet::OnExists(const std::shared_ptr<PrefetchJob>& job) {
         t.st.load_seconds += static_cast<double>(end - now) * 1e-9;
         for (size_t j = 0; j < idx->size(); ++j) {
           const size_t i = (*idx)[j];
-          t.TouchLocked(RespKey(job->keys[i]), end, -1);
+          t.BusyLocked(job->keys[i], -1);
           const Status& s = j < results.size() ? results[j].status : Status::Internal("no answer");
           if (s.ok()) {
             t.st.loaded_objects++;

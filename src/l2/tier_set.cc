@@ -136,7 +136,7 @@ void TierSet::StoreBehind(std::vector<CommittedObject> objects, const ObjectForm
         // Admission (issue 27, finding 3): a tier with a declared capacity never takes an
         // object that would put what it holds, plus what is being written, over it; the
         // write is skipped and counted as no space (eviction frees room at its next round).
-        if (t.capacity > 0 && t.usage + t.st.inflight_store_bytes + bytes + sz > t.capacity) {
+        if (t.capacity > 0 && t.index.usage() + t.st.inflight_store_bytes + bytes + sz > t.capacity) {
           t.st.store_full_objects++;
           continue;
         }
@@ -220,8 +220,7 @@ void TierSet::StoreBehind(std::vector<CommittedObject> objects, const ObjectForm
             } else {
               t.st.store_existing_objects++;
             }
-            t.AccountLocked(obj.key, r.bytes > 0 ? r.bytes : batch->pins[index[j]].size(),
-                          options_.clock->NowNanos());
+            t.AccountLocked(obj.key, r.bytes > 0 ? r.bytes : batch->pins[index[j]].size());
           } else if (r.status.code() == StatusCode::kResourceExhausted) {
             t.st.store_full_objects++;
             t.NoteError(r.status.message());
@@ -379,7 +378,7 @@ TierSetStats TierSet::stats() const {
     {
       MutexLock lock(&tp->mu);
       ts = tp->st;
-      ts.usage_bytes = tp->usage;
+      ts.usage_bytes = tp->index.usage();
       ts.objects = tp->index.size();
       ts.scanned = tp->scanned;
     }

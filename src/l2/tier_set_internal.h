@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "common/mutex.h"
+#include "l2/tier_index.h"
 #include "l2/tier_set.h"
 
 namespace kvd::l2 {
@@ -26,26 +27,19 @@ struct TierSet::TierState {
   // a missing or corrupt object do not count): the tier's health follows what its writes and
   // reads actually do, whatever its back-end says (issue 27, finding 11).
   uint64_t failures_in_a_row KVD_GUARDED_BY(mu) = 0;
-  // The object index (capacity tiers; others keep usage only): id = RespKey(key) without a
-  // prefix, recency order front = least recently used.
-  struct Obj {
-    uint64_t bytes = 0;
-    std::list<std::string>::iterator lru;
-    int busy = 0;                   // loads in progress: not evicted
-  };
-  std::unordered_map<std::string, Obj> index KVD_GUARDED_BY(mu);
-  std::list<std::string> lru KVD_GUARDED_BY(mu);
-  uint64_t usage KVD_GUARDED_BY(mu) = 0;
+  // The object index of a capacity tier (empty for the others): sizes, loads in progress
+  // and eviction order (l2/tier_index.h).
+  TierIndex index KVD_GUARDED_BY(mu);
   bool scanned KVD_GUARDED_BY(mu) = false;
   bool evicting KVD_GUARDED_BY(mu) = false;
 
   // `operational`: the back-end failed (not the object: missing, corrupt).
   void NoteError(const std::string& what, bool operational = true) KVD_REQUIRES(mu);
   void NoteSuccess() KVD_REQUIRES(mu) { failures_in_a_row = 0; }
-  // Accounting of the object index (tier_eviction.cc): an object written or found, a load
-  // starting (busy_delta +1) or ending (-1).
-  void AccountLocked(const ObjectKey& key, uint64_t bytes, int64_t now_ns) KVD_REQUIRES(mu);
-  void TouchLocked(const std::string& id, int64_t now_ns, int busy_delta) KVD_REQUIRES(mu);
+  // Accounting of the object index (tier_eviction.cc; nothing without a capacity): an
+  // object written or found; a load starting (busy_delta +1) or ending (-1).
+  void AccountLocked(const ObjectKey& key, uint64_t bytes) KVD_REQUIRES(mu);
+  void BusyLocked(const ObjectKey& key, int busy_delta) KVD_REQUIRES(mu);
 };
 
 struct TierSet::StoreBatch {
