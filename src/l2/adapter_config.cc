@@ -94,12 +94,12 @@ Status ParseEviction(const Parser& p, AdapterConfig* c) {
   TierEvictionConfig ev;
   Parser ep{e, p.where};
   if (Status st = ep.String("eviction_policy", &ev.policy, true); !st.ok()) return st;
-  if (ev.policy == "ARC" || ev.policy == "IsolatedLRU") {
+  if (ev.policy == "IsolatedLRU") {
     return p.Bad("eviction_policy '" + ev.policy +
-                 "' is an lmcache tier policy that kvd does not implement (kvd: LRU, noop)");
+                 "' is an lmcache tier policy that kvd does not implement (kvd: LRU, ARC, noop)");
   }
-  if (ev.policy != "LRU" && ev.policy != "noop") {
-    return p.Bad("eviction_policy must be 'LRU' or 'noop', got '" + ev.policy + "'");
+  if (ev.policy != "LRU" && ev.policy != "ARC" && ev.policy != "noop") {
+    return p.Bad("eviction_policy must be 'LRU', 'ARC' or 'noop', got '" + ev.policy + "'");
   }
   if (Status st = ep.Number("trigger_watermark", &ev.trigger_watermark, 0, true); !st.ok()) return st;
   if (Status st = ep.Number("eviction_ratio", &ev.eviction_ratio, 0, true); !st.ok()) return st;
@@ -268,8 +268,8 @@ Result<AdapterConfig> ParseAdapterConfig(std::string_view text, int index) {
   }
   if (!st.ok()) return st;
   if (Status cs = ParseCommon(p, &c); !cs.ok()) return cs;
-  if (c.eviction && c.eviction->policy == "LRU" && c.max_capacity_gb <= 0) {
-    return p.Bad("an LRU 'eviction' block needs 'max_capacity_gb' > 0");
+  if (c.eviction && c.eviction->policy != "noop" && c.max_capacity_gb <= 0) {
+    return p.Bad("an " + c.eviction->policy + " 'eviction' block needs 'max_capacity_gb' > 0");
   }
   return c;
 }

@@ -46,7 +46,7 @@ void TierSet::ScanTier(TierState& t) {
 }
 
 void TierSet::EvictTier(TierState& t) {
-  if (!t.eviction || t.eviction->policy != "LRU" || t.capacity == 0) return;
+  if (!t.eviction || t.eviction->policy == "noop" || t.capacity == 0) return;
   std::vector<ObjectKey> victims;
   {
     MutexLock lock(&t.mu);

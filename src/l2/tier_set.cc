@@ -30,7 +30,8 @@ Result<std::unique_ptr<TierSet>> TierSet::Create(const TierSetOptions& options,
   for (const auto& t : tiers) per_type[t.config.type]++;
   for (auto& spec : tiers) {
     if (!spec.tier || !spec.serde) return Status::InvalidArgument("TierSpec without tier or serde");
-    auto st = std::make_unique<TierState>();
+    const auto& ev = spec.config.eviction;
+    auto st = std::make_unique<TierState>(ev && ev->policy != "noop" ? ev->policy : "LRU");
     st->name = per_type[spec.config.type] > 1
                    ? spec.config.type + "#" + std::to_string(spec.config.index)
                    : spec.config.type;

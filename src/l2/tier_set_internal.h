@@ -13,6 +13,10 @@
 namespace kvd::l2 {
 
 struct TierSet::TierState {
+  // `policy`: the eviction order of the object index (the eviction block's policy; LRU when
+  // there is none or it is noop).
+  explicit TierState(std::string_view policy) : index(policy) {}
+
   TierSpec spec;
   std::string name;
   uint64_t capacity = 0;

@@ -110,9 +110,11 @@ TEST(AdapterConfigTest, RefusalsNameTheProblem) {
             "--l2-adapter #1 ('fs'): 'relative_tmp_dir' must be a relative path inside base_path, got '../t'");
   EXPECT_EQ(Error(R"({"type":"fs","base_path":"/x","eviction":{"eviction_policy":"LRU"}})"),
             "--l2-adapter #1 ('fs'): an LRU 'eviction' block needs 'max_capacity_gb' > 0");
-  EXPECT_EQ(Error(R"({"type":"fs","base_path":"/x","max_capacity_gb":1,"eviction":{"eviction_policy":"ARC"}})"),
-            "--l2-adapter #1 ('fs'): eviction_policy 'ARC' is an lmcache tier policy that kvd does "
-            "not implement (kvd: LRU, noop)");
+  EXPECT_EQ(Error(R"({"type":"fs","base_path":"/x","max_capacity_gb":1,"eviction":{"eviction_policy":"IsolatedLRU"}})"),
+            "--l2-adapter #1 ('fs'): eviction_policy 'IsolatedLRU' is an lmcache tier policy that kvd does "
+            "not implement (kvd: LRU, ARC, noop)");
+  EXPECT_EQ(Error(R"({"type":"fs","base_path":"/x","eviction":{"eviction_policy":"ARC"}})"),
+            "--l2-adapter #1 ('fs'): an ARC 'eviction' block needs 'max_capacity_gb' > 0");
   EXPECT_EQ(Error(R"({"type":"fs","base_path":"/x","eviction":{"policy":"LRU"}})"),
             "--l2-adapter #1 ('fs'): unknown key 'eviction.policy'");
   EXPECT_EQ(Error(R"([1,2])"), "--l2-adapter #1: expected a JSON object");

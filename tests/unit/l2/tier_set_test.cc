@@ -29,6 +29,7 @@ constexpr uint32_t kRanks = 2;
 
 class TierSetTest : public ::testing::Test {
  protected:
+  void EvictsObjectsOfEarlierRunsFirst(const std::string& policy);
   void SetUp() override {
     l1::L1CacheOptions o;
     o.capacity_bytes = 64ull << 20;
@@ -687,7 +688,9 @@ TEST_F(TierSetTest, EvictedObjectBeingLoadedLeavesTheIndex) {
   EXPECT_EQ(s.usage_bytes, 0u);
 }
 
-TEST_F(TierSetTest, EvictionCoversObjectsOfEarlierRunsOldestFirst) {
+// An earlier run left 8 objects; this run stores 4 more into a 12-object tier whose eviction
+// block names `policy`: the round frees 6 objects, all of the earlier run's.
+void TierSetTest::EvictsObjectsOfEarlierRunsFirst(const std::string& policy) {
   auto a = std::make_shared<MemoryTier>();
   // An earlier run left 8 objects (chunks 100-103).
   for (int c = 100; c < 104; ++c) {
@@ -696,7 +699,7 @@ TEST_F(TierSetTest, EvictionCoversObjectsOfEarlierRunsOldestFirst) {
   AdapterConfig cfg;
   cfg.type = "memory";
   cfg.max_capacity_gb = 12.0 * kObj / (1ull << 30);  // room for 12 objects
-  cfg.eviction = TierEvictionConfig{"LRU", 0.8, 0.5};
+  cfg.eviction = TierEvictionConfig{policy, 0.8, 0.5};
   Make({a}, {}, {cfg});
   for (int i = 0; i < 2000 && !set_->stats().tiers[0].scanned; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
   ASSERT_TRUE(set_->stats().tiers[0].scanned);
@@ -718,6 +721,11 @@ TEST_F(TierSetTest, EvictionCoversObjectsOfEarlierRunsOldestFirst) {
   auto e = ExistsSync(*a, {Obj(0, 0), Obj(0, 1), Obj(1, 0), Obj(1, 1)});
   for (const auto& x : e) EXPECT_TRUE(x.status.ok());
 }
+
+TEST_F(TierSetTest, EvictionCoversObjectsOfEarlierRunsOldestFirst) { EvictsObjectsOfEarlierRunsFirst("LRU"); }
+
+// lmcache's ARC tier policy: the eviction module's ARC orders the tier (tier_index.h).
+TEST_F(TierSetTest, ArcEvictionCoversObjectsOfEarlierRunsFirst) { EvictsObjectsOfEarlierRunsFirst("ARC"); }
 
 }  // namespace
 }  // namespace kvd::l2
