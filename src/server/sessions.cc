@@ -181,17 +181,13 @@ Result<std::vector<keys::Hash32>> SessionTable::Hashes(std::string_view request_
 void SessionTable::SetLookupResult(std::string_view request_id, int64_t hit_chunks) {
   auto s = Get(request_id, true);
   MutexLock lock(&s->mu);
-  s->lookup_result = hit_chunks;
-  s->lookup_generation++;
-  s->lookup_running = false;
+  s->lookup.Set(hit_chunks);
 }
 
 uint64_t SessionTable::BeginLookup(std::string_view request_id) {
   auto s = Get(request_id, true);
   MutexLock lock(&s->mu);
-  s->lookup_result.reset();
-  s->lookup_running = true;
-  return ++s->lookup_generation;
+  return s->lookup.Begin();
 }
 
 bool SessionTable::FinishLookup(std::string_view request_id, uint64_t generation,
@@ -199,33 +195,28 @@ bool SessionTable::FinishLookup(std::string_view request_id, uint64_t generation
   auto s = Get(request_id, false);
   if (!s) return false;  // ended meanwhile
   MutexLock lock(&s->mu);
-  if (s->lookup_generation != generation) return false;
-  s->lookup_result = hit_chunks;
-  s->lookup_running = false;
-  return true;
+  return s->lookup.Finish(generation, hit_chunks);
 }
 
 bool SessionTable::LookupCurrent(std::string_view request_id, uint64_t generation) {
   auto s = Get(request_id, false);
   if (!s) return false;
   MutexLock lock(&s->mu);
-  return s->lookup_running && s->lookup_generation == generation;
+  return s->lookup.Current(generation);
 }
 
 bool SessionTable::LookupRunning(std::string_view request_id) {
   auto s = Get(request_id, false);
   if (!s) return false;
   MutexLock lock(&s->mu);
-  return s->lookup_running;
+  return s->lookup.running();
 }
 
 std::optional<int64_t> SessionTable::TakeLookupResult(std::string_view request_id) {
   auto s = Get(request_id, false);
   if (!s) return std::nullopt;
   MutexLock lock(&s->mu);
-  auto r = s->lookup_result;
-  s->lookup_result.reset();
-  return r;
+  return s->lookup.Take();
 }
 
 std::pair<SessionIdentity, std::vector<keys::Hash32>> SessionTable::End(

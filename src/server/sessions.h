@@ -33,6 +33,7 @@
 #include "common/status.h"
 #include "keys/chunk_hasher.h"
 #include "keys/chunk_key_memo.h"
+#include "server/lookup_result.h"
 #include "wire/messages.h"
 
 namespace kvd::server {
@@ -96,7 +97,8 @@ class SessionTable {
   // InvalidArgument when there are too few, or one is outside [0, 2^32).
   static Status CheckTokens(const wire::TokenIds& tokens, size_t num_chunks, uint32_t chunk_size);
 
-  // Lookup results: set by LOOKUP, taken (once) by QUERY_PREFETCH_STATUS.
+  // Lookup results (the states are drawn in lookup_result.h): set by LOOKUP, taken (once) by
+  // QUERY_PREFETCH_STATUS.
   void SetLookupResult(std::string_view request_id, int64_t hit_chunks);
   // A lookup whose prefix is still being loaded from the tiers: until FinishLookup with the
   // returned generation, the request's result is "running". A later BeginLookup or
@@ -134,9 +136,7 @@ class SessionTable {
     Mutex mu;
     std::vector<uint32_t> tokens KVD_GUARDED_BY(mu);  // what `hashes` cover (all < 2^32)
     std::vector<keys::Hash32> hashes KVD_GUARDED_BY(mu);
-    std::optional<int64_t> lookup_result KVD_GUARDED_BY(mu);
-    uint64_t lookup_generation KVD_GUARDED_BY(mu) = 0;
-    bool lookup_running KVD_GUARDED_BY(mu) = false;
+    LookupResult lookup KVD_GUARDED_BY(mu);  // the request's LOOKUP result (lookup_result.h)
     SessionIdentity identity KVD_GUARDED_BY(mu);
     // Guarded by the table's mu_ (SessionTable::mu_, a lock of the enclosing object, which a
     // nested struct's KVD_GUARDED_BY cannot name); the *Locked helpers that touch them
