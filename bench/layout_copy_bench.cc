@@ -22,6 +22,7 @@
 
 #include "layout/layout.h"
 #include "transfer/cpu_copy.h"
+#include "wire/messages.h"
 
 namespace {
 

@@ -26,6 +26,7 @@
 #include "blend/scatter.h"
 #include "layout/layout.h"
 #include "suites.h"
+#include "wire/messages.h"
 
 namespace kvd::bench::blend {
 namespace {

@@ -35,7 +35,7 @@ std::string ShapeString(const std::vector<int64_t>& v) {
   return os.str();
 }
 
-std::string Describe(const wire::TensorDescriptor& t, size_t i) {
+std::string Describe(const TensorDescriptor& t, size_t i) {
   return TensorName(i) + " (shape " + ShapeString(t.shape) + " stride " + ShapeString(t.stride) +
          " offset " + std::to_string(t.storage_offset) + " " + t.dtype + ")";
 }
@@ -87,7 +87,7 @@ std::vector<int> PhysicalOrder(const std::vector<int64_t>& shape,
 // Checks the parts of a descriptor that do not depend on its layout: dtype, rank,
 // sizes, strides, offset, the view inside its mapping, and no two elements of the view
 // at the same address (a scatter into such a view would lose data).
-Result<uint64_t> ValidateView(const wire::TensorDescriptor& t, size_t i, int64_t itemsize) {
+Result<uint64_t> ValidateView(const TensorDescriptor& t, size_t i, int64_t itemsize) {
   if (itemsize == 0) {
     return Status::InvalidArgument(TensorName(i) + ": unsupported dtype '" + t.dtype.substr(0, 40) +
                                    "'");
@@ -161,7 +161,7 @@ struct Roles {
 // `hnd` (heads before tokens). The declared block size decides when exactly one
 // candidate has that size; a tie (heads == block size) goes to the hint, NHD by
 // default, as lmcache does.
-Result<int> PickTokenDim(const wire::TensorDescriptor& t, size_t i, int nhd, int hnd,
+Result<int> PickTokenDim(const TensorDescriptor& t, size_t i, int nhd, int hnd,
                          int64_t declared_tpb, const std::string& tpb_source, HintOrder hint) {
   const auto& s = t.shape;
   if (declared_tpb > 0) {
@@ -182,7 +182,7 @@ Result<int> PickTokenDim(const wire::TensorDescriptor& t, size_t i, int nhd, int
   return hint == HintOrder::kHnd ? hnd : nhd;
 }
 
-Result<Roles> Classify(const wire::TensorDescriptor& t, size_t i, const std::vector<int>& p,
+Result<Roles> Classify(const TensorDescriptor& t, size_t i, const std::vector<int>& p,
                        int64_t declared_tpb, const std::string& tpb_source, HintOrder hint) {
   const auto& s = t.shape;
   Roles r;
@@ -242,8 +242,8 @@ Result<Roles> Classify(const wire::TensorDescriptor& t, size_t i, const std::vec
 // row-major ([BS][HS]); AMX and NEON kernels tile them. On GPUs the same shape holds each
 // token's K then V in the last dimension. So a rank-4 single-plane tensor with heads
 // before tokens, in CPU memory, is vLLM's CPU cache.
-bool IsVllmCpuCache(const wire::TensorDescriptor& t, const Roles& r, bool recurrent_state) {
-  return t.memory == wire::TensorMemory::kCpuShm && t.shape.size() == 4 && r.kv < 0 &&
+bool IsVllmCpuCache(const TensorDescriptor& t, const Roles& r, bool recurrent_state) {
+  return t.memory == TensorMemory::kCpuShm && t.shape.size() == 4 && r.kv < 0 &&
          r.form == "single-plane HND" && !recurrent_state;
 }
 
@@ -273,7 +273,7 @@ VllmCpuKernels DetectVllmCpuKernels(const std::string& dtype, int64_t head_size)
 }
 
 // The kernels reinterpret each (block, head) as [2*BS, HS], which needs tight rows.
-Status CheckVllmCpuCache(const wire::TensorDescriptor& t, size_t i, const Roles& r) {
+Status CheckVllmCpuCache(const TensorDescriptor& t, size_t i, const Roles& r) {
   const int content = 3;
   const int64_t c = t.shape[content];
   if (c % 2 != 0) {
@@ -336,7 +336,7 @@ Status CollectRuns(const std::vector<int64_t>& sizes_in, const std::vector<int64
   return Status::Ok();
 }
 
-std::string AliasKey(const wire::TensorDescriptor& t) {
+std::string AliasKey(const TensorDescriptor& t) {
   std::ostringstream os;
   os << static_cast<int>(t.memory) << '|' << t.shm_name << '|' << t.cuda_mem_handle << '|'
      << t.raw_ipc_handle << '|' << t.raw_alloc_offset << '|' << t.cuda_storage_offset_bytes << '|'
@@ -379,9 +379,9 @@ std::string KvLayout::Describe() const {
   return os.str();
 }
 
-Result<KvLayout> BuildLayout(const std::vector<wire::TensorDescriptor>& tensors,
-                             const wire::LayoutHints& hints,
-                             const std::vector<wire::EngineGroupInfo>& group_infos,
+Result<KvLayout> BuildLayout(const std::vector<TensorDescriptor>& tensors,
+                             const LayoutHints& hints,
+                             const std::vector<EngineGroupInfo>& group_infos,
                              int64_t chunk_tokens, const LayoutOptions& options) {
   if (tensors.empty()) return Status::InvalidArgument("register_kv_cache: no KV tensors");
   if (chunk_tokens <= 0) return Status::InvalidArgument("chunk size must be positive");

@@ -37,7 +37,7 @@
 #include <vector>
 
 #include "common/status.h"
-#include "wire/messages.h"
+#include "layout/tensor_spec.h"
 
 namespace kvd::layout {
 
@@ -125,9 +125,9 @@ int64_t DtypeSize(const std::string& dtype);
 // rank 3, 4 or 5, positive dimensions, a non-self-overlapping view that fits inside its
 // mapping, and a shape kvd recognises; chunk_tokens must be a multiple of every
 // group's tokens_per_block. Errors name the tensor and what did not fit.
-Result<KvLayout> BuildLayout(const std::vector<wire::TensorDescriptor>& tensors,
-                             const wire::LayoutHints& hints,
-                             const std::vector<wire::EngineGroupInfo>& group_infos,
+Result<KvLayout> BuildLayout(const std::vector<TensorDescriptor>& tensors,
+                             const LayoutHints& hints,
+                             const std::vector<EngineGroupInfo>& group_infos,
                              int64_t chunk_tokens, const LayoutOptions& options = {});
 
 }  // namespace kvd::layout

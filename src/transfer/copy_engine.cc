@@ -20,13 +20,13 @@ DeviceEngineFactory& TestFactory() {
 }  // namespace
 
 Result<std::unique_ptr<CopyEngine>> MakeDeviceEngine(
-    const std::vector<wire::TensorDescriptor>& tensors, const layout::KvLayout& layout,
+    const std::vector<layout::TensorDescriptor>& tensors, const layout::KvLayout& layout,
     const HostPool& pool, int64_t instance_id) {
   if (TestFactory()) return TestFactory()(tensors, layout, pool, instance_id);
   return OpenDeviceEngine(tensors, layout, pool, instance_id);
 }
 
-std::vector<std::string> DeviceMemoryIds(const std::vector<wire::TensorDescriptor>& tensors) {
+std::vector<std::string> DeviceMemoryIds(const std::vector<layout::TensorDescriptor>& tensors) {
   std::vector<std::string> ids;
   for (size_t i = 0; i < tensors.size(); ++i) {
     auto m = cuda::DescribeTensorMemory(tensors[i], i);

@@ -43,9 +43,9 @@
 
 #include "common/status.h"
 #include "layout/layout.h"
+#include "layout/tensor_spec.h"
 #include "transfer/cpu_copy.h"
 #include "transfer/shm_mapping.h"
-#include "wire/messages.h"
 
 namespace kvd::transfer {
 
@@ -140,22 +140,23 @@ struct HostPool {
 // handles, unknown device UUIDs, or tensors outside their allocation; Internal for CUDA
 // failures. Defined by the CUDA engine when kvd is built with CUDA, else by a stub.
 Result<std::unique_ptr<CopyEngine>> OpenDeviceEngine(
-    const std::vector<wire::TensorDescriptor>& tensors, const layout::KvLayout& layout,
+    const std::vector<layout::TensorDescriptor>& tensors, const layout::KvLayout& layout,
     const HostPool& pool, int64_t instance_id);
 
 // What KvService calls for GPU registrations: OpenDeviceEngine, unless a test installed a
 // factory (an asynchronous host engine standing in for the GPU, so the server's device path
 // — deferred commits, event handles — is tested on machines without one).
 using DeviceEngineFactory = std::function<Result<std::unique_ptr<CopyEngine>>(
-    const std::vector<wire::TensorDescriptor>&, const layout::KvLayout&, const HostPool&, int64_t)>;
+    const std::vector<layout::TensorDescriptor>&, const layout::KvLayout&, const HostPool&,
+    int64_t)>;
 Result<std::unique_ptr<CopyEngine>> MakeDeviceEngine(
-    const std::vector<wire::TensorDescriptor>& tensors, const layout::KvLayout& layout,
+    const std::vector<layout::TensorDescriptor>& tensors, const layout::KvLayout& layout,
     const HostPool& pool, int64_t instance_id);
 // The device memory `tensors` live in, one id per distinct allocation in registration order:
 // "cuda <device uuid> <hex of the IPC handle>". A descriptor that does not parse is skipped
 // (an engine opened from these tensors refused or ignored it). Names what a GPU registration
 // maps, for /status and for the check that two instances do not share memory.
-std::vector<std::string> DeviceMemoryIds(const std::vector<wire::TensorDescriptor>& tensors);
+std::vector<std::string> DeviceMemoryIds(const std::vector<layout::TensorDescriptor>& tensors);
 
 // Installs (or, with an empty function, removes) the test factory. Call it while no
 // registration is running.

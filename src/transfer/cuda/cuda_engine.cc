@@ -70,7 +70,7 @@ class CudaCopyEngine final : public CopyEngine {
 
   ~CudaCopyEngine() override;
 
-  Status Open(const std::vector<wire::TensorDescriptor>& tensors, const HostPool& pool);
+  Status Open(const std::vector<layout::TensorDescriptor>& tensors, const HostPool& pool);
 
   const EngineCaps& caps() const override { return caps_; }
   Result<Submitted> Submit(CopyPlan plan) override;
@@ -149,7 +149,7 @@ void CudaCopyEngine::Cancel() {
                instance_id_, released, book_->outstanding());
 }
 
-Status CudaCopyEngine::Open(const std::vector<wire::TensorDescriptor>& tensors,
+Status CudaCopyEngine::Open(const std::vector<layout::TensorDescriptor>& tensors,
                             const HostPool& pool) {
   // 1. Which tensors the plan touches, and where their memory is.
   std::vector<bool> used(tensors.size(), false);
@@ -170,7 +170,7 @@ Status CudaCopyEngine::Open(const std::vector<wire::TensorDescriptor>& tensors,
                                      FormatDeviceUuid(mem.front().device) +
                                      "; one worker's KV cache must live on one GPU");
     }
-    any_raw = any_raw || tensors[i].memory == wire::TensorMemory::kCudaRaw;
+    any_raw = any_raw || tensors[i].memory == layout::TensorMemory::kCudaRaw;
     mem.push_back(*m);
     index.push_back(i);
   }
@@ -479,7 +479,7 @@ Result<Submitted> CudaCopyEngine::Submit(CopyPlan plan) {
 }  // namespace cuda
 
 Result<std::unique_ptr<CopyEngine>> OpenDeviceEngine(
-    const std::vector<wire::TensorDescriptor>& tensors, const layout::KvLayout& layout,
+    const std::vector<layout::TensorDescriptor>& tensors, const layout::KvLayout& layout,
     const HostPool& pool, int64_t instance_id) {
   auto rt = cuda::CudaRuntime::Get();
   if (!rt.ok()) return rt.status();

@@ -166,14 +166,14 @@ std::string EncodeEventHandle(const EventHandle& e) {
   return {};
 }
 
-Result<TensorMemory> DescribeTensorMemory(const wire::TensorDescriptor& d, size_t index) {
+Result<TensorMemory> DescribeTensorMemory(const layout::TensorDescriptor& d, size_t index) {
   const std::string name = "kv_cache[" + std::to_string(index) + "]";
   TensorMemory m;
   auto uuid = ParseDeviceUuid(d.device_uuid);
   if (!uuid.ok()) return Status::InvalidArgument(name + ": " + uuid.status().message());
   m.device = *uuid;
   switch (d.memory) {
-    case wire::TensorMemory::kCuda: {
+    case layout::TensorMemory::kCuda: {
       auto h = ParseTorchMemHandle(d.cuda_mem_handle);
       if (!h.ok()) return Status::InvalidArgument(name + ": " + h.status().message());
       m.handle = *h;
@@ -190,7 +190,7 @@ Result<TensorMemory> DescribeTensorMemory(const wire::TensorDescriptor& d, size_
       }
       break;
     }
-    case wire::TensorMemory::kCudaRaw: {
+    case layout::TensorMemory::kCudaRaw: {
       auto h = ParseRawMemHandle(d.raw_ipc_handle);
       if (!h.ok()) return Status::InvalidArgument(name + ": " + h.status().message());
       m.handle = *h;

@@ -31,7 +31,7 @@
 #include <vector>
 
 #include "common/status.h"
-#include "wire/messages.h"
+#include "layout/tensor_spec.h"
 
 namespace kvd::transfer::cuda {
 
@@ -83,7 +83,7 @@ struct TensorMemory {
 };
 
 // Checks and extracts a "cuda" or "cuda_raw" descriptor; names tensor `index` in errors.
-Result<TensorMemory> DescribeTensorMemory(const wire::TensorDescriptor& desc, size_t index);
+Result<TensorMemory> DescribeTensorMemory(const layout::TensorDescriptor& desc, size_t index);
 
 // The allocation a handle opened is `allocation_bytes` long (0: unknown, nothing to check):
 // every tensor's [offset, offset + bytes) must fit in it.

@@ -6,10 +6,10 @@
 namespace kvd::transfer {
 
 Result<std::unique_ptr<CopyEngine>> OpenDeviceEngine(
-    const std::vector<wire::TensorDescriptor>& tensors, const layout::KvLayout&,
+    const std::vector<layout::TensorDescriptor>& tensors, const layout::KvLayout&,
     const HostPool&, int64_t) {
   size_t i = 0;
-  while (i < tensors.size() && tensors[i].memory == wire::TensorMemory::kCpuShm) ++i;
+  while (i < tensors.size() && tensors[i].memory == layout::TensorMemory::kCpuShm) ++i;
   return Status::FailedPrecondition(
       "kv_cache[" + std::to_string(i) +
       "] is GPU memory (CUDA IPC); this kvd build has no CUDA support (it was built without "

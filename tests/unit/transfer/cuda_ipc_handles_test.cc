@@ -4,6 +4,7 @@
 #include "transfer/cuda/ipc_handles.h"
 
 #include "transfer/copy_engine.h"
+#include "wire/messages.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
