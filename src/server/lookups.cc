@@ -58,8 +58,7 @@ Status Lookups::Lookup(const wire::LookupRequest& req) {
     // scheduler's key does not say which one its workers read, so 0 hits, never wrong KV.
     early_exit(ns.registered ? EarlyExit::kMixedLayouts : EarlyExit::kNoGpuContext);
     l1_->ReleaseAllLocks(key.request_id);  // a new lookup replaces the request's old locks
-    sessions_->SetLookupResult(key.request_id, 0);
-    prefetch_changes_.fetch_add(1, std::memory_order_acq_rel);
+    Answer(key.request_id, 0);
     return Status::Ok();
   }
   // Without tiers only L1 can hit: hashing stops after the first chunk L1 lacks (the
@@ -77,22 +76,13 @@ Status Lookups::Lookup(const wire::LookupRequest& req) {
                              /*create_namespace=*/true, ns.key_namespace);
   if (!chunks.ok()) {
     l1_->ReleaseAllLocks(key.request_id);
-    sessions_->SetLookupResult(key.request_id, 0);
-    prefetch_changes_.fetch_add(1, std::memory_order_acq_rel);
+    Answer(key.request_id, 0);
     return chunks.status();
   }
   if (pending_ && pending_->any()) {
     // The prefix's chunks whose STORE commit is still in flight (the client may have seen
     // that copy's event complete): wait for them, without the request's mutex.
-    std::vector<l1::ChunkKey> waiting;
-    for (const auto& k : chunks->keys) {
-      if (pending_->Contains(k)) {
-        waiting.push_back(k);
-      } else if (!l1_->IsResident(k, 0)) {
-        break;  // the hit prefix ends here whatever else commits
-      }
-    }
-    if (!waiting.empty()) {
+    if (auto waiting = PendingInPrefix(*chunks); !waiting.empty()) {
       serial.Unlock();
       pending_->Wait(waiting, PendingCommits::kLookupWait);
       serial.Lock();
@@ -118,13 +108,13 @@ Status Lookups::Lookup(const wire::LookupRequest& req) {
   std::optional<l2::ObjectFormat> format;
   if (tiers_ && hits < chunks->keys.size()) format = TierFormatFor(key.model_name, key.world_size);
   if (!format) {
-    sessions_->SetLookupResult(key.request_id, static_cast<int64_t>(hits));
-    prefetch_changes_.fetch_add(1, std::memory_order_acq_rel);
+    Answer(key.request_id, static_cast<int64_t>(hits));
     return Status::Ok();
   }
   // The L1 prefix stays read-locked (for this request) while the tiers load the rest; then
   // the whole prefix is locked again in one call (LookupAndLock replaces the owner's locks).
-  auto all = std::make_shared<RequestChunks>(std::move(chunks).value());
+  Prefetching pending;
+  auto all = std::make_shared<const RequestChunks>(std::move(chunks).value());
   l2::PrefetchRequest p;
   p.chunks.assign(all->keys.begin() + static_cast<std::ptrdiff_t>(hits), all->keys.end());
   for (const auto& c : p.chunks) p.hashes.push_back(c.chunk_hash);
@@ -132,35 +122,60 @@ Status Lookups::Lookup(const wire::LookupRequest& req) {
   p.cache_salt = key.cache_salt;
   p.world_size = world;
   p.format = *format;
-  const std::string request_id = key.request_id;
+  pending.chunks = std::move(all);
+  pending.l1_hits = hits;
+  pending.world = world;
+  pending.readers = readers;
+  pending.request_id = key.request_id;
+  pending.generation = generation;
+  pending.counts = &counts;
   serial.Unlock();  // the completion may run inside Prefetch
-  LookupValues* lookup_counts = &counts;
-  tiers_->Prefetch(std::move(p), [this, all, hits, world, readers, request_id, generation,
-                                  lookup_counts](size_t n) {
-    // However it ends (superseded, session gone, finished): a parked WAIT re-checks then.
-    struct Ended {
-      Lookups* self;
-      ~Ended() { self->PrefetchEnded(); }
-    } ended{this};
-    MutexLock serial(&RequestMutex(request_id));
-    // A later LOOKUP of the request (or its end) supersedes this one: its locks are not ours.
-    if (!sessions_->LookupCurrent(request_id, generation)) return;
-    size_t total = hits;
-    if (n > 0) {
-      std::span<const l1::ChunkKey> prefix(all->keys.data(), hits + n);
-      total = l1_->LookupAndLock(request_id, all->first_chunk, prefix, world, readers);
-    }
-    if (!sessions_->FinishLookup(request_id, generation, static_cast<int64_t>(total))) {
-      // The session ended meanwhile: nobody will read this result, and the request's locks
-      // are this lookup's (no newer lookup of it ran: see RequestMutex).
-      l1_->ReleaseAllLocks(request_id);
-      return;
-    }
-    const size_t more = total > hits ? total - hits : 0;
-    Add(lookup_counts->hit_l2_chunks, more);
-    Add(lookup_counts->hit_l2_keys, more * world);
+  tiers_->Prefetch(std::move(p), [this, pending = std::move(pending)](size_t loaded) {
+    OnPrefetched(pending, loaded);
   });
   return Status::Ok();
+}
+
+void Lookups::OnPrefetched(const Prefetching& p, size_t loaded) {
+  // However it ends (superseded, session gone, finished): a parked WAIT re-checks then.
+  struct Ended {
+    Lookups* self;
+    ~Ended() { self->PrefetchEnded(); }
+  } ended{this};
+  MutexLock serial(&RequestMutex(p.request_id));
+  // A later LOOKUP of the request (or its end) supersedes this one: its locks are not ours.
+  if (!sessions_->LookupCurrent(p.request_id, p.generation)) return;
+  size_t total = p.l1_hits;
+  if (loaded > 0) {
+    std::span<const l1::ChunkKey> prefix(p.chunks->keys.data(), p.l1_hits + loaded);
+    total = l1_->LookupAndLock(p.request_id, p.chunks->first_chunk, prefix, p.world, p.readers);
+  }
+  if (!sessions_->FinishLookup(p.request_id, p.generation, static_cast<int64_t>(total))) {
+    // The session ended meanwhile: nobody will read this result, and the request's locks
+    // are this lookup's (no newer lookup of it ran: see RequestMutex).
+    l1_->ReleaseAllLocks(p.request_id);
+    return;
+  }
+  const size_t more = total > p.l1_hits ? total - p.l1_hits : 0;
+  Add(p.counts->hit_l2_chunks, more);
+  Add(p.counts->hit_l2_keys, more * p.world);
+}
+
+void Lookups::Answer(const std::string& request_id, int64_t hits) {
+  sessions_->SetLookupResult(request_id, hits);
+  prefetch_changes_.fetch_add(1, std::memory_order_acq_rel);
+}
+
+std::vector<l1::ChunkKey> Lookups::PendingInPrefix(const RequestChunks& chunks) const {
+  std::vector<l1::ChunkKey> waiting;
+  for (const auto& k : chunks.keys) {
+    if (pending_->Contains(k)) {
+      waiting.push_back(k);
+    } else if (!l1_->IsResident(k, 0)) {
+      break;  // the hit prefix ends here whatever else commits
+    }
+  }
+  return waiting;
 }
 
 std::optional<l2::ObjectFormat> Lookups::TierFormatFor(const std::string& model,

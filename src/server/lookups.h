@@ -85,6 +85,25 @@ class Lookups {
  private:
   // A prefetch's callback is done with the request: counts a change, calls the wakeup.
   void PrefetchEnded();
+  // The lookup's answer now: `hits` recorded (superseding a running prefetch of the request)
+  // and a change counted, so a parked WAIT_PREFETCH_STATUS looks again.
+  void Answer(const std::string& request_id, int64_t hits);
+  // The chunks of the hit prefix whose asynchronous STORE commit is still in flight: up to the
+  // first chunk that is neither pending nor resident (the prefix ends there whatever commits).
+  std::vector<l1::ChunkKey> PendingInPrefix(const RequestChunks& chunks) const;
+  // A lookup whose prefix continues in the tiers, while they load it.
+  struct Prefetching {
+    std::shared_ptr<const RequestChunks> chunks;  // every chunk the lookup asked for
+    size_t l1_hits = 0;                           // its prefix L1 held (read-locked)
+    uint32_t world = 0, readers = 0;
+    std::string request_id;
+    uint64_t generation = 0;                      // LookupResult::Begin's
+    LookupValues* counts = nullptr;
+  };
+  // The tiers loaded the next `loaded` chunks of `p` into L1 (the prefetch's completion, on a
+  // tiers thread): the whole prefix locked again and recorded, unless a later lookup of the
+  // request (or its end) superseded it.
+  void OnPrefetched(const Prefetching& p, size_t loaded);
 
   const ServerConfig& config_;
   l1::L1Cache* const l1_;
