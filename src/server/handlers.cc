@@ -94,6 +94,22 @@ std::string PrefetchHits(KvService& svc, std::string_view request_id) {
   return hits ? wire::EncodeInt(*hits) : Nil();
 }
 
+// UNREGISTER_KV_CACHE / its engine-driven twin: an unknown id is a no-op (the worker may
+// send it again after a restart).
+std::string UnregisterInstance(const Call& c) {
+  auto id = Decoded(wire::DecodeInstanceId, c);
+  if (!id.ok()) return Fail(c, id.status());
+  if (Status st = c.svc.Unregister(*id); !st.ok()) spdlog::debug("{}: {}", c.op.name, st.ToString());
+  return Nil();
+}
+
+// QUERY_PREFETCH_STATUS / QUERY_PREFETCH_LOOKUP_HITS: the request id, then PrefetchHits.
+std::string QueryPrefetchHits(const Call& c) {
+  auto id = Decoded(wire::DecodeRequestId, c);
+  if (!id.ok()) return Fail(c, id.status());
+  return PrefetchHits(c.svc, *id);
+}
+
 // Rows in wire::Op order (checked below). A, B, N: served always, with blend, never.
 constexpr auto A = Served::kAlways;
 constexpr auto B = Served::kWithBlend;
@@ -104,12 +120,7 @@ constexpr std::array<OpEntry, 36> kEntries = {{
     {Op::kRegisterKvCache, A, kPlain, nullptr,
      NilAfter<wire::DecodeRegisterKvCache, &KvService::RegisterKvCache>},
     {Op::kUnregisterKvCache, A, kPlain, nullptr,
-     [](const Call& c) {  // unknown ids are a no-op (the worker may re-send after a restart)
-       auto id = Decoded(wire::DecodeInstanceId, c);
-       if (!id.ok()) return Fail(c, id.status());
-       if (Status st = c.svc.Unregister(*id); !st.ok()) spdlog::debug("{}: {}", c.op.name, st.ToString());
-       return Nil();
-     }},
+     UnregisterInstance},
     {Op::kRegisterQCache, N, kPlain, nullptr, nullptr},
     {Op::kUnregisterQCache, N, kPlain, nullptr, nullptr},
     {Op::kStoreQ, N, kPlain, nullptr, nullptr},
@@ -117,24 +128,14 @@ constexpr std::array<OpEntry, 36> kEntries = {{
     {Op::kRetrieve, A, kPlain, NoHandleReply, Transfer<wire::DecodeRetrieve, &KvService::Retrieve>},
     {Op::kLookup, A, SocketRule::kPoolWhileCommitsPending, nullptr,
      NilAfter<wire::DecodeLookup, &KvService::Lookup>},
-    {Op::kQueryPrefetchStatus, A, kPlain, ZeroReply,
-     [](const Call& c) {
-       auto id = Decoded(wire::DecodeRequestId, c);
-       if (!id.ok()) return Fail(c, id.status());
-       return PrefetchHits(c.svc, *id);
-     }},
+    {Op::kQueryPrefetchStatus, A, kPlain, ZeroReply, QueryPrefetchHits},
     {Op::kWaitPrefetchStatus, A, SocketRule::kParkWhilePrefetching, ZeroReply,
      [](const Call& c) {  // not parked (prefetch_waits.h): the answer is due now
        auto req = Decoded(wire::DecodeWaitPrefetch, c);
        if (!req.ok()) return Fail(c, req.status());
        return PrefetchHits(c.svc, req->first);
      }},
-    {Op::kQueryPrefetchLookupHits, A, kPlain, ZeroReply,
-     [](const Call& c) {
-       auto id = Decoded(wire::DecodeRequestId, c);
-       if (!id.ok()) return Fail(c, id.status());
-       return PrefetchHits(c.svc, *id);
-     }},
+    {Op::kQueryPrefetchLookupHits, A, kPlain, ZeroReply, QueryPrefetchHits},
     {Op::kFreeLookupLocks, A, kPlain, nullptr,
      NilAfter<wire::DecodeLookup, &KvService::FreeLookupLocks>},
     {Op::kEndSession, A, kPlain, nullptr,
@@ -154,12 +155,7 @@ constexpr std::array<OpEntry, 36> kEntries = {{
        return wire::EncodeRegisterEngineDrivenResponse(r->first, r->second);
      }},
     {Op::kUnregisterEngineDrivenContext, A, kPlain, nullptr,
-     [](const Call& c) {
-       auto id = Decoded(wire::DecodeInstanceId, c);
-       if (!id.ok()) return Fail(c, id.status());
-       if (Status st = c.svc.Unregister(*id); !st.ok()) spdlog::debug("{}: {}", c.op.name, st.ToString());
-       return Nil();
-     }},
+     UnregisterInstance},
     {Op::kPrepareStore, A, kPlain,
      [](const KvService&) { return wire::EncodePrepareStoreResponse(std::nullopt, {}); },
      [](const Call& c) {
@@ -303,9 +299,8 @@ std::string FailureReply(const KvService& svc, const wire::OpInfo& op) {
 std::string HandleRequest(KvService& svc, const wire::OpInfo& op, wire::Frames p,
                           std::string_view client) {
   const OpEntry& entry = EntryOf(op.op);
-  const bool served = entry.handle != nullptr && Serves(svc, entry) &&
-                      (entry.served != Served::kWithBlend || svc.blend() != nullptr);
-  if (!served) {
+  // Serving with blend means svc.blend() exists (KvService builds it for --engine-type blend).
+  if (entry.handle == nullptr || !Serves(svc, entry)) {
     spdlog::warn("{} from {}: operation not supported by kvd; replying nil", op.name,
                  ClientTag(client));
     return Nil();

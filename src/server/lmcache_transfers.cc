@@ -352,7 +352,7 @@ Status LmcacheTransfers::Store(const wire::TransferRequest& req, std::string* ev
   TransferValues* submitted = nullptr;
   auto fail = [&](Status st) {
     counters_->store_failures++;
-    if (submitted) submitted->finished_stores.fetch_add(1, std::memory_order_relaxed);
+    CountFinished(submitted, /*store=*/true);
     return st;
   };
   auto inst = registry_->Find(req.instance_id);
@@ -437,7 +437,7 @@ Status LmcacheTransfers::Retrieve(const wire::TransferRequest& req, std::string*
   TransferValues* submitted = nullptr;  // as in Store
   auto fail = [&](Status st) {
     counters_->retrieve_failures++;
-    if (submitted) submitted->finished_retrieves.fetch_add(1, std::memory_order_relaxed);
+    CountFinished(submitted, /*store=*/false);
     return st;
   };
   auto inst = registry_->Find(req.instance_id);
