@@ -86,7 +86,6 @@ struct Instance {
   const KvdCopies& kvd() const { return std::get<KvdCopies>(copies); }
   KvdCopies& kvd() { return std::get<KvdCopies>(copies); }
   const WorkerCopies& worker() const { return std::get<WorkerCopies>(copies); }
-  WorkerCopies& worker() { return std::get<WorkerCopies>(copies); }
 };
 
 // The largest world size a registration may name (objects have one L1 slot per rank).
