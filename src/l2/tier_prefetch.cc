@@ -10,9 +10,14 @@
 namespace kvd::l2 {
 
 void TierSet::Prefetch(PrefetchRequest request, std::function<void(size_t)> done) {
+  PrefetchWithAnswer(std::move(request),
+                     [done = std::move(done)](PrefetchAnswer a) { done(a.chunks); });
+}
+
+void TierSet::PrefetchWithAnswer(PrefetchRequest request, std::function<void(PrefetchAnswer)> done) {
   if (tiers_.empty() || request.chunks.empty() || request.world_size == 0 ||
       request.hashes.size() != request.chunks.size() || request.format.object_bytes == 0) {
-    done(0);
+    done({});
     return;
   }
   auto job = std::make_shared<PrefetchJob>();
@@ -43,7 +48,7 @@ void TierSet::StartOrQueue(std::shared_ptr<PrefetchJob> job) {
     MutexLock lock(&jobs_mu_);
     if (closed_) {
       job->answered = true;
-      job->done(0);
+      job->done({});
       return;
     }
     if (active_jobs_ >= options_.prefetch_max_in_flight) {
@@ -75,9 +80,9 @@ void TierSet::JobFinished() {
   if (next) RunJob(next);
 }
 
-void TierSet::Answer(const std::shared_ptr<PrefetchJob>& job, size_t chunks) {
+void TierSet::Answer(const std::shared_ptr<PrefetchJob>& job, PrefetchAnswer answer) {
   if (job->answered.exchange(true)) return;
-  job->done(chunks);
+  job->done(answer);
 }
 
 void TierSet::CheckTimeouts() {
@@ -99,7 +104,7 @@ void TierSet::CheckTimeouts() {
       spdlog::warn("l2: a prefetch of {} chunk(s) did not finish in {:.1f} s; answering from L1",
                    j->chunks, options_.prefetch_timeout_s);
     }
-    Answer(j, 0);
+    Answer(j, {});
   }
   if (late.empty()) return;
   // Answered jobs still waiting for a turn leave the queue now (a hung tier may never give
@@ -110,7 +115,7 @@ void TierSet::CheckTimeouts() {
 
 void TierSet::RunJob(const std::shared_ptr<PrefetchJob>& job) {
   const size_t n = job->keys.size();
-  job->found.assign(tiers_.size(), std::vector<uint8_t>(n, 0));
+  job->found.assign(tiers_.size(), std::vector<uint8_t>(n, PrefetchJob::kUnknown));
   job->found_bytes.assign(n, 0);
   job->pending.store(static_cast<int>(tiers_.size()));
   for (size_t ti = 0; ti < tiers_.size(); ++ti) {
@@ -126,10 +131,12 @@ void TierSet::RunJob(const std::shared_ptr<PrefetchJob>& job) {
         MutexLock jl(&job->mu);
         for (size_t i = 0; i < results.size() && i < job->keys.size(); ++i) {
           if (results[i].status.ok()) {
-            job->found[ti][i] = 1;
+            job->found[ti][i] = PrefetchJob::kPresent;
             if (results[i].bytes) job->found_bytes[i] = results[i].bytes;
             found++;
-          } else if (results[i].status.code() != StatusCode::kNotFound) {
+          } else if (results[i].status.code() == StatusCode::kNotFound) {
+            job->found[ti][i] = PrefetchJob::kAbsent;
+          } else {
             errors++;
           }
         }
@@ -179,12 +186,17 @@ void TierSet::OnExists(const std::shared_ptr<PrefetchJob>& job) {
         continue;
       }
       for (size_t ti = 0; ti < tiers_.size(); ++ti) {
-        if (job->found[ti][i]) {
+        if (job->found[ti][i] == PrefetchJob::kPresent) {
           job->source[i] = static_cast<int>(ti);
           break;
         }
       }
       whole = job->source[i] != PrefetchJob::kNone;
+      if (!whole && std::all_of(job->found.begin(), job->found.end(), [i](const auto& per_tier) {
+            return per_tier[i] == PrefetchJob::kAbsent;
+          })) {
+        job->in_no_tier = c;
+      }
     }
     if (!whole) break;
     planned = c + 1;
@@ -396,7 +408,7 @@ void TierSet::Finish(const std::shared_ptr<PrefetchJob>& job) {
     arrived = c + 1;
   }
   if (arrived < job->planned) prefetch_failed_chunks_ += job->planned - arrived;
-  Answer(job, arrived);
+  Answer(job, {arrived, arrived == job->planned && job->in_no_tier == job->planned});
   JobFinished();
 }
 

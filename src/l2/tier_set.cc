@@ -86,7 +86,7 @@ void TierSet::Close() {
     MutexLock lock(&jobs_mu_);
     queued.swap(queued_);
   }
-  for (auto& j : queued) Answer(j, 0);
+  for (auto& j : queued) Answer(j, {});
   for (auto& t : tiers_) t->spec.tier->Close();
   // A closed tier has answered every call (tier.h); one that has not breaks that contract.
   // Its callbacks use this object, so Close keeps waiting for them rather than return.

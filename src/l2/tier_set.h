@@ -16,7 +16,8 @@
 //   it; the prefix continues while every object (all ranks) of a chunk is somewhere. L1 slots
 //   are reserved (l1::WriteReservation) and the tiers load straight into them; a chunk is
 //   committed when all its objects arrived intact, and the prefix ends at the first chunk
-//   that did not. `done(n)` then reports the n leading chunks now resident in L1. At most
+//   that did not. `done(n)` then reports the n leading chunks now resident in L1 (and
+//   PrefetchWithAnswer also whether the chunk after them is in no tier at all). At most
 //   prefetch_max_in_flight prefetches run at once (the others wait their turn); a prefetch
 //   that takes longer than prefetch_timeout answers with the L1 prefix alone; loads already
 //   issued are still committed (or dropped) when the tier answers, and one that has not
@@ -107,6 +108,16 @@ struct PrefetchRequest {
   ObjectFormat format;
 };
 
+// What a prefetch found (PrefetchWithAnswer).
+struct PrefetchAnswer {
+  size_t chunks = 0;  // leading chunks of the request now resident in L1
+  // The chunk after them is known to be in no tier: every tier answered "not found" (no
+  // error, no timeout) for one of its objects that L1 lacked too. False when the prefix ended
+  // for any other reason (a tier failed or was late, no room in L1, a load failed) or covers
+  // the whole request.
+  bool next_in_no_tier = false;
+};
+
 struct TierStats {
   std::string name;          // l2_name label: the type, or "<type>#<index>" when repeated
   std::string type;
@@ -172,6 +183,8 @@ class TierSet {
   // `done(n)` runs exactly once (on a tier thread or the control thread, or inline when
   // nothing is to be done), n = leading chunks of the request now resident in L1.
   void Prefetch(PrefetchRequest request, std::function<void(size_t)> done);
+  // The same, answering a PrefetchAnswer (`done` runs exactly once, as above).
+  void PrefetchWithAnswer(PrefetchRequest request, std::function<void(PrefetchAnswer)> done);
 
   // Chunks a retrieve just read: prefetched chunks among them leave L1 if idle (default
   // prefetch policy). Cheap when there are none.
@@ -210,7 +223,7 @@ class TierSet {
   bool ReserveChunk(const std::shared_ptr<PrefetchJob>& job, size_t c)
       KVD_REQUIRES(loading_mu_);
   void Finish(const std::shared_ptr<PrefetchJob>& job);
-  void Answer(const std::shared_ptr<PrefetchJob>& job, size_t chunks);
+  void Answer(const std::shared_ptr<PrefetchJob>& job, PrefetchAnswer answer);
   void JobFinished();
   // eviction (tier_eviction.cc; the accounting is TierState's, tier_set_internal.h)
   void EvictTier(TierState& t);

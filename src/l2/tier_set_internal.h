@@ -60,13 +60,13 @@ struct TierSet::StoreBatch {
 
 struct TierSet::PrefetchJob {
   PrefetchRequest req;
-  std::function<void(size_t)> done;
+  std::function<void(PrefetchAnswer)> done;
   std::atomic<bool> answered{false};
   int64_t deadline_ns = 0;
   size_t chunks = 0;
   uint32_t ranks = 0;
   std::vector<ObjectKey> keys;                 // chunk c, rank r at c * ranks + r
-  std::vector<std::vector<uint8_t>> found;     // per tier, per object: 1 = present
+  std::vector<std::vector<uint8_t>> found;     // per tier, per object: kPresent, kAbsent, kUnknown
   std::vector<uint64_t> found_bytes;           // per object: size a tier reported (0: unknown)
   std::atomic<int> pending{0};                 // tier calls not answered
   std::vector<int> source;                     // per object: tier, kInL1, or kNone
@@ -75,6 +75,9 @@ struct TierSet::PrefetchJob {
   std::vector<Status> load_status;             // per object
   std::vector<uint64_t> load_bytes;            // per object: stored size the tier read
   size_t planned = 0;                          // chunks planned for loading
+  // The chunk the plan stopped at because one of its objects is neither in L1 nor in any
+  // tier (every tier answered kAbsent); SIZE_MAX when the plan stopped for another reason.
+  size_t in_no_tier = SIZE_MAX;
   // Guards the writes of found / load_status by concurrent tier callbacks; they are read
   // without it once `pending` reached 0, so not KVD_GUARDED_BY.
   Mutex mu;
@@ -91,6 +94,10 @@ struct TierSet::PrefetchJob {
   std::vector<l1::ChunkKey> loading;           // chunks registered in TierSet::loading_
   std::vector<std::shared_ptr<PrefetchJob>> followers;  // jobs waiting for this one's loads
   bool loads_done = false;                     // set with the followers taken
+  // found[tier][object]: the tier's answer to the existence check.
+  static constexpr uint8_t kAbsent = 0;        // "not found"
+  static constexpr uint8_t kPresent = 1;
+  static constexpr uint8_t kUnknown = 2;       // an error, or no answer for the object
   static constexpr int kInL1 = -2;
   static constexpr int kNone = -1;
   static constexpr int kFollow = -3;           // being loaded into L1 by another job

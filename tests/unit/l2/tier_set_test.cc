@@ -270,6 +270,54 @@ TEST_F(TierSetTest, UnreachableTierIsAMissNotAnError) {
   EXPECT_TRUE(L1Holds(0));
 }
 
+// Issue 24: a blend fingerprint leaves the matcher only when its chunk is known to be in no
+// tier. PrefetchWithAnswer says so only when every tier answered "not found" for an object
+// of the chunk the prefix stopped at, never when a tier failed.
+TEST_F(TierSetTest, Issue24PrefetchAnswerSaysInNoTierOnlyWhenEveryTierAnsweredNotFound) {
+  auto a = std::make_shared<MemoryTier>();
+  auto inner = std::make_shared<MemoryTier>();
+  auto b = std::make_shared<FaultTier>(inner);
+  for (uint32_t r = 0; r < kRanks; ++r) a->Put(Obj(0, r), Value(0, r));  // chunk 0: tier a
+  inner->Put(Obj(2, 0), Value(2, 0));  // chunk 2: rank 0 only, in tier b
+  TierSetOptions o;
+  o.prefetch_policy = "retain";
+  Make({a, b}, o);
+  auto ask = [&](int first, int count) {
+    auto pr = std::make_shared<std::promise<PrefetchAnswer>>();
+    auto f = pr->get_future();
+    set_->PrefetchWithAnswer(Request(first, count), [pr](PrefetchAnswer x) { pr->set_value(x); });
+    EXPECT_EQ(f.wait_for(std::chrono::seconds(20)), std::future_status::ready);
+    return f.get();
+  };
+  // Chunk 0 loads; chunk 1 is in neither tier.
+  PrefetchAnswer x = ask(0, 2);
+  EXPECT_EQ(x.chunks, 1u);
+  EXPECT_TRUE(x.next_in_no_tier);
+  // Chunk 2's rank 1 is in no tier either (rank 0 is in b): the chunk is in no tier whole.
+  x = ask(2, 1);
+  EXPECT_EQ(x.chunks, 0u);
+  EXPECT_TRUE(x.next_in_no_tier);
+  // The whole request arrived: nothing after it to speak of.
+  x = ask(0, 1);
+  EXPECT_EQ(x.chunks, 1u);
+  EXPECT_FALSE(x.next_in_no_tier);
+  // Tier b fails its existence checks: "not found" from a alone proves nothing.
+  b->FailOps(static_cast<uint8_t>(TierOp::kExists), StatusCode::kUnavailable);
+  x = ask(1, 1);
+  EXPECT_EQ(x.chunks, 0u);
+  EXPECT_FALSE(x.next_in_no_tier);
+  b->FailOps(0);
+  // A prefetch that found the chunk in a tier but could not load it is not "in no tier".
+  inner->Put(Obj(3, 0), Value(3, 0));
+  inner->Put(Obj(3, 1), Value(3, 1));
+  b->FailOps(static_cast<uint8_t>(TierOp::kLoad), StatusCode::kUnavailable);
+  x = ask(3, 1);
+  EXPECT_EQ(x.chunks, 0u);
+  EXPECT_FALSE(x.next_in_no_tier);
+  // The size_t form answers the same count.
+  EXPECT_EQ(PrefetchSync(Request(0, 2)), 1u);
+}
+
 TEST_F(TierSetTest, StalledPrefetchTimesOutAndAnswersFromL1) {
   auto inner = std::make_shared<MemoryTier>();
   auto f = std::make_shared<FaultTier>(inner);
