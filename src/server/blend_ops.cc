@@ -65,6 +65,12 @@ void BlendIndex::OnEntriesRemoved(std::span<const l1::ChunkKey> keys, l1::Remova
   }
 }
 
+bool BlendIndex::RemoveInNoTier(const l1::ChunkKey& chunk) {
+  if (!matcher_->Remove(chunk.ns, KeyOf(chunk))) return false;
+  removed.Add();
+  return true;
+}
+
 // ---- BlendOps ------------------------------------------------------------------------
 
 BlendOps::BlendOps(const ServerConfig& config, const Clock* clock, BlendIndex* index,
@@ -337,14 +343,16 @@ Result<std::optional<wire::CbUnifiedLookupResult>> BlendOps::UnifiedLookup(
   // is still missing is a miss.
   bool tiers_asked = false;
   std::optional<int64_t> asked_prefix_chunks;
+  std::shared_ptr<TierLoadAnswers> tier_answers;  // the tiers' answers, once asked
   {
     MutexLock lock(&req_mu_);
     prefix_loading_.erase(rid);
     if (auto it = tier_loading_.find(rid); it != tier_loading_.end()) {
-      if (it->second.pending->load(std::memory_order_acquire) > 0) {
+      if (it->second.answers->pending.load(std::memory_order_acquire) > 0) {
         return std::optional<wire::CbUnifiedLookupResult>();
       }
       asked_prefix_chunks = it->second.prefix_chunks;
+      tier_answers = std::move(it->second.answers);
       tier_loading_.erase(it);
       tiers_asked = true;
     }
@@ -444,10 +452,13 @@ Result<std::optional<wire::CbUnifiedLookupResult>> BlendOps::UnifiedLookup(
     return std::optional<wire::CbUnifiedLookupResult>();  // [tier loading]: the client polls
   }
   // Missing from L1 (and from the tiers, when they were asked). Parity mode strikes it
-  // (lmcache's lazy removal); the default mode removed it when it left L1 (BlendIndex), so
-  // one still here is incomplete on some rank or was in no tier: it stays.
+  // (lmcache's lazy removal). The default mode removed it when it left L1 (BlendIndex) if no
+  // tier is configured; with tiers, it goes once every tier answered "not found" for it and
+  // L1 still lacks it (a tier that failed or was late proves nothing: it stays).
   if (index_->parity()) {
     for (const blend::MatchCandidate* cand : absent) index_->matcher().Strike(*ns, cand->key);
+  } else if (tier_answers) {
+    RemoveInNoTier(*tier_answers, world);
   }
   m_.lookup_requested_tokens.Add(static_cast<uint64_t>((num_tokens / c) * c));
   m_.lookup_prefix_hit_tokens.Add(static_cast<uint64_t>(prefix_tokens));
@@ -519,15 +530,16 @@ bool BlendOps::LoadFromTiers(const wire::CacheKey& key, uint32_t world, int64_t 
   if (tiers_ == nullptr || chunks.empty()) return false;
   const auto format = lookups_->TierFormatFor(key.model_name, key.world_size);
   if (!format) return false;  // no registered worker of the model: nothing to load into
-  auto pending = std::make_shared<std::atomic<size_t>>(chunks.size());
+  m_.tier_load_chunks.Add(chunks.size());
+  auto answers = std::make_shared<TierLoadAnswers>(std::move(chunks));
   {
     MutexLock lock(&req_mu_);
-    tier_loading_[key.request_id] = {pending, prefix_chunks, clock_->NowNanos()};
+    tier_loading_[key.request_id] = {answers, prefix_chunks, clock_->NowNanos()};
   }
-  m_.tier_load_chunks.Add(chunks.size());
   // One prefetch per chunk: a tier prefetch stops at the first chunk it cannot load, and
   // these chunks are not a sequence. Their completions may run inline, here.
-  for (const l1::ChunkKey& k : chunks) {
+  for (size_t i = 0; i < answers->chunks.size(); ++i) {
+    const l1::ChunkKey& k = answers->chunks[i];
     l2::PrefetchRequest p;
     p.chunks = {k};
     p.hashes = {k.chunk_hash};
@@ -535,14 +547,27 @@ bool BlendOps::LoadFromTiers(const wire::CacheKey& key, uint32_t world, int64_t 
     p.cache_salt = key.cache_salt;
     p.world_size = world;
     p.format = *format;
-    tiers_->Prefetch(std::move(p), [pending, loaded = &m_.tier_loaded_chunks](size_t n) {
-      // The TierSet answers every prefetch before it closes, and KvService closes it
-      // before this object goes: `loaded` is alive here.
-      loaded->Add(n);
-      pending->fetch_sub(1, std::memory_order_acq_rel);
-    });
+    tiers_->PrefetchWithAnswer(
+        std::move(p), [answers, i, loaded = &m_.tier_loaded_chunks](l2::PrefetchAnswer a) {
+          // The TierSet answers every prefetch before it closes, and KvService closes it
+          // before this object goes: `loaded` is alive here.
+          loaded->Add(a.chunks);
+          answers->in_no_tier[i].store(a.next_in_no_tier, std::memory_order_relaxed);
+          answers->pending.fetch_sub(1, std::memory_order_acq_rel);
+        });
   }
   return true;
+}
+
+void BlendOps::RemoveInNoTier(const TierLoadAnswers& answers, uint32_t world) {
+  for (size_t i = 0; i < answers.chunks.size(); ++i) {
+    if (!answers.in_no_tier[i].load(std::memory_order_relaxed)) continue;
+    const l1::ChunkKey& k = answers.chunks[i];
+    // Stored again since the tiers answered: it is back, keep its fingerprint.
+    bool resident = true;
+    for (uint32_t s = 0; s < world && resident; ++s) resident = l1_->IsResident(k, s);
+    if (!resident) index_->RemoveInNoTier(k);
+  }
 }
 
 void BlendOps::DropRequestLocked(const std::string& request_id) {

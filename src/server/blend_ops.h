@@ -40,8 +40,11 @@
 //
 // Fingerprints leave the matcher when their chunk leaves L1 and no tier is configured
 // (BlendIndex, an L1 listener, synchronously); with tiers, a lookup that finds a fingerprint's
-// chunk missing from L1 keeps it and asks the tiers for it ([tier loading]). In parity mode
-// (--blend-lmcache-parity) a chunk still missing then is struck (Matcher::Strike).
+// chunk missing from L1 keeps it and asks the tiers for it ([tier loading]). When every tier
+// then answers "not found" for it (no error, no timeout: l2::PrefetchAnswer), and L1 still
+// lacks it, the fingerprint is removed (issue 24); a tier that failed or was late removes
+// nothing. In parity mode (--blend-lmcache-parity) a chunk still missing then is struck
+// (Matcher::Strike), as lmcache does.
 //
 // Files: blend_ops.cc (rope, fingerprints, lookups, reorder, state), blend_retrieve.cc
 // (cb_retrieve_pre_computed).
@@ -116,8 +119,11 @@ class BlendIndex : public l1::L1Listener {
 
   void OnEntryComplete(const l1::ChunkKey&) override {}
   void OnEntriesRemoved(std::span<const l1::ChunkKey> keys, l1::RemovalCause cause) override;
+  // With tiers: `chunk` is in neither L1 nor any tier. Removes its fingerprint (counted
+  // in `removed`); false when it had none.
+  bool RemoveInNoTier(const l1::ChunkKey& chunk);
 
-  metrics::Counter removed;  // fingerprints removed because their chunk left L1
+  metrics::Counter removed;  // fingerprints removed because their chunk left L1 (and the tiers)
 
  private:
   explicit BlendIndex(std::unique_ptr<blend::Matcher> m) : matcher_(std::move(m)) {}
@@ -196,14 +202,27 @@ class BlendOps {
   };
 
   // The tier loads one lookup started for chunks L1 lacked; the lookup answers when none is
-  // left (each load's completion counts one down, from a tier thread).
+  // left (each load's completion records its answer and counts one down, from a tier thread).
+  struct TierLoadAnswers {
+    explicit TierLoadAnswers(std::vector<l1::ChunkKey> asked)
+        : chunks(std::move(asked)),
+          in_no_tier(new std::atomic<bool>[chunks.size()]()),
+          pending(chunks.size()) {}
+    const std::vector<l1::ChunkKey> chunks;
+    // Per chunk: every tier answered "not found" (l2::PrefetchAnswer::next_in_no_tier).
+    const std::unique_ptr<std::atomic<bool>[]> in_no_tier;
+    std::atomic<size_t> pending;
+  };
   struct TierLoads {
-    std::shared_ptr<std::atomic<size_t>> pending;
+    std::shared_ptr<TierLoadAnswers> answers;
     int64_t prefix_chunks = 0;  // the prefix leg's answer (Lookups hands it out once)
     int64_t started_ns = 0;
   };
 
   void DropRequestLocked(const std::string& request_id) KVD_REQUIRES(req_mu_);
+  // The chunks the tiers answered "in no tier" for and L1 still lacks (on some of `world`
+  // slots) can never be served whole: their fingerprints go (BlendIndex::RemoveInNoTier).
+  void RemoveInNoTier(const TierLoadAnswers& answers, uint32_t world);
   // The L1 namespace (the matcher's partition) of a model's chunks: nullopt unless its
   // workers registered and agree on the key namespace (`registered`, when given, says
   // whether they did) and L1 knows the namespace.

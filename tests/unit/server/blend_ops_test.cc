@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <random>
 #include <thread>
@@ -682,10 +683,63 @@ TEST_F(BlendOpsTierTest, AChunkNoTierHoldsIsAskedForOnceThenAMiss) {
   EXPECT_EQ(Metric("kvd_blend_lookup_tier_loaded_chunks_total"), 0);
   EXPECT_EQ(Metric("lmcache_blend_lookup_stale_chunks_total"), 1);
   EXPECT_EQ(blend().requests_held(), 0u);
-  // A new lookup of the request asks again (once).
-  nils = 0;
+  svc_->EndSession("q");
+}
+
+// Issue 24: with tiers, a fingerprint whose chunk is in neither L1 nor any tier stayed
+// registered for ever; every lookup that matched it asked the tiers again and counted a
+// miss. It goes once every tier answered "not found" for it.
+TEST_F(BlendOpsTierTest, Issue24FingerprintOfAChunkInNoTierIsRemovedOnTheTiersAnswer) {
+  FakeWorker w("/kvd_test_blend_tw3");
+  w.Fill(14);
+  ASSERT_TRUE(svc_->RegisterKvCache(w.Registration(100, 1)).ok());
+  StoreSysDoc();
+  ASSERT_TRUE(svc_->WaitTiersIdle(10));
+  svc_->Clear();
+  for (const auto& e : std::filesystem::directory_iterator(dir_)) std::filesystem::remove_all(e.path());
+  ASSERT_EQ(blend().matcher().Stats().live, 2u);
+  const auto segs = std::vector<std::vector<int64_t>>{Segment(3), Segment(4), Segment(2)};
+  int nils = 0;
+  auto res = LookupPolling(Key(std::nullopt, segs, "q"), &nils);
+  EXPECT_EQ(res.non_prefix_segments.size(), 0u);
+  EXPECT_EQ(Metric("kvd_blend_lookup_tier_load_chunks_total"), 1);
+  EXPECT_EQ(blend().matcher().Stats().live, 1u) << "doc's fingerprint went; sys's was not asked for";
+  EXPECT_EQ(Metric("lmcache_blend_chunks_evicted_total"), 1);
+  // The next lookup matches nothing, so it asks the tiers for no non-prefix chunk.
   res = LookupPolling(Key(std::nullopt, segs, "q"), &nils);
   EXPECT_EQ(res.non_prefix_segments.size(), 0u);
+  EXPECT_EQ(Metric("kvd_blend_lookup_tier_load_chunks_total"), 1);
+  EXPECT_EQ(Metric("lmcache_blend_lookup_stale_chunks_total"), 1);
+  svc_->EndSession("q");
+  // Stored again, it is found again.
+  StoreSysDoc();
+  EXPECT_EQ(blend().matcher().Stats().live, 2u);
+  res = LookupPolling(Key(std::nullopt, segs, "q2"), &nils);
+  EXPECT_EQ(res.non_prefix_segments.size(), 1u);
+  svc_->EndSession("q2");
+}
+
+// Issue 24: a tier that fails its existence check proves nothing: the fingerprint stays.
+TEST_F(BlendOpsTierTest, Issue24FingerprintStaysWhenTheTierFailsToAnswer) {
+  FakeWorker w("/kvd_test_blend_tw4");
+  w.Fill(15);
+  ASSERT_TRUE(svc_->RegisterKvCache(w.Registration(100, 1)).ok());
+  StoreSysDoc();
+  ASSERT_TRUE(svc_->WaitTiersIdle(10));
+  svc_->Clear();
+  // The tier's directory becomes a file: every stat under it fails with ENOTDIR.
+  std::filesystem::remove_all(dir_);
+  { std::ofstream(dir_) << "not a directory"; }
+  const auto segs = std::vector<std::vector<int64_t>>{Segment(3), Segment(4), Segment(2)};
+  int nils = 0;
+  auto res = LookupPolling(Key(std::nullopt, segs, "q"), &nils);
+  EXPECT_EQ(res.non_prefix_segments.size(), 0u);
+  EXPECT_EQ(Metric("kvd_blend_lookup_tier_load_chunks_total"), 1);
+  EXPECT_EQ(blend().matcher().Stats().live, 2u);
+  EXPECT_EQ(Metric("lmcache_blend_chunks_evicted_total"), 0);
+  svc_->EndSession("q");
+  // The next lookup asks the tier again.
+  res = LookupPolling(Key(std::nullopt, segs, "q"), &nils);
   EXPECT_EQ(Metric("kvd_blend_lookup_tier_load_chunks_total"), 2);
   svc_->EndSession("q");
 }
