@@ -1,5 +1,5 @@
 // ChunkIo: what a transfer does to L1, whoever copies the bytes. Both transfer modes use it
-// (lmcache_transfers.h: kvd's copy engine copies; engine_driven_transfers.h: the worker copies
+// (kvd_copy_transfers.h: kvd's copy engine copies; worker_copy_transfers.h: the worker copies
 // through the pool's shared memory); what differs between them, who copies and when the copy
 // is over, stays with them.
 //

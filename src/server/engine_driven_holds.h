@@ -14,7 +14,7 @@
 // what may be shed does not make room, nothing is shed and the request gets what fits now,
 // or is refused.
 //
-// THREADS. Not thread-safe: the owner (EngineDrivenTransfers) calls it under its mutex.
+// THREADS. Not thread-safe: the owner (WorkerCopyTransfers) calls it under its mutex.
 // OWNERSHIP. Holds only numbers; the L1 handles stay with the owner, which drops what
 // Admit answers as shed.
 #pragma once

@@ -3,7 +3,7 @@
 // which it should have completed (the write TTL for stores, the read TTL for retrieves).
 // The memory of such a copy stays held by its completion however long it takes (l1_cache.h,
 // COPY IN FLIGHT); this table lets the server notice copies that outlive their deadline and
-// cancel their instance (LmcacheTransfers::CancelOverdueCopies).
+// cancel their instance (KvdCopyTransfers::CancelOverdueCopies).
 //
 // Thread-safe: one mutex, held only to insert, erase or scan. Completions (engine threads)
 // remove their entries; they hold the table by shared_ptr, so it outlives its owner.

@@ -89,8 +89,8 @@ KvService::KvService(const ServerConfig& config, const Clock* clock,
       blend_(blend_index_ ? std::make_unique<BlendOps>(config_, clock, blend_index_.get(), l1_.get(),
                                                        &registry_, &lookups_, tiers_.get(), shm_policy)
                           : nullptr),
-      lmcache_(Context(BlendStoreHook()), std::move(shm_policy)),
-      engine_driven_(Context(BlendStoreHook())) {
+      kvd_copy_(Context(BlendStoreHook()), std::move(shm_policy)),
+      worker_copy_(Context(BlendStoreHook())) {
   if (blend_) {
     spdlog::info("engine type blend: CacheBlend ops served (fingerprints on worker 0's stores{}{}{}{})",
                  config_.blend_lmcache_parity ? "; lmcache parity mode" : "",
@@ -131,7 +131,7 @@ Status KvService::Unregister(int64_t instance_id) {
   if (!gone) {
     return Status::NotFound("instance " + std::to_string(instance_id) + " is not registered");
   }
-  engine_driven_.DropInstance(instance_id);  // its half-done engine-driven operations
+  worker_copy_.DropInstance(instance_id);  // its half-done engine-driven operations
   if (blend_) blend_->UnregisterRope(instance_id);
   spdlog::info("unregistered instance {} (model '{}')", instance_id, gone->model_name);
   return Status::Ok();  // mappings are released when the last in-flight copy lets go
@@ -141,8 +141,8 @@ void KvService::RegisterMetrics(metrics::Registry& registry) {
   metric_handles_ = counters_.RegisterMetrics(registry, config_.chunk_size);
   if (kv_events_) kv_events_->RegisterMetrics(registry);
   if (blend_) blend_->RegisterMetrics(registry);
-  engine_driven_.RegisterMetrics(registry);
-  lmcache_.RegisterMetrics(registry);
+  worker_copy_.RegisterMetrics(registry);
+  kvd_copy_.RegisterMetrics(registry);
 }
 
 std::vector<std::string> KvService::ExperimentalCapabilities() const {
@@ -182,9 +182,9 @@ KvService::DeleteCounts KvService::DeleteL1Entries(std::span<const L1EntryName> 
 
 void KvService::Maintain() {
   sessions_.Expire();
-  engine_driven_.ExpirePending();
+  worker_copy_.ExpirePending();
   if (blend_) blend_->Maintain();
-  lmcache_.CancelOverdueCopies();
+  kvd_copy_.CancelOverdueCopies();
   if (config_.worker_reap_timeout_seconds > 0) {
     const double grace_s =
         std::max(config_.worker_registration_grace_seconds, config_.worker_reap_timeout_seconds);

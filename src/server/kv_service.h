@@ -6,10 +6,10 @@
 // change:
 //   InstanceRegistry       registered workers and their liveness (instance_registry.h)
 //   Lookups                LOOKUP, prefetch status, lock release, END_SESSION (lookups.h)
-//   LmcacheTransfers       REGISTER_KV_CACHE, STORE, RETRIEVE through copy engines
-//                          (lmcache_transfers.h)
-//   EngineDrivenTransfers  the PREPARE/COMMIT ops of workers that copy themselves
-//                          (engine_driven_transfers.h)
+//   KvdCopyTransfers       REGISTER_KV_CACHE, STORE, RETRIEVE through copy engines
+//                          (kvd_copy_transfers.h)
+//   WorkerCopyTransfers    the PREPARE/COMMIT ops of workers that copy themselves
+//                          (worker_copy_transfers.h)
 // What spans parts stays here: unregistration and reaping (registry + both transfer
 // modes), periodic maintenance, and the status snapshot.
 //
@@ -35,10 +35,10 @@
 #include "l2/tier_set.h"
 #include "server/blend_ops.h"
 #include "server/config.h"
-#include "server/engine_driven_transfers.h"
+#include "server/worker_copy_transfers.h"
 #include "server/instance_registry.h"
 #include "server/kv_events.h"
-#include "server/lmcache_transfers.h"
+#include "server/kvd_copy_transfers.h"
 #include "server/lookups.h"
 #include "server/service_counters.h"
 #include "server/sessions.h"
@@ -57,16 +57,16 @@ class KvService {
   // REGISTER_KV_CACHE / UNREGISTER_KV_CACHE (also UNREGISTER_ENGINE_DRIVEN_CONTEXT).
   // Registering an id already registered with the same model only refreshes its liveness.
   Status RegisterKvCache(const wire::RegisterKvCacheRequest& req) {
-    return lmcache_.Register(req);
+    return kvd_copy_.Register(req);
   }
   Status Unregister(int64_t instance_id);
 
-  // STORE / RETRIEVE (see LmcacheTransfers).
+  // STORE / RETRIEVE (see KvdCopyTransfers).
   Status Store(const wire::TransferRequest& req, std::string* event_handle = nullptr) {
-    return lmcache_.Store(req, event_handle);
+    return kvd_copy_.Store(req, event_handle);
   }
   Status Retrieve(const wire::TransferRequest& req, std::string* event_handle = nullptr) {
-    return lmcache_.Retrieve(req, event_handle);
+    return kvd_copy_.Retrieve(req, event_handle);
   }
 
   // LOOKUP, QUERY_PREFETCH_STATUS, FREE_LOOKUP_LOCKS, END_SESSION (see Lookups).
@@ -90,21 +90,21 @@ class KvService {
   // CacheBlend's ops (server/blend_ops.h); null unless --engine-type blend.
   BlendOps* blend() { return blend_.get(); }
 
-  // Engine-driven transfers (see EngineDrivenTransfers).
+  // Engine-driven transfers (see WorkerCopyTransfers).
   Result<std::pair<std::string, uint64_t>> RegisterEngineDriven(
       const wire::RegisterEngineDrivenRequest& req) {
-    return engine_driven_.Register(req);
+    return worker_copy_.Register(req);
   }
   Result<std::pair<std::vector<wire::ShmSlot>, std::vector<int64_t>>> PrepareStore(
       const wire::EngineDrivenRequest& req) {
-    return engine_driven_.PrepareStore(req);
+    return worker_copy_.PrepareStore(req);
   }
-  Status CommitStore(const wire::EngineDrivenRequest& req) { return engine_driven_.CommitStore(req); }
+  Status CommitStore(const wire::EngineDrivenRequest& req) { return worker_copy_.CommitStore(req); }
   Result<std::vector<wire::ShmSlot>> PrepareRetrieve(const wire::EngineDrivenRequest& req) {
-    return engine_driven_.PrepareRetrieve(req);
+    return worker_copy_.PrepareRetrieve(req);
   }
   Status CommitRetrieve(const wire::EngineDrivenRequest& req) {
-    return engine_driven_.CommitRetrieve(req);
+    return worker_copy_.CommitRetrieve(req);
   }
 
   void Ping(std::optional<int64_t> instance_id);
@@ -152,10 +152,10 @@ class KvService {
   // The KV-event log (kv_events.h); null when --kv-event-log-size is 0 or observability is
   // off. Lives as long as the service.
   KvEventLog* kv_events() const { return kv_events_.get(); }
-  // The engine-driven mode (for its metrics: EngineDrivenTransfers::RegisterMetrics).
-  EngineDrivenTransfers* engine_driven() { return &engine_driven_; }
-  // The lmcache-driven mode (for its metrics: LmcacheTransfers::RegisterMetrics).
-  LmcacheTransfers* lmcache() { return &lmcache_; }
+  // The engine-driven mode (for its metrics: WorkerCopyTransfers::RegisterMetrics).
+  WorkerCopyTransfers* worker_copy() { return &worker_copy_; }
+  // The lmcache-driven mode (for its metrics: KvdCopyTransfers::RegisterMetrics).
+  KvdCopyTransfers* kvd_copy() { return &kvd_copy_; }
   // True while an asynchronous STORE's chunks await their commit: a LOOKUP may then wait for
   // it (lookups.h, Visibility), so ZmqServer runs LOOKUPs on the pool. Lock-free.
   bool CommitsPending() const { return pending_commits_->any(); }
@@ -196,8 +196,8 @@ class KvService {
   // transfer modes: their store hook calls it. They go first, then blend, then lookups.
   Lookups lookups_;
   std::unique_ptr<BlendOps> blend_;  // --engine-type blend only
-  LmcacheTransfers lmcache_;
-  EngineDrivenTransfers engine_driven_;
+  KvdCopyTransfers kvd_copy_;
+  WorkerCopyTransfers worker_copy_;
   // The counters' collected families: removed first, before what they read.
   std::vector<metrics::CollectorHandle> metric_handles_;
 };

@@ -49,8 +49,8 @@ ServiceStatus KvService::StatusSnapshot() {
   st.chunk_key_memo_hits = memo.hits;
   st.chunk_key_memo_misses = memo.misses;
   st.chunk_key_memo_bytes = memo.bytes;
-  std::tie(st.pending_engine_stores, st.pending_engine_retrieves) = engine_driven_.PendingCounts();
-  st.device_copies_in_flight = lmcache_.copies_in_flight();
+  std::tie(st.pending_engine_stores, st.pending_engine_retrieves) = worker_copy_.PendingCounts();
+  st.device_copies_in_flight = kvd_copy_.copies_in_flight();
   return st;
 }
 

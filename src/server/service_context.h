@@ -1,4 +1,4 @@
-// ServiceContext: what KvService's parts (Lookups, LmcacheTransfers, EngineDrivenTransfers and
+// ServiceContext: what KvService's parts (Lookups, KvdCopyTransfers, WorkerCopyTransfers and
 // their ChunkIo) are built from. KvService builds the shared state first — config, clock, L1,
 // sessions, instance registry, counters, tiers, KV-event log, the pending-commit table and the
 // store hook — and hands each part one complete context in its constructor: no part is told

@@ -394,8 +394,8 @@ TEST_F(VisibilityTest, Issue26VisibilityStoreThenRetrieveFindsTheChunks) {
   // RETRIEVE right after the event: it finds both chunks (before the fix: NotFound).
   Status st = svc_->Retrieve(wire::TransferRequest{Key(0, "r", 55), 1, Blocks(), "", 0}, &event);
   EXPECT_TRUE(st.ok()) << st.ToString();
-  EXPECT_EQ(svc_->lmcache()->pending_commits()->waits(), 1u);  // it waited for the commit
-  EXPECT_EQ(svc_->lmcache()->pending_commits()->timeouts(), 0u);
+  EXPECT_EQ(svc_->kvd_copy()->pending_commits()->waits(), 1u);  // it waited for the commit
+  EXPECT_EQ(svc_->kvd_copy()->pending_commits()->timeouts(), 0u);
   completion.join();
   gated->WaitIdle();
   EXPECT_EQ(svc_->l1_stats().pinned_objects, 0u);
@@ -418,7 +418,7 @@ TEST_F(VisibilityTest, Issue26VisibilityStoreThenLookupHitsTheChunks) {
   });
   // LOOKUP right after the event: both chunks hit (before the fix: 0).
   EXPECT_EQ(Hits("l", 66), 2);
-  EXPECT_EQ(svc_->lmcache()->pending_commits()->waits(), 1u);
+  EXPECT_EQ(svc_->kvd_copy()->pending_commits()->waits(), 1u);
   completion.join();
   EXPECT_FALSE(svc_->CommitsPending());
   gated->WaitIdle();

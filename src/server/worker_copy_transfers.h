@@ -1,5 +1,5 @@
-// EngineDrivenTransfers: the engine-driven transfer mode. The worker copies into and out of
-// the L1 pool's shared memory itself; kvd hands out slots (pool offsets) on PREPARE_STORE /
+// WorkerCopyTransfers: the engine-driven transfer mode, where the worker copies: into and
+// out of the L1 pool's shared memory, itself; kvd hands out slots (pool offsets) on PREPARE_STORE /
 // PREPARE_RETRIEVE and makes them visible or lets them go on COMMIT_STORE /
 // COMMIT_RETRIEVE. Between the two, a store holds write reservations (staging objects) and a
 // retrieve holds read pins. What these do to L1 is ChunkIo's (chunk_io.h), shared with the
@@ -46,11 +46,11 @@
 
 namespace kvd::server {
 
-class EngineDrivenTransfers {
+class WorkerCopyTransfers {
  public:
   // Borrows what the context points to; all must outlive this object.
-  explicit EngineDrivenTransfers(const ServiceContext& context);
-  ~EngineDrivenTransfers();
+  explicit WorkerCopyTransfers(const ServiceContext& context);
+  ~WorkerCopyTransfers();
 
   // REGISTER_ENGINE_DRIVEN_CONTEXT: validates the object shape, registers the instance and
   // returns the pool's shared-memory name and size.

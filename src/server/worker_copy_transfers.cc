@@ -1,4 +1,4 @@
-#include "server/engine_driven_transfers.h"
+#include "server/worker_copy_transfers.h"
 
 #include <spdlog/spdlog.h>
 
@@ -38,12 +38,12 @@ HoldLedger::Limits HoldLimits(const ServerConfig& config, uint64_t l1_bytes) {
 
 }  // namespace
 
-void EngineDrivenTransfers::PendingRetrieve::Release(l1::L1Cache* l1) {
+void WorkerCopyTransfers::PendingRetrieve::Release(l1::L1Cache* l1) {
   l1->ReleaseLocks(request_id, first_chunk, count, slot);
   pins.ReleaseFirstToLast();
 }
 
-EngineDrivenTransfers::EngineDrivenTransfers(const ServiceContext& context)
+WorkerCopyTransfers::WorkerCopyTransfers(const ServiceContext& context)
     : config_(*context.config),
       clock_(context.clock),
       l1_(context.l1),
@@ -52,14 +52,14 @@ EngineDrivenTransfers::EngineDrivenTransfers(const ServiceContext& context)
       io_(context),
       ledger_(HoldLimits(config_, context.l1->capacity_bytes())) {}
 
-EngineDrivenTransfers::~EngineDrivenTransfers() {
+WorkerCopyTransfers::~WorkerCopyTransfers() {
   metric_handles_.clear();
   MutexLock lock(&mu_);
   pending_stores_.clear();
   pending_retrieves_.clear();
 }
 
-void EngineDrivenTransfers::TakeHolds(const std::vector<HoldLedger::Hold>& holds, Dropped* out) {
+void WorkerCopyTransfers::TakeHolds(const std::vector<HoldLedger::Hold>& holds, Dropped* out) {
   for (const HoldLedger::Hold& h : holds) {
     const PendingKey key{h.instance, h.name};
     if (h.kind == kStaging) {
@@ -76,7 +76,7 @@ void EngineDrivenTransfers::TakeHolds(const std::vector<HoldLedger::Hold>& holds
   }
 }
 
-void EngineDrivenTransfers::CountShed(const std::vector<HoldLedger::Hold>& shed, const char* op,
+void WorkerCopyTransfers::CountShed(const std::vector<HoldLedger::Hold>& shed, const char* op,
                                       int64_t instance_id) {
   if (shed.empty()) return;
   uint64_t stores = 0, bytes = 0;
@@ -93,12 +93,12 @@ void EngineDrivenTransfers::CountShed(const std::vector<HoldLedger::Hold>& shed,
                static_cast<double>(ledger_.limits().shed_age_ns) / 1e9);
 }
 
-void EngineDrivenTransfers::Finish(Dropped dropped) {
+void WorkerCopyTransfers::Finish(Dropped dropped) {
   dropped.stores.clear();  // aborts the reservations: the staging objects are freed
   for (PendingRetrieve& r : dropped.retrieves) r.Release(l1_);
 }
 
-Result<std::pair<std::string, uint64_t>> EngineDrivenTransfers::Register(
+Result<std::pair<std::string, uint64_t>> WorkerCopyTransfers::Register(
     const wire::RegisterEngineDrivenRequest& req) {
   if (!config_.engine_driven_enabled()) {
     return Status::FailedPrecondition(
@@ -156,7 +156,7 @@ Result<std::pair<std::string, uint64_t>> EngineDrivenTransfers::Register(
 }
 
 Result<std::pair<std::vector<wire::ShmSlot>, std::vector<int64_t>>>
-EngineDrivenTransfers::PrepareStore(const wire::EngineDrivenRequest& req) {
+WorkerCopyTransfers::PrepareStore(const wire::EngineDrivenRequest& req) {
   counters_->stores++;
   auto inst = registry_->Find(req.instance_id);
   if (!inst || !inst->engine_driven()) {
@@ -234,7 +234,7 @@ EngineDrivenTransfers::PrepareStore(const wire::EngineDrivenRequest& req) {
   return std::make_pair(std::move(slots), std::move(indices));
 }
 
-Status EngineDrivenTransfers::CommitStore(const wire::EngineDrivenRequest& req) {
+Status WorkerCopyTransfers::CommitStore(const wire::EngineDrivenRequest& req) {
   PendingStore pending;
   {
     MutexLock lock(&mu_);
@@ -271,7 +271,7 @@ Status EngineDrivenTransfers::CommitStore(const wire::EngineDrivenRequest& req) 
   return Status::Ok();
 }
 
-Result<std::vector<wire::ShmSlot>> EngineDrivenTransfers::PrepareRetrieve(
+Result<std::vector<wire::ShmSlot>> WorkerCopyTransfers::PrepareRetrieve(
     const wire::EngineDrivenRequest& req) {
   counters_->retrieves++;
   auto inst = registry_->Find(req.instance_id);
@@ -345,7 +345,7 @@ Result<std::vector<wire::ShmSlot>> EngineDrivenTransfers::PrepareRetrieve(
   return slots;
 }
 
-Status EngineDrivenTransfers::CommitRetrieve(const wire::EngineDrivenRequest& req) {
+Status WorkerCopyTransfers::CommitRetrieve(const wire::EngineDrivenRequest& req) {
   PendingRetrieve pending;
   {
     MutexLock lock(&mu_);
@@ -364,7 +364,7 @@ Status EngineDrivenTransfers::CommitRetrieve(const wire::EngineDrivenRequest& re
   return Status::Ok();
 }
 
-void EngineDrivenTransfers::DropInstance(int64_t instance_id) {
+void WorkerCopyTransfers::DropInstance(int64_t instance_id) {
   Dropped dropped;
   {
     MutexLock lock(&mu_);
@@ -373,7 +373,7 @@ void EngineDrivenTransfers::DropInstance(int64_t instance_id) {
   Finish(std::move(dropped));
 }
 
-void EngineDrivenTransfers::ExpirePending() {
+void WorkerCopyTransfers::ExpirePending() {
   // A worker that prepared and never committed: its reservations and pins go back after
   // the hold timeout (or the write / read TTL, if shorter), pings or not.
   const int64_t now = clock_->NowNanos();
@@ -413,17 +413,17 @@ void EngineDrivenTransfers::ExpirePending() {
   Finish(std::move(dropped));
 }
 
-uint64_t EngineDrivenTransfers::HeldBytes() const {
+uint64_t WorkerCopyTransfers::HeldBytes() const {
   MutexLock lock(&mu_);
   return ledger_.held_bytes();
 }
 
-uint64_t EngineDrivenTransfers::HeldBytes(int64_t instance_id) const {
+uint64_t WorkerCopyTransfers::HeldBytes(int64_t instance_id) const {
   MutexLock lock(&mu_);
   return ledger_.held_bytes(instance_id);
 }
 
-EngineDrivenTransfers::HoldStats EngineDrivenTransfers::hold_stats() const {
+WorkerCopyTransfers::HoldStats WorkerCopyTransfers::hold_stats() const {
   HoldStats s;
   s.staging_shed = staging_shed_.load();
   s.pins_shed = pins_shed_.load();
@@ -435,7 +435,7 @@ EngineDrivenTransfers::HoldStats EngineDrivenTransfers::hold_stats() const {
   return s;
 }
 
-void EngineDrivenTransfers::RegisterMetrics(metrics::Registry& registry) {
+void WorkerCopyTransfers::RegisterMetrics(metrics::Registry& registry) {
   using metrics::Kind;
   struct Family {
     const char* name;
@@ -474,7 +474,7 @@ void EngineDrivenTransfers::RegisterMetrics(metrics::Registry& registry) {
   }
 }
 
-std::pair<size_t, size_t> EngineDrivenTransfers::PendingCounts() const {
+std::pair<size_t, size_t> WorkerCopyTransfers::PendingCounts() const {
   MutexLock lock(&mu_);
   return {pending_stores_.size(), pending_retrieves_.size()};
 }

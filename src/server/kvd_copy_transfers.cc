@@ -1,4 +1,4 @@
-#include "server/lmcache_transfers.h"
+#include "server/kvd_copy_transfers.h"
 
 #include <spdlog/spdlog.h>
 
@@ -108,7 +108,7 @@ bool SegmentsUnchanged(const Instance& inst) {
 
 }  // namespace
 
-LmcacheTransfers::LmcacheTransfers(const ServiceContext& context,
+KvdCopyTransfers::KvdCopyTransfers(const ServiceContext& context,
                                    transfer::ShmAccessPolicy shm_policy)
     : config_(*context.config),
       clock_(context.clock),
@@ -122,7 +122,7 @@ LmcacheTransfers::LmcacheTransfers(const ServiceContext& context,
       shm_policy_(std::move(shm_policy)),
       pending_(context.pending_commits) {}
 
-Status LmcacheTransfers::Submit(const std::shared_ptr<const Instance>& inst,
+Status KvdCopyTransfers::Submit(const std::shared_ptr<const Instance>& inst,
                                 transfer::CopyDirection direction,
                                 const wire::TransferRequest& req,
                                 std::vector<transfer::ChunkTask> tasks, uint64_t bytes,
@@ -187,7 +187,7 @@ Status LmcacheTransfers::Submit(const std::shared_ptr<const Instance>& inst,
   return sub->status;
 }
 
-void LmcacheTransfers::RegisterMetrics(metrics::Registry& registry) {
+void KvdCopyTransfers::RegisterMetrics(metrics::Registry& registry) {
   using metrics::Kind;
   metric_handles_.push_back(registry.AddCollected(
       {"kvd_l1_lookup_waits_for_commit_total",
@@ -203,7 +203,7 @@ void LmcacheTransfers::RegisterMetrics(metrics::Registry& registry) {
       [p = pending_](metrics::SeriesSink& sink) { sink.Add(static_cast<double>(p->timeouts())); }));
 }
 
-size_t LmcacheTransfers::CancelOverdueCopies() {
+size_t KvdCopyTransfers::CancelOverdueCopies() {
   {
     // Cancelled instances whose copies have all reported back can go now: their engines
     // have nothing left to drain.
@@ -238,7 +238,7 @@ size_t LmcacheTransfers::CancelOverdueCopies() {
   return cancelled;
 }
 
-bool LmcacheTransfers::ChunkIsAllNull(const layout::KvLayout& layout,
+bool KvdCopyTransfers::ChunkIsAllNull(const layout::KvLayout& layout,
                                       const std::vector<std::vector<int64_t>>& block_ids,
                                       int64_t chunk) const {
   for (const auto& g : layout.groups) {
@@ -251,7 +251,7 @@ bool LmcacheTransfers::ChunkIsAllNull(const layout::KvLayout& layout,
   return true;
 }
 
-Status LmcacheTransfers::Register(const wire::RegisterKvCacheRequest& req) {
+Status KvdCopyTransfers::Register(const wire::RegisterKvCacheRequest& req) {
   if (!config_.lmcache_driven_enabled()) {
     return Status::FailedPrecondition(
         "lmcache-driven transfers are off (--supported-transfer-mode engine_driven)");
@@ -344,7 +344,7 @@ Status LmcacheTransfers::Register(const wire::RegisterKvCacheRequest& req) {
   return Status::Ok();
 }
 
-Status LmcacheTransfers::Store(const wire::TransferRequest& req, std::string* event_handle) {
+Status KvdCopyTransfers::Store(const wire::TransferRequest& req, std::string* event_handle) {
   if (event_handle) event_handle->clear();
   counters_->stores++;
   // Set once the STORE counts as submitted on its instance's device: from then on it also
@@ -431,7 +431,7 @@ Status LmcacheTransfers::Store(const wire::TransferRequest& req, std::string* ev
   return Status::Ok();
 }
 
-Status LmcacheTransfers::Retrieve(const wire::TransferRequest& req, std::string* event_handle) {
+Status KvdCopyTransfers::Retrieve(const wire::TransferRequest& req, std::string* event_handle) {
   if (event_handle) event_handle->clear();
   counters_->retrieves++;
   TransferValues* submitted = nullptr;  // as in Store

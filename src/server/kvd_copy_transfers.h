@@ -1,5 +1,5 @@
-// LmcacheTransfers: the lmcache-driven transfer mode. A worker registers its paged KV
-// tensors once (REGISTER_KV_CACHE); kvd builds the copy plan (layout) and a copy engine over
+// KvdCopyTransfers: the lmcache-driven transfer mode, where kvd copies. A worker registers
+// its paged KV tensors once (REGISTER_KV_CACHE); kvd builds the copy plan (layout) and a copy engine over
 // them — CPU shared memory or CUDA IPC, both behind transfer::CopyEngine — and on STORE /
 // RETRIEVE copies between the worker's blocks and L1 objects through that engine. One code
 // path for both engines: a STORE reserves the objects, submits the gather and commits the
@@ -52,11 +52,11 @@
 
 namespace kvd::server {
 
-class LmcacheTransfers {
+class KvdCopyTransfers {
  public:
   // Borrows what the context points to; all must outlive this object. `shm_policy` says
   // whose shared memory a registration may map (owners, prefix, kvd's own segments).
-  LmcacheTransfers(const ServiceContext& context, transfer::ShmAccessPolicy shm_policy);
+  KvdCopyTransfers(const ServiceContext& context, transfer::ShmAccessPolicy shm_policy);
 
   // REGISTER_KV_CACHE. Registering an id already registered with the same model only
   // refreshes its liveness. Client memory is mapped only when the policy allows it and no
