@@ -15,6 +15,11 @@ recompute ratio the prompts go through a fresh kvd and a fresh vLLM:
   choice on every prompt but ties, and the tokens equal the reference's;
 - the prompts' chunks from the first reused token on are not stored (their KV is approximate).
 
+With --enable-segmented-prefix (and an fs tier): a prompt whose cached prefix has a gap (its
+chunk 1 deleted from L1 and the tier through DELETE /cache/objects) gets the chunks after the
+gap as exact segments at their own positions; only the gap and the question are recomputed,
+and the tokens equal full prefill's.
+
 Faults, each with every request finishing with full prefill's tokens, no read lock left in
 kvd, and the fallback logged: an exception in the blend loop (KVD_BLEND_FAULT), kvd killed
 before a lookup, kvd without --engine-type blend (handshake refused), and lmcache's own
@@ -27,6 +32,7 @@ import json
 import random
 import re
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -69,6 +75,11 @@ EXPECTED_SEGMENTS = {
     "unaligned_docs": [(100, 356), (356, 612)],
     "one_doc": [(256, 512)],
 }
+# The segmented-prefix prompt: stored as three growing contexts (chunk 0, then 1, then 2-3),
+# so the tier's listing tells which object is chunk 1; that one is then deleted.
+SEG_CONTEXTS = [T["sys"] + T["tail"], T["sys"] + T["doc1"] + T["tail"],
+                T["sys"] + T["doc1"] + T["doc2"] + T["doc3"] + T["tail"]]
+SEG_PROMPT = T["sys"] + T["doc1"] + T["doc2"] + T["doc3"] + T["q"]
 DOC_AT = {name: [] for name in PROMPTS}  # which stored context each segment comes from
 for name, segs in EXPECTED_SEGMENTS.items():
     for a, b in segs:
@@ -125,6 +136,7 @@ def full_prefill(kvd_only, model_dir, start_vllm) -> dict[str, list[int]]:
     try:
         out = {name: v.generate([p], max_tokens=MAX_TOKENS)[0][0] for name, p in PROMPTS.items()}
         out["beside"] = v.generate([BESIDE], max_tokens=BESIDE_TOKENS)[0][0]
+        out["segmented"] = v.generate([SEG_PROMPT], max_tokens=MAX_TOKENS)[0][0]
         return out
     finally:
         v.close()
@@ -295,6 +307,81 @@ def test_the_reference_itself_blends_to_full_prefill_at_ratio_one(reference):
     cache, _, logits = reference.prefill(PROMPTS[name])
     assert (res.logits - logits).abs().max().item() < 1e-9
     assert res.kept == list(range(len(PROMPTS[name])))
+
+
+# --- segmented prefix -----------------------------------------------------------------------
+
+def _http_json(server, method: str, path: str, body: dict | None = None):
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(f"http://127.0.0.1:{server.http_port}{path}", data=data,
+                                 method=method, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        return json.loads(r.read())
+
+
+def _tier_hashes(server) -> dict[str, dict]:
+    entries = _http_json(server, "GET", "/cache/objects?tier=l2&page_size=1000")["entries"]
+    return {e["key"]["chunk_hash_hex"]: e["key"] for e in entries}
+
+
+def _wait_tier_objects(server, n: int) -> dict[str, dict]:
+    deadline = time.monotonic() + 30
+    while True:
+        found = _tier_hashes(server)
+        if len(found) >= n or time.monotonic() > deadline:
+            return found
+        time.sleep(0.25)
+
+
+def test_segmented_prefix_loads_the_chunks_after_a_gap_exactly_and_recomputes_the_gap(
+        full_prefill, model_dir, start_server, start_vllm, logdir, tmp_path):
+    tier = tmp_path / "tier"
+    tier.mkdir()
+    server = start_server(kind="kvd", extra_args=[
+        "--engine-type", "blend", "--enable-segmented-prefix",
+        "--l2-adapter", json.dumps({"type": "fs", "base_path": str(tier)})])
+    trace = logdir / "blend-trace-segmented.jsonl"
+    trace.unlink(missing_ok=True)
+    v = start_vllm(_blend_settings(model_dir, server, 0.15), "blend-segmented",
+                   env={"KVD_BLEND_TRACE": str(trace)})
+    try:
+        seen: dict[str, dict] = {}
+        chunk1 = None
+        for i, ctx in enumerate(SEG_CONTEXTS):
+            v.reset_prefix_cache()
+            v.generate([ctx], max_tokens=1)
+            now = _wait_tier_objects(server, [1, 2, 4][i])
+            if i == 1:
+                new = [h for h in now if h not in seen]
+                assert len(new) == 1, f"chunk 1's store wrote {len(new)} tier objects"
+                chunk1 = now[new[0]]
+            seen = now
+        assert len(seen) == 4, f"the tier holds {len(seen)} objects, want chunks 0-3"
+        # The gap: chunk 1 leaves L1 and the tier (a tagged tier object names no L1 entry, so
+        # its L1 entry is named without the tag).
+        keys = [chunk1, {k: x for k, x in chunk1.items() if k != "layout_tag"}]
+        r = _http_json(server, "DELETE", "/cache/objects", {"tier": "all", "keys": keys})
+        assert r.get("deleted", 0) >= 1, r
+        before = server.metrics()
+        v.reset_prefix_cache()
+        out, _ = v.generate([SEG_PROMPT], max_tokens=MAX_TOKENS)
+        after = server.metrics()
+    finally:
+        v.close()
+    assert not _fallbacks(v.log_path), _fallbacks(v.log_path)
+    got = (after.get("lmcache_blend_lookup_segmented_prefix_hit_tokens_total", 0)
+           - before.get("lmcache_blend_lookup_segmented_prefix_hit_tokens_total", 0))
+    assert got == 2 * CHUNK, f"segmented-prefix hit tokens {got}, want chunks 2 and 3"
+    recs = [json.loads(line) for line in trace.read_text().splitlines()] if trace.exists() else []
+    recs = [r for r in recs if r["end"] == len(SEG_PROMPT)]
+    assert recs, "the prompt was not blended"
+    rec = recs[-1]
+    assert [tuple(x) for x in rec["segments"]] == [(512, 768, 512, 768), (768, 1024, 768, 1024)]
+    assert rec["start"] == CHUNK, f"the loaded prefix is chunk 0 only: start {rec['start']}"
+    want_kept = list(range(CHUNK, 2 * CHUNK)) + list(range(4 * CHUNK, len(SEG_PROMPT)))
+    assert rec["kept"] == want_kept, "only the gap and the question are recomputed"
+    assert out[0] == full_prefill["segmented"], f"{out[0]} vs full prefill {full_prefill['segmented']}"
+    _locks_released(server)
 
 
 # --- faults -----------------------------------------------------------------------------------
