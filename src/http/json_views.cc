@@ -2,6 +2,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cmath>
 
 #include "http/prometheus.h"
@@ -15,41 +16,90 @@ namespace {
 // Model names come from clients: never let invalid UTF-8 throw while serialising.
 std::string Dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 
-json TiersJson(const TiersView& v) {
+// The series of `name` whose labels start with `prefix` (nullptr when none).
+const metrics::Series* SeriesOf(const std::vector<metrics::FamilySnapshot>& f, const std::string& name,
+                                const std::vector<std::string>& prefix) {
+  const metrics::FamilySnapshot* fam = metrics::FindFamily(f, name);
+  if (fam == nullptr) return nullptr;
+  for (const auto& series : fam->series) {
+    if (series.label_values.size() >= prefix.size() &&
+        std::equal(prefix.begin(), prefix.end(), series.label_values.begin())) {
+      return &series;
+    }
+  }
+  return nullptr;
+}
+
+uint64_t Count(const std::vector<metrics::FamilySnapshot>& f, const std::string& name,
+               const std::vector<std::string>& labels) {
+  const metrics::Series* s = SeriesOf(f, name, labels);
+  return s == nullptr || !(s->value > 0) ? 0 : static_cast<uint64_t>(std::llround(s->value));
+}
+
+// The tiers behind L1, read from the families the tiers registered (l2/tier_metrics.h):
+// one entry per kvd_l2_tier_info series, in registration (priority) order.
+json TiersJson(const std::vector<metrics::FamilySnapshot>& f) {
   json out = json::array();
-  for (const auto& t : v.tiers) {
-    out.push_back({{"name", t.name},
-                   {"type", t.type},
-                   {"describe", t.describe},
-                   {"healthy", t.healthy},
-                   {"health", t.health_detail},
-                   {"capacity_bytes", t.capacity_bytes},
-                   {"usage_bytes", t.usage_bytes},
-                   {"objects", t.objects},
-                   {"earlier_runs_scanned", t.scanned},
-                   {"store", {{"requests", t.store_requests},
-                              {"objects", t.store_objects},
-                              {"stored_objects", t.stored_objects},
-                              {"stored_bytes", t.stored_bytes},
-                              {"already_present", t.store_existing_objects},
-                              {"failed", t.store_failed_objects},
-                              {"no_space", t.store_full_objects},
-                              {"skipped_over_budget", t.store_skipped_objects},
-                              {"in_flight_objects", t.inflight_store_objects},
-                              {"in_flight_bytes", t.inflight_store_bytes}}},
-                   {"prefetch", {{"asked_objects", t.prefetch_lookup_objects},
-                                 {"found_objects", t.prefetch_found_objects},
-                                 {"lookup_errors", t.lookup_errors},
-                                 {"loaded_objects", t.loaded_objects},
-                                 {"loaded_bytes", t.loaded_bytes},
-                                 {"missing", t.load_missing_objects},
-                                 {"corrupted", t.load_corrupt_objects},
-                                 {"unavailable", t.load_failed_objects},
-                                 {"in_flight_objects", t.inflight_load_objects}}},
-                   {"evicted_objects", t.evicted_objects},
-                   {"evicted_bytes", t.evicted_bytes}});
+  const metrics::FamilySnapshot* info = metrics::FindFamily(f, "kvd_l2_tier_info");
+  if (info == nullptr) return out;
+  for (const auto& series : info->series) {
+    if (series.label_values.size() < 4) continue;
+    const std::string& name = series.label_values[0];
+    auto v = [&](const char* family) { return Count(f, family, {name}); };
+    auto why = [&](const char* family, const char* reason) { return Count(f, family, {name, reason}); };
+    out.push_back({{"name", name},
+                   {"type", series.label_values[1]},
+                   {"describe", series.label_values[2]},
+                   {"healthy", v("kvd_l2_healthy") == 1},
+                   {"health", series.label_values[3]},
+                   {"capacity_bytes", v("kvd_l2_capacity_bytes")},
+                   {"usage_bytes", v("lmcache_mp_l2_usage_bytes")},
+                   {"objects", v("kvd_l2_objects")},
+                   {"earlier_runs_scanned", v("kvd_l2_earlier_runs_scanned") == 1},
+                   {"store", {{"requests", v("kvd_l2_store_requests_total")},
+                              {"objects", v("kvd_l2_store_objects_total")},
+                              {"stored_objects", v("kvd_l2_stored_objects_total")},
+                              {"stored_bytes", v("kvd_l2_stored_bytes_total")},
+                              {"already_present", v("kvd_l2_store_existing_objects_total")},
+                              {"failed", why("lmcache_mp_l2_store_failed_chunks_total", "error")},
+                              {"no_space", why("lmcache_mp_l2_store_failed_chunks_total", "no_space")},
+                              {"skipped_over_budget", v("kvd_l2_store_skipped_chunks_total")},
+                              {"in_flight_objects", v("kvd_l2_inflight_store_objects")},
+                              {"in_flight_bytes", v("kvd_l2_inflight_store_bytes")}}},
+                   {"prefetch", {{"asked_objects", v("kvd_l2_prefetch_asked_objects_total")},
+                                 {"found_objects", v("kvd_l2_prefetch_found_objects_total")},
+                                 {"lookup_errors", v("kvd_l2_lookup_errors_total")},
+                                 {"loaded_objects", v("kvd_l2_loaded_objects_total")},
+                                 {"loaded_bytes", v("kvd_l2_loaded_bytes_total")},
+                                 {"missing", why("lmcache_mp_l2_load_failed_chunks_total", "not_found")},
+                                 {"corrupted", why("lmcache_mp_l2_load_failed_chunks_total", "corrupted")},
+                                 {"unavailable", why("lmcache_mp_l2_load_failed_chunks_total", "unavailable")},
+                                 {"in_flight_objects", v("kvd_l2_inflight_load_objects")}}},
+                   {"evicted_objects", v("kvd_l2_evicted_objects_total")},
+                   {"evicted_bytes", v("kvd_l2_evicted_bytes_total")}});
   }
   return out;
+}
+
+// The store and prefetch policies' state (empty policies and zeros without tiers).
+json L2PoliciesJson(const std::vector<metrics::FamilySnapshot>& f) {
+  std::string store_policy, prefetch_policy;
+  if (const metrics::Series* p = SeriesOf(f, "kvd_l2_policy_info", {}); p && p->label_values.size() == 2) {
+    store_policy = p->label_values[0];
+    prefetch_policy = p->label_values[1];
+  }
+  auto v = [&](const char* family) { return Count(f, family, {}); };
+  return {{"store_policy", store_policy},
+          {"prefetch_policy", prefetch_policy},
+          {"prefetch_requests", v("lmcache_mp_l2_prefetch_lookup_requests_total")},
+          {"prefetch_hit_chunks", v("kvd_l2_prefetch_hit_chunks_total")},
+          {"prefetch_failed_chunks", v("kvd_l2_prefetch_failed_chunks_total")},
+          {"prefetch_timeouts", v("kvd_l2_prefetch_timeouts_total")},
+          {"active_prefetch_jobs", v("lmcache_mp_active_prefetch_jobs")},
+          {"queued_prefetch_jobs", v("kvd_l2_queued_prefetch_jobs")},
+          {"temporary_chunks", v("kvd_l2_temporary_chunks")},
+          {"skip_l1_removed_chunks", v("kvd_l2_skip_l1_removed_chunks_total")},
+          {"skip_l1_waiting_chunks", v("kvd_l2_skip_l1_waiting_chunks")}};
 }
 
 // lmcache's /status key "kv_events", read from the KV-event log's registered families
@@ -152,18 +202,8 @@ std::string StatusJson(const Snapshot& s, const Health& health, const std::strin
         {"lookup_locks", l1.lookup_locks},
         {"shed_lookup_locks", l1.shed_lookup_locks}}},
       {"instances", std::move(instances)},
-      {"tiers", TiersJson(s.tiers)},
-      {"l2_policies", {{"store_policy", s.tiers.store_policy},
-                       {"prefetch_policy", s.tiers.prefetch_policy},
-                       {"prefetch_requests", s.tiers.prefetch_requests},
-                       {"prefetch_hit_chunks", s.tiers.prefetch_hit_chunks},
-                       {"prefetch_failed_chunks", s.tiers.prefetch_failed_chunks},
-                       {"prefetch_timeouts", s.tiers.prefetch_timeouts},
-                       {"active_prefetch_jobs", s.tiers.active_prefetch_jobs},
-                       {"queued_prefetch_jobs", s.tiers.queued_prefetch_jobs},
-                       {"temporary_chunks", s.tiers.temporary_chunks},
-                       {"skip_l1_removed_chunks", s.tiers.skip_l1_removed_chunks},
-                       {"skip_l1_waiting_chunks", s.tiers.skip_l1_waiting_chunks}}},
+      {"tiers", TiersJson(s.families)},
+      {"l2_policies", L2PoliciesJson(s.families)},
       {"sessions", s.sessions},
       {"session_bytes", s.session_bytes},
       {"sessions_evicted", s.sessions_evicted},

@@ -525,11 +525,12 @@ Reply SubmitPrefetchReply(StatsSource& stats, std::string_view body) {
   if (snap.chunk_size > 0 && tokens < static_cast<size_t>(snap.chunk_size)) {
     return JsonReply(202, {{"chunks", 0}, {"status", "noop"}});
   }
-  if (snap.tiers.tiers.empty()) return Detail(503, kNoL2);
+  const size_t tiers = stats.L2Adapters().size();
+  if (tiers == 0) return Detail(503, kNoL2);
   // kvd prefetches from its tiers on LOOKUP (docs/tiers.md); a warm prefetch that keeps the
   // chunks in L1 without a reader is not offered yet.
   return Detail(501, "warm prefetch over HTTP is not offered by kvd; a LOOKUP of these tokens "
-                     "loads their chunks from the " + std::to_string(snap.tiers.tiers.size()) +
+                     "loads their chunks from the " + std::to_string(tiers) +
                      " configured L2 adapter(s)");
 }
 

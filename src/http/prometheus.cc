@@ -52,17 +52,6 @@ class Writer {
     Header(name, "gauge", help);
     Value(name, v);
   }
-  // One series per tier, labelled l2_name.
-  template <typename T, typename F>
-  void PerTier(const char* name, const char* type, const char* help,
-               const std::vector<TierView>& tiers, F value, const char* extra = "") {
-    if (tiers.empty()) return;
-    Header(name, type, help);
-    for (const auto& t : tiers) {
-      std::string n = std::string(name) + "{l2_name=\"" + EscapeLabel(t.name) + "\"" + extra + "}";
-      Value(n, static_cast<T>(value(t)));
-    }
-  }
   std::string Take() { return std::move(out_); }
   static std::string EscapeLabel(const std::string& v) { return EscapeLabelValue(v); }
 
@@ -113,95 +102,6 @@ void RenderFamilies(Writer& w, const std::vector<metrics::FamilySnapshot>& famil
       w.Value(d.name + "_count" + suffix, cum);
     }
   }
-}
-
-// lmcache_mp_l2_* as lmcache 0.5.6 exports them (OpenTelemetry names with the unit appended),
-// then kvd_l2_* for what lmcache does not count (skips, errors by reason, bytes, health).
-void RenderTiers(Writer& w, const TiersView& v) {
-  const auto& t = v.tiers;
-  if (t.empty()) return;
-  auto sum = [&](auto f) {
-    uint64_t n = 0;
-    for (const auto& x : t) n += f(x);
-    return n;
-  };
-  w.Counter("lmcache_mp_l2_store_submitted_requests_total", "Tier store requests submitted.",
-            sum([](const TierView& x) { return x.store_requests; }));
-  w.Counter("lmcache_mp_l2_store_submitted_objects_chunks_total", "Objects submitted for tier stores.",
-            sum([](const TierView& x) { return x.store_objects; }));
-  w.PerTier<uint64_t>("lmcache_mp_l2_store_completed_requests_total", "counter",
-                      "Tier store requests completed.", t, [](const TierView& x) { return x.store_completed_requests; });
-  w.Counter("lmcache_mp_l2_store_completed_objects_chunks_total", "Objects stored to a tier.",
-            sum([](const TierView& x) { return x.stored_objects + x.store_existing_objects; }));
-  w.PerTier<uint64_t>("lmcache_mp_l2_load_completed_requests_total", "counter",
-                      "Tier load requests completed.", t, [](const TierView& x) { return x.load_completed_requests; });
-  w.Counter("lmcache_mp_l2_prefetch_lookup_requests_total", "Lookups that asked the tiers.",
-            v.prefetch_requests);
-  w.Counter("lmcache_mp_l2_prefetch_lookup_objects_chunks_total", "Objects the tiers were asked about.",
-            sum([](const TierView& x) { return x.prefetch_lookup_objects; }));
-  w.Counter("lmcache_mp_l2_prefetch_load_submitted_requests_total", "Tier load requests submitted.",
-            sum([](const TierView& x) { return x.load_requests; }));
-  w.Counter("lmcache_mp_l2_prefetch_load_submitted_objects_chunks_total", "Objects submitted for tier loads.",
-            sum([](const TierView& x) { return x.load_objects; }));
-  w.Counter("lmcache_mp_l2_prefetch_load_completed_chunks_total", "Objects loaded from a tier into L1.",
-            sum([](const TierView& x) { return x.loaded_objects; }));
-  w.Counter("lmcache_mp_l2_evicted_objects_chunks_total", "Objects evicted from the tiers.",
-            sum([](const TierView& x) { return x.evicted_objects; }));
-  w.Header("lmcache_mp_l2_prefetch_failure_chunks_total", "counter",
-           "Objects a tier had but that did not arrive in L1, by reason.");
-  w.Value("lmcache_mp_l2_prefetch_failure_chunks_total{reason=\"not_found\"}",
-          sum([](const TierView& x) { return x.load_missing_objects; }));
-  w.Value("lmcache_mp_l2_prefetch_failure_chunks_total{reason=\"corrupted\"}",
-          sum([](const TierView& x) { return x.load_corrupt_objects; }));
-  w.Value("lmcache_mp_l2_prefetch_failure_chunks_total{reason=\"unavailable\"}",
-          sum([](const TierView& x) { return x.load_failed_objects; }));
-  w.PerTier<uint64_t>("lmcache_mp_l2_usage_bytes", "gauge", "Bytes of objects accounted in the tier.", t,
-                      [](const TierView& x) { return x.usage_bytes; });
-  w.Gauge("lmcache_mp_num_inflight_l2_stores", "Objects being written to tiers.",
-          sum([](const TierView& x) { return x.inflight_store_objects; }));
-  w.Gauge("lmcache_mp_num_inflight_l2_loads", "Objects being loaded from tiers.",
-          sum([](const TierView& x) { return x.inflight_load_objects; }));
-  w.Gauge("lmcache_mp_active_prefetch_jobs", "Lookups loading from the tiers now.",
-          v.active_prefetch_jobs);
-  // kvd-only series.
-  w.PerTier<uint64_t>("kvd_l2_healthy", "gauge", "1 when the tier's back-end answers.", t,
-                      [](const TierView& x) { return x.healthy ? 1 : 0; });
-  w.PerTier<uint64_t>("kvd_l2_capacity_bytes", "gauge", "Declared capacity (max_capacity_gb; 0: none).", t,
-                      [](const TierView& x) { return x.capacity_bytes; });
-  w.PerTier<uint64_t>("kvd_l2_objects", "gauge", "Objects accounted in the tier.", t,
-                      [](const TierView& x) { return x.objects; });
-  w.PerTier<uint64_t>("kvd_l2_store_skipped_chunks_total", "counter",
-                      "Objects not written to the tier because its in-flight budget was full.", t,
-                      [](const TierView& x) { return x.store_skipped_objects; });
-  w.Header("lmcache_mp_l2_store_failed_chunks_total", "counter", "Tier writes that failed, by reason.");
-  for (const auto& x : t) {
-    w.Value("lmcache_mp_l2_store_failed_chunks_total{l2_name=\"" + Writer::EscapeLabel(x.name) + "\",reason=\"no_space\"}",
-            x.store_full_objects);
-    w.Value("lmcache_mp_l2_store_failed_chunks_total{l2_name=\"" + Writer::EscapeLabel(x.name) + "\",reason=\"error\"}",
-            x.store_failed_objects);
-  }
-  w.Header("lmcache_mp_l2_load_failed_chunks_total", "counter", "Tier loads that failed, by reason.");
-  for (const auto& x : t) {
-    const std::string l = "{l2_name=\"" + Writer::EscapeLabel(x.name) + "\",reason=\"";
-    w.Value("lmcache_mp_l2_load_failed_chunks_total" + l + "corrupted\"}", x.load_corrupt_objects);
-    w.Value("lmcache_mp_l2_load_failed_chunks_total" + l + "unavailable\"}", x.load_failed_objects);
-    w.Value("lmcache_mp_l2_load_failed_chunks_total" + l + "not_found\"}", x.load_missing_objects);
-  }
-  w.PerTier<uint64_t>("kvd_l2_lookup_errors_total", "counter", "Existence checks the tier could not answer.", t,
-                      [](const TierView& x) { return x.lookup_errors; });
-  w.PerTier<uint64_t>("kvd_l2_stored_bytes_total", "counter", "Bytes written to the tier.", t,
-                      [](const TierView& x) { return x.stored_bytes; });
-  w.PerTier<uint64_t>("kvd_l2_loaded_bytes_total", "counter", "Bytes loaded from the tier.", t,
-                      [](const TierView& x) { return x.loaded_bytes; });
-  w.PerTier<double>("kvd_l2_store_seconds_total", "counter", "Summed duration of tier store batches.", t,
-                    [](const TierView& x) { return x.store_seconds; });
-  w.PerTier<double>("kvd_l2_load_seconds_total", "counter", "Summed duration of tier load batches.", t,
-                    [](const TierView& x) { return x.load_seconds; });
-  w.PerTier<uint64_t>("kvd_l2_evicted_bytes_total", "counter", "Bytes evicted from the tier.", t,
-                      [](const TierView& x) { return x.evicted_bytes; });
-  w.Counter("kvd_l2_prefetch_timeouts_total", "Lookups that stopped waiting for their tiers.",
-            v.prefetch_timeouts);
-  w.Gauge("kvd_l2_queued_prefetch_jobs", "Lookups waiting for a prefetch slot.", v.queued_prefetch_jobs);
 }
 
 }  // namespace
@@ -294,7 +194,6 @@ std::string RenderPrometheus(const Snapshot& s, const std::string& version) {
   w.Header("kvd_build_info", "gauge", "kvd version (value is always 1).");
   w.Value("kvd_build_info{version=\"" + Escape(version) + "\",lmcache_protocol=\"0.5.6\"}",
           uint64_t{1});
-  RenderTiers(w, s.tiers);
   w.Gauge("kvd_uptime_seconds", "Seconds since kvd started.", s.uptime_seconds);
   w.Counter("kvd_stored_bytes_total", "Bytes written into L1 by stores.", c.stored_bytes);
   w.Counter("kvd_retrieved_bytes_total", "Bytes read from L1 by retrieves.", c.retrieved_bytes);

@@ -75,40 +75,6 @@ struct PhaseView {
   double sum_seconds = 0;
 };
 
-// One tier behind L1 (src/l2), as /status, /metrics and the dashboard show it.
-struct TierView {
-  std::string name;               // l2_name label: the adapter type, or "<type>#<index>"
-  std::string type;
-  std::string describe;           // "fs /data/kv", "valkey cluster h:p,…" (no credentials)
-  bool healthy = true;
-  std::string health_detail;
-  uint64_t capacity_bytes = 0;    // max_capacity_gb (0: none)
-  uint64_t usage_bytes = 0;       // accounted objects (capacity tiers)
-  uint64_t objects = 0;
-  bool scanned = false;           // objects of earlier runs accounted
-  uint64_t store_requests = 0, store_objects = 0, store_completed_requests = 0;
-  uint64_t stored_objects = 0, stored_bytes = 0, store_existing_objects = 0;
-  uint64_t store_failed_objects = 0, store_full_objects = 0, store_skipped_objects = 0;
-  uint64_t inflight_store_objects = 0, inflight_store_bytes = 0;
-  double store_seconds = 0;
-  uint64_t prefetch_lookup_objects = 0, prefetch_found_objects = 0, lookup_errors = 0;
-  uint64_t load_requests = 0, load_objects = 0, load_completed_requests = 0;
-  uint64_t loaded_objects = 0, loaded_bytes = 0;
-  uint64_t load_missing_objects = 0, load_corrupt_objects = 0, load_failed_objects = 0;
-  uint64_t inflight_load_objects = 0;
-  double load_seconds = 0;
-  uint64_t evicted_objects = 0, evicted_bytes = 0;
-};
-
-struct TiersView {
-  std::vector<TierView> tiers;    // in priority order; empty: no --l2-adapter
-  std::string store_policy, prefetch_policy;
-  uint64_t prefetch_requests = 0, prefetch_hit_chunks = 0, prefetch_failed_chunks = 0;
-  uint64_t prefetch_timeouts = 0, active_prefetch_jobs = 0, queued_prefetch_jobs = 0;
-  uint64_t temporary_chunks = 0, skip_l1_removed_chunks = 0;
-  uint64_t skip_l1_waiting_chunks = 0;  // skip_l1: chunks in L1 some of whose ranks a tier holds
-};
-
 struct OpView {
   std::string name;
   uint64_t requests = 0;
@@ -145,7 +111,6 @@ struct Snapshot {
   std::vector<OpView> ops;             // ops that have seen requests
   uint64_t unknown_ops = 0;
   LoopView loop;
-  TiersView tiers;
   // Every family of the metrics registry (common/metrics.h), counters net of the last
   // /metrics/reset: rendered generically by /metrics, /status and the dashboard.
   std::vector<metrics::FamilySnapshot> families;

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "l2/tier_metrics.h"
 #include "server/tiers.h"
 
 namespace kvd::server {
@@ -139,6 +140,9 @@ Status KvService::Unregister(int64_t instance_id) {
 
 void KvService::RegisterMetrics(metrics::Registry& registry) {
   metric_handles_ = counters_.RegisterMetrics(registry, config_.chunk_size);
+  if (tiers_) {
+    for (auto& h : l2::RegisterTierMetrics(*tiers_, registry)) metric_handles_.push_back(std::move(h));
+  }
   if (kv_events_) kv_events_->RegisterMetrics(registry);
   if (blend_) blend_->RegisterMetrics(registry);
   worker_copy_.RegisterMetrics(registry);

@@ -197,11 +197,6 @@ TEST_F(HttpServerTest, CacheObjectsListingAndPrefetchAnswerAsAnL1OnlyLmcache) {
   EXPECT_EQ(st_nol2, 503);
   EXPECT_EQ(j_nol2["detail"], "no L2 adapters configured");
   source_.SetL2({{"fs", "fs", false}}, {});
-  auto [st_l2, j_l2] = post("{" + model + R"(,"token_ids":)" + chunk + "}");
-  EXPECT_EQ(st_l2, 503) << "tiers configured in the fake's L2Adapters, not in its snapshot yet";
-  Snapshot with_tier = SampleSnapshot();
-  with_tier.tiers.tiers.push_back(TierView{});
-  source_.Set(with_tier);
   auto [st_warm, j_warm] = post("{" + model + R"(,"token_ids":)" + chunk + "}");
   EXPECT_EQ(st_warm, 501) << "kvd prefetches from its tiers on LOOKUP only";
   EXPECT_NE(j_warm["detail"].get<std::string>().find("1 configured L2 adapter"), std::string::npos);

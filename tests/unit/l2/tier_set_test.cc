@@ -16,6 +16,7 @@
 #include "l2/fault_tier.h"
 #include "l2/fs_tier.h"
 #include "l2/memory_tier.h"
+#include "l2/tier_metrics.h"
 #include "l2/tier_set.h"
 #include "tier_test_util.h"
 
@@ -316,6 +317,51 @@ TEST_F(TierSetTest, Issue24PrefetchAnswerSaysInNoTierOnlyWhenEveryTierAnsweredNo
   EXPECT_FALSE(x.next_in_no_tier);
   // The size_t form answers the same count.
   EXPECT_EQ(PrefetchSync(Request(0, 2)), 1u);
+}
+
+// The tiers' families (issue 29, item 1): lmcache's sums over the tiers, kvd's per-tier
+// series, the info gauges /status reads its strings from, and counters rebased by a reset.
+TEST_F(TierSetTest, RegisteredFamiliesReportEveryTierAndRebaseOnReset) {
+  auto a = std::make_shared<MemoryTier>(), b = std::make_shared<MemoryTier>();
+  Make({a, b});
+  metrics::Registry registry;
+  auto handles = RegisterTierMetrics(*set_, registry);
+  for (int c = 0; c < 3; ++c) set_->StoreBehind(WriteL1(c), Format());
+  ASSERT_TRUE(set_->WaitIdle(10));
+  auto f = registry.Collect();
+  auto series = [&](const std::string& name, const std::vector<std::string>& labels) {
+    const metrics::FamilySnapshot* fam = metrics::FindFamily(f, name);
+    EXPECT_NE(fam, nullptr) << name;
+    if (fam == nullptr) return -1.0;
+    for (const auto& s : fam->series) {
+      if (s.label_values == labels) return s.value;
+    }
+    ADD_FAILURE() << name << ": no series with those labels";
+    return -1.0;
+  };
+  // 3 chunks x 2 ranks, written to each of the two tiers.
+  EXPECT_EQ(series("lmcache_mp_l2_store_submitted_objects_chunks_total", {}), 12);
+  EXPECT_EQ(series("lmcache_mp_l2_store_completed_objects_chunks_total", {}), 12);
+  EXPECT_EQ(series("kvd_l2_stored_objects_total", {"memory#0"}), 6);
+  EXPECT_EQ(series("kvd_l2_stored_objects_total", {"memory#1"}), 6);
+  EXPECT_EQ(series("kvd_l2_stored_bytes_total", {"memory#1"}), 6.0 * kObj);
+  EXPECT_EQ(series("kvd_l2_healthy", {"memory#0"}), 1);
+  EXPECT_EQ(series("lmcache_mp_l2_store_failed_chunks_total", {"memory#0", "error"}), 0);
+  const metrics::FamilySnapshot* info = metrics::FindFamily(f, "kvd_l2_tier_info");
+  ASSERT_NE(info, nullptr);
+  ASSERT_EQ(info->series.size(), 2u);
+  EXPECT_EQ(info->series[0].label_values[0], "memory#0");
+  EXPECT_EQ(info->series[0].label_values[1], "memory");
+  EXPECT_EQ(series("kvd_l2_policy_info", {"default", "default"}), 1);
+  // A reset rebases the counters; gauges (capacity, health) stay.
+  registry.ResetCounters();
+  f = registry.Collect();
+  EXPECT_EQ(series("kvd_l2_stored_objects_total", {"memory#0"}), 0);
+  EXPECT_EQ(series("kvd_l2_healthy", {"memory#0"}), 1);
+  set_->StoreBehind(WriteL1(3), Format());
+  ASSERT_TRUE(set_->WaitIdle(10));
+  f = registry.Collect();
+  EXPECT_EQ(series("kvd_l2_stored_objects_total", {"memory#0"}), 2);
 }
 
 TEST_F(TierSetTest, StalledPrefetchTimesOutAndAnswersFromL1) {
