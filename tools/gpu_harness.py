@@ -38,6 +38,7 @@ import contextlib
 import itertools
 import json
 import os
+import platform
 import random
 import statistics
 import sys
@@ -567,6 +568,35 @@ def fill_random(torch, kv, seed: int) -> None:
         u.copy_(torch.randint(0, 256, u.shape, dtype=torch.uint8, device=t.device, generator=g))
 
 
+def host_has_amx_bf16() -> bool:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    flags = line.split(":", 1)[1].split()
+                    return "amx_bf16" in flags and "amx_tile" in flags
+    except OSError:
+        pass
+    return False
+
+
+def vllm_cpu_vec_halves(t: TensorSpec, device_type: str) -> int | None:
+    """kvd reads a rank-4 single-plane tensor with heads before tokens in CPU memory as
+    vLLM-CPU's cache [NB, NH, BS, 2*HS], and on x86 hosts where vLLM picks its VEC kernels
+    (head size a multiple of 16, and no AMX-BF16 for bfloat16) each (block, head) as a K
+    half stored column-major ([HS][BS]) then a V half row-major ([BS][HS]) (src/layout/
+    layout.cc, IsVllmCpuCache and DetectVllmCpuKernels). Returns HS when kvd copies this
+    tensor that way, else None (tokens are rows)."""
+    if device_type != "cpu" or len(t.shape) != 4 or t.kv_dim >= 0 or t.token_dim != 2:
+        return None
+    if platform.machine() not in ("x86_64", "AMD64") or t.shape[3] % 2:
+        return None
+    hs = t.shape[3] // 2
+    if hs % 16 or t.dtype.startswith("float8") or (t.dtype == "bfloat16" and host_has_amx_bf16()):
+        return None
+    return hs
+
+
 def expected_after_retrieve(torch, spec: ModelSpec, snap, src_ids, dst_ids, chunk: int,
                             nchunks: int, skip: int):
     """Zeroed tensors with [skip, nchunks*chunk) of the stored tokens copied from src blocks
@@ -584,6 +614,19 @@ def expected_after_retrieve(torch, spec: ModelSpec, snap, src_ids, dst_ids, chun
             e.index_copy_(t.block_dim, ib, snap[ti].index_select(t.block_dim, ia))
         if skip % tpb and skip // tpb < nblocks:  # the block holding the skip boundary
             j = skip // tpb
+            first = skip % tpb
+            hs = vllm_cpu_vec_halves(t, snap[ti].device.type)
+            if hs is not None:
+                # Per (block, head): K[d][token] at d*BS + token, then V[token][d] at
+                # BS*HS + token*HS + d; tokens from `first` on are copied.
+                src = snap[ti].select(t.block_dim, a[j]).reshape(t.shape[1], -1)
+                dst = e.select(t.block_dim, b[j]).reshape(t.shape[1], -1)
+                k_idx = (torch.arange(hs, device=e.device)[:, None] * tpb +
+                         torch.arange(first, tpb, device=e.device)[None, :]).flatten()
+                dst[:, k_idx] = src[:, k_idx]
+                dst[:, tpb * hs + first * hs:] = src[:, tpb * hs + first * hs:]
+                out.append(e)
+                continue
             tok = t.token_dim - (1 if t.token_dim > t.block_dim else 0)
             src = snap[ti].select(t.block_dim, a[j]).narrow(tok, skip % tpb, tpb - skip % tpb)
             e.select(t.block_dim, b[j]).narrow(tok, skip % tpb, tpb - skip % tpb).copy_(src)
