@@ -20,6 +20,11 @@ chunk 1 deleted from L1 and the tier through DELETE /cache/objects) gets the chu
 gap as exact segments at their own positions; only the gap and the question are recomputed,
 and the tokens equal full prefill's.
 
+With tensor parallelism 2 (two vLLM-CPU workers, one core each): at ratio 0.15 the kept rows
+and tokens are the reference's (the ranks sum their heads' deviations, so both keep the same
+rows), and a fault in the check layer of rank 1 only makes both ranks fall back to full
+prefill.
+
 Faults, each with every request finishing with full prefill's tokens, no read lock left in
 kvd, and the fallback logged: an exception in the blend loop (KVD_BLEND_FAULT), kvd killed
 before a lookup, kvd without --engine-type blend (handshake refused), and lmcache's own
@@ -381,6 +386,55 @@ def test_segmented_prefix_loads_the_chunks_after_a_gap_exactly_and_recomputes_th
     want_kept = list(range(CHUNK, 2 * CHUNK)) + list(range(4 * CHUNK, len(SEG_PROMPT)))
     assert rec["kept"] == want_kept, "only the gap and the question are recomputed"
     assert out[0] == full_prefill["segmented"], f"{out[0]} vs full prefill {full_prefill['segmented']}"
+    _locks_released(server)
+
+
+# --- tensor parallelism -----------------------------------------------------------------------
+
+def _tp2_settings(model_dir: str, server, ratio: float) -> dict:
+    s = _blend_settings(model_dir, server, ratio)
+    s["engine_args"]["tensor_parallel_size"] = 2
+    return s
+
+
+TP2_ENV = {"VLLM_CPU_OMP_THREADS_BIND": "0|1"}  # one core per rank (vLLM-CPU binds threads)
+
+
+def test_tensor_parallel_2_keeps_the_reference_rows_on_both_ranks(model_dir, reference,
+                                                                  start_server, start_vllm, logdir):
+    server = start_server(kind="kvd", extra_args=["--engine-type", "blend"])
+    trace = logdir / "blend-trace-tp2.jsonl"
+    trace.unlink(missing_ok=True)
+    v = start_vllm(_tp2_settings(model_dir, server, 0.15), "blend-tp2",
+                   env={**TP2_ENV, "KVD_BLEND_TRACE": str(trace)})
+    try:
+        outputs = _run(v, PROMPTS)
+    finally:
+        v.close()
+    assert not _fallbacks(v.log_path), _fallbacks(v.log_path)
+    m = server.metrics()
+    docs = sum(len(x) for x in EXPECTED_SEGMENTS.values())
+    assert m.get("lmcache_blend_retrieve_chunks_total", 0) == 2 * docs, "each rank retrieved each document"
+    records = [json.loads(line) for line in trace.read_text().splitlines()]
+    assert len(records) == len(PROMPTS), "rank 0 traces each blended request once"
+    _assert_kept_rows_and_tokens_match({"records": records, "outputs": outputs}, reference, 0.15,
+                                       partial=True)
+    _locks_released(server)
+
+
+def test_tensor_parallel_2_a_fault_on_one_rank_makes_both_fall_back(full_prefill, model_dir,
+                                                                    start_server, start_vllm):
+    server = start_server(kind="kvd", extra_args=["--engine-type", "blend"])
+    v = start_vllm(_tp2_settings(model_dir, server, 0.15), "blend-tp2-fault",
+                   env={**TP2_ENV, "KVD_BLEND_FAULT": "check_layer@1"})
+    try:
+        first = dict(list(PROMPTS.items())[:2])
+        assert _run(v, first) == {k: full_prefill[k] for k in first}
+    finally:
+        v.close()
+    fb = _fallbacks(v.log_path)
+    assert fb.get("exception", 0) == len(first), fb  # rank 1's own fault
+    assert fb.get("peer_rank", 0) == len(first), fb  # rank 0 followed it
     _locks_released(server)
 
 

@@ -23,6 +23,13 @@ to the parent's forward before anything was written, or, after, to the parent's 
 every row, which rewrites every computed row's KV: an exact full prefill either way. Logged
 with "kvd_blend: fallback" and counted.
 
+Tensor parallelism: every rank runs the same steps on its own heads, so the ranks agree
+twice, with an all-reduce over the tensor-parallel group: after the retrieves (a request any
+rank could not retrieve is blended by none: reason "peer_rank" on the others) and in the check
+layer, before any rank writes a kept row (a failure on one rank makes every rank fall back;
+the per-row deviations, sums over each rank's heads, are summed over the ranks so that every
+rank keeps the same rows). A failure inside vLLM's own layers is not covered.
+
 Threads: the worker's execution thread only.
 """
 
@@ -47,9 +54,44 @@ logger = logging.getLogger("vllm.kvd_blend")  # under vLLM's logger: its handler
 #                            that ran after the check layer
 #   KVD_BLEND_FAULT=check_layer   raise inside the check layer's attention, after the reused
 #                            K was read and before the kept rows' KV is written (the fallback
-#                            path must still give an exact prefill)
+#                            path must still give an exact prefill); check_layer@R: on
+#                            tensor-parallel rank R only
 _TRACE = os.environ.get("KVD_BLEND_TRACE", "")
 _FAULT = os.environ.get("KVD_BLEND_FAULT", "")
+
+
+class _TensorParallel:
+    """This worker's tensor-parallel group: size, rank and a sum all-reduce (size 1 when vLLM
+    runs no such group)."""
+
+    def __init__(self) -> None:
+        self.size, self.rank, self._all_reduce = 1, 0, None
+        try:
+            from vllm.distributed import (  # noqa: PLC0415
+                get_tensor_model_parallel_rank,
+                get_tensor_model_parallel_world_size,
+                tensor_model_parallel_all_reduce,
+            )
+
+            self.size = int(get_tensor_model_parallel_world_size())
+            self.rank = int(get_tensor_model_parallel_rank())
+            self._all_reduce = tensor_model_parallel_all_reduce
+        except Exception:  # noqa: BLE001 - no distributed state: one rank
+            self.size, self.rank = 1, 0
+
+    def sum(self, t: torch.Tensor) -> torch.Tensor:
+        return t if self.size <= 1 else self._all_reduce(t.clone())
+
+
+def _fault_here(where: str, rank: int) -> bool:
+    if _FAULT == where:
+        return True
+    name, _, at = _FAULT.partition("@")
+    return name == where and at.isdigit() and int(at) == rank
+
+
+class BlendPeerFailed(Exception):
+    """Another tensor-parallel rank failed: this one falls back with it."""
 
 
 class BlendUnsupported(Exception):
@@ -87,6 +129,9 @@ class BlendForwardMixin:
         except BlendUnsupported as e:
             for rid in bf.plans:
                 conn.blend_stats.fallback("unsupported", rid, str(e))
+        except BlendPeerFailed as e:
+            for rid in bf.plans:
+                conn.blend_stats.fallback("peer_rank", rid, str(e))
         except Exception as e:  # noqa: BLE001 - an exact prefill instead
             logger.exception("kvd_blend: blend forward failed")
             for rid in bf.plans:
@@ -104,6 +149,7 @@ class BlendForward:
         self.conn = conn
         self.cfg = conn.blend_config
         self.plans = dict(plans)
+        self.tp = _TensorParallel()
         self._swapped: list[tuple[dict, str, Any]] = []
         self._patched: list[Any] = []  # attention modules whose forward is intercepted
 
@@ -145,10 +191,20 @@ class BlendForward:
         rows_of = self._match(md, input_ids, positions, attns[0].kv_cache.shape[2])
         blended: dict[str, tuple[BlendRequestPlan, int]] = {}  # plan, its first row
         t0 = time.monotonic()
+        retrieved = {rid: self.conn.retrieve_non_prefix(self.plans[rid]) for rid in rows_of}
+        if self.tp.size > 1 and retrieved:
+            # Every rank matched the same requests (same batch, same plans): blend only those
+            # every rank retrieved.
+            order = sorted(retrieved)
+            failed = self.tp.sum(torch.tensor([0.0 if retrieved[r] else 1.0 for r in order]))
+            for rid, f in zip(order, failed.tolist()):
+                if f > 0 and retrieved[rid]:
+                    retrieved[rid] = False
+                    self.conn.blend_stats.fallback("peer_rank", rid,
+                                                   "another tensor-parallel rank could not retrieve")
         for rid, row0 in rows_of.items():
-            plan = self.plans[rid]
-            if self.conn.retrieve_non_prefix(plan):
-                blended[rid] = (plan, row0)
+            if retrieved[rid]:
+                blended[rid] = (self.plans[rid], row0)
         retrieve_ms = (time.monotonic() - t0) * 1e3
         # From here on, failures are counted per blended request.
         self.plans = {rid: p for rid, (p, _) in blended.items()}
@@ -222,21 +278,36 @@ class BlendForward:
                           *args: Any, **kwargs: Any) -> torch.Tensor:
             keep_mask = torch.ones(n_rows, dtype=torch.bool)
             slot_mapping = fc.slot_mapping[attn.layer_name]
-            k3 = key.view(n_rows, attn.num_kv_heads, attn.head_size)
-            for plan, row0 in blended.values():
-                n = plan.end - plan.start
-                mask = reused_mask(plan)
-                rows = torch.nonzero(mask, as_tuple=False).flatten() + row0
-                dev = torch.zeros(n, dtype=torch.float32)
-                old_k = cpu_layout.read_k(attn.kv_cache, slot_mapping[rows])
-                dev[mask] = k_deviation(k3[rows], old_k)
+            devs: list[torch.Tensor] = []
+            error: Exception | None = None
+            try:
+                k3 = key.view(n_rows, attn.num_kv_heads, attn.head_size)
+                for plan, row0 in blended.values():
+                    mask = reused_mask(plan)
+                    rows = torch.nonzero(mask, as_tuple=False).flatten() + row0
+                    dev = torch.zeros(plan.end - plan.start, dtype=torch.float32)
+                    old_k = cpu_layout.read_k(attn.kv_cache, slot_mapping[rows])
+                    dev[mask] = k_deviation(k3[rows], old_k)
+                    devs.append(dev)
+                if _fault_here("check_layer", self.tp.rank):
+                    raise RuntimeError(f"KVD_BLEND_FAULT={_FAULT}")
+            except Exception as e:  # noqa: BLE001 - every rank learns of it before going on
+                error = e
+            if self.tp.size > 1:
+                failed = self.tp.sum(torch.tensor([0.0 if error is None else 1.0]))
+                if error is None and failed.item() > 0:
+                    error = BlendPeerFailed("another tensor-parallel rank failed in the check layer")
+            if error is not None:
+                raise error
+            if self.tp.size > 1 and devs:
+                # Each rank's deviations sum over its own heads: their sum is the whole model's.
+                devs = list(torch.split(self.tp.sum(torch.cat(devs)), [d.numel() for d in devs]))
+            for (plan, row0), dev in zip(blended.values(), devs):
                 chosen = choose_rows(plan, dev, self.cfg)
-                if _TRACE:
+                if _TRACE and self.tp.rank == 0:
                     _trace(plan, chosen, dev, n_rows)
-                keep_mask[row0:row0 + n] = False
+                keep_mask[row0:row0 + plan.end - plan.start] = False
                 keep_mask[chosen + row0] = True
-            if _FAULT == "check_layer":
-                raise RuntimeError("KVD_BLEND_FAULT=check_layer")
             if bool(keep_mask.all()):
                 return original(query, key, value, *args, **kwargs)
             keep = torch.nonzero(keep_mask, as_tuple=False).flatten()

@@ -175,3 +175,13 @@ def test_k_deviation_is_per_row_squared_distance():
     a = torch.tensor([[[1.0, 2.0]], [[0.0, 0.0]]])
     b = torch.tensor([[[1.0, 0.0]], [[3.0, 4.0]]])
     assert k_deviation(a, b).tolist() == [4.0, 25.0]
+
+
+def test_k_deviation_sums_over_heads_so_tensor_parallel_ranks_can_add_theirs():
+    # Two ranks holding one head each: the sum of their per-row deviations is the deviation
+    # over both heads (what model.py's all-reduce relies on to keep the same rows everywhere).
+    g = torch.Generator().manual_seed(3)
+    fresh, reused = torch.randn(5, 2, 8, generator=g), torch.randn(5, 2, 8, generator=g)
+    whole = k_deviation(fresh, reused)
+    parts = k_deviation(fresh[:, :1], reused[:, :1]) + k_deviation(fresh[:, 1:], reused[:, 1:])
+    assert torch.allclose(whole, parts)
