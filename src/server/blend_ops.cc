@@ -60,15 +60,11 @@ void BlendIndex::OnEntriesRemoved(std::span<const l1::ChunkKey> keys, l1::Remova
   // Parity mode learns of removals through strikes, as lmcache does; with tiers the chunk
   // may still be in one.
   if (tiers_ || parity()) return;
-  for (const auto& k : keys) {
-    if (matcher_->Remove(k.ns, KeyOf(k))) removed.Add();
-  }
+  for (const auto& k : keys) RemoveChunk(k);
 }
 
-bool BlendIndex::RemoveInNoTier(const l1::ChunkKey& chunk) {
-  if (!matcher_->Remove(chunk.ns, KeyOf(chunk))) return false;
-  removed.Add();
-  return true;
+void BlendIndex::RemoveChunk(const l1::ChunkKey& chunk) {
+  if (matcher_->Remove(chunk.ns, KeyOf(chunk))) removed.Add();
 }
 
 // ---- BlendOps ------------------------------------------------------------------------
@@ -341,7 +337,6 @@ Result<std::optional<wire::CbUnifiedLookupResult>> BlendOps::UnifiedLookup(
   }
   // The chunks L1 lacked are asked for once per lookup: after the loads answered, whatever
   // is still missing is a miss.
-  bool tiers_asked = false;
   std::optional<int64_t> asked_prefix_chunks;
   std::shared_ptr<TierLoadAnswers> tier_answers;  // the tiers' answers, once asked
   {
@@ -354,18 +349,11 @@ Result<std::optional<wire::CbUnifiedLookupResult>> BlendOps::UnifiedLookup(
       asked_prefix_chunks = it->second.prefix_chunks;
       tier_answers = std::move(it->second.answers);
       tier_loading_.erase(it);
-      tiers_asked = true;
     }
   }
-  const bool ask_tiers = tiers_ != nullptr && !tiers_asked;
+  const bool ask_tiers = tiers_ != nullptr && tier_answers == nullptr;
   std::vector<l1::ChunkKey> missing;  // chunks to ask the tiers for (ask_tiers)
   std::unordered_set<l1::ChunkKey, l1::ChunkKeyHash> missing_set;
-  auto resident = [&](const l1::ChunkKey& k, uint32_t world) {
-    for (uint32_t s = 0; s < world; ++s) {
-      if (!l1_->IsResident(k, s)) return false;
-    }
-    return true;
-  };
   const int64_t prefix_chunks =
       asked_prefix_chunks ? *asked_prefix_chunks : lookups_->QueryPrefetchStatus(rid).value_or(0);
   const int64_t prefix_tokens = prefix_chunks * c;
@@ -413,7 +401,7 @@ Result<std::optional<wire::CbUnifiedLookupResult>> BlendOps::UnifiedLookup(
         if (i <= prefix_chunks) continue;  // the prefix, and the gap that ends it
         const l1::ChunkKey& k = chunks->keys[j];
         if (k.ns != *ns) break;  // another namespace than the matcher's: never mixed
-        if (resident(k, world)) {
+        if (ResidentOnEveryRank(k, world)) {
           tail.emplace_back(i, k);
         } else if (ask_tiers && missing_set.insert(k).second) {
           missing.push_back(k);
@@ -439,7 +427,7 @@ Result<std::optional<wire::CbUnifiedLookupResult>> BlendOps::UnifiedLookup(
     }
     l1::ChunkKey k{*ns, {}};
     std::copy(cand.key.bytes().begin(), cand.key.bytes().end(), k.chunk_hash.begin());
-    if (resident(k, world)) {
+    if (ResidentOnEveryRank(k, world)) {
       present.push_back(cand);
       if (index_->parity()) index_->matcher().ClearStrikes(*ns, cand.key);
       continue;
@@ -562,12 +550,16 @@ bool BlendOps::LoadFromTiers(const wire::CacheKey& key, uint32_t world, int64_t 
 void BlendOps::RemoveInNoTier(const TierLoadAnswers& answers, uint32_t world) {
   for (size_t i = 0; i < answers.chunks.size(); ++i) {
     if (!answers.in_no_tier[i].load(std::memory_order_relaxed)) continue;
-    const l1::ChunkKey& k = answers.chunks[i];
     // Stored again since the tiers answered: it is back, keep its fingerprint.
-    bool resident = true;
-    for (uint32_t s = 0; s < world && resident; ++s) resident = l1_->IsResident(k, s);
-    if (!resident) index_->RemoveInNoTier(k);
+    if (!ResidentOnEveryRank(answers.chunks[i], world)) index_->RemoveChunk(answers.chunks[i]);
   }
+}
+
+bool BlendOps::ResidentOnEveryRank(const l1::ChunkKey& key, uint32_t world) const {
+  for (uint32_t s = 0; s < world; ++s) {
+    if (!l1_->IsResident(key, s)) return false;
+  }
+  return true;
 }
 
 void BlendOps::DropRequestLocked(const std::string& request_id) {

@@ -119,9 +119,9 @@ class BlendIndex : public l1::L1Listener {
 
   void OnEntryComplete(const l1::ChunkKey&) override {}
   void OnEntriesRemoved(std::span<const l1::ChunkKey> keys, l1::RemovalCause cause) override;
-  // With tiers: `chunk` is in neither L1 nor any tier. Removes its fingerprint (counted
-  // in `removed`); false when it had none.
-  bool RemoveInNoTier(const l1::ChunkKey& chunk);
+  // `chunk` is in neither L1 nor any tier (OnEntriesRemoved without tiers; with tiers, the
+  // tiers' answer to a lookup): removes its fingerprint, if any (counted in `removed`).
+  void RemoveChunk(const l1::ChunkKey& chunk);
 
   metrics::Counter removed;  // fingerprints removed because their chunk left L1 (and the tiers)
 
@@ -221,8 +221,10 @@ class BlendOps {
 
   void DropRequestLocked(const std::string& request_id) KVD_REQUIRES(req_mu_);
   // The chunks the tiers answered "in no tier" for and L1 still lacks (on some of `world`
-  // slots) can never be served whole: their fingerprints go (BlendIndex::RemoveInNoTier).
+  // slots) can never be served whole: their fingerprints go (BlendIndex::RemoveChunk).
   void RemoveInNoTier(const TierLoadAnswers& answers, uint32_t world);
+  // Whether L1 holds `key`'s objects for all `world` slots.
+  bool ResidentOnEveryRank(const l1::ChunkKey& key, uint32_t world) const;
   // The L1 namespace (the matcher's partition) of a model's chunks: nullopt unless its
   // workers registered and agree on the key namespace (`registered`, when given, says
   // whether they did) and L1 knows the namespace.
