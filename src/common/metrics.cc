@@ -229,4 +229,14 @@ double ValueOf(const std::vector<FamilySnapshot>& families, const std::string& n
   return fallback;
 }
 
+const Series* FindSeries(const std::vector<FamilySnapshot>& families, const std::string& name,
+                         const std::vector<std::string>& label_values) {
+  const FamilySnapshot* f = FindFamily(families, name);
+  if (f == nullptr) return nullptr;
+  for (const auto& s : f->series) {
+    if (s.label_values == label_values) return &s;
+  }
+  return nullptr;
+}
+
 }  // namespace kvd::metrics

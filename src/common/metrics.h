@@ -192,5 +192,9 @@ class Registry {
 // lmcache-shaped /status key).
 const FamilySnapshot* FindFamily(const std::vector<FamilySnapshot>& families, const std::string& name);
 double ValueOf(const std::vector<FamilySnapshot>& families, const std::string& name, double fallback = 0);
+// The series of family `name` whose label values are exactly `label_values` (nullptr when
+// there is none).
+const Series* FindSeries(const std::vector<FamilySnapshot>& families, const std::string& name,
+                         const std::vector<std::string>& label_values);
 
 }  // namespace kvd::metrics

@@ -2,7 +2,6 @@
 
 #include <nlohmann/json.hpp>
 
-#include <algorithm>
 #include <cmath>
 
 #include "http/prometheus.h"
@@ -16,23 +15,10 @@ namespace {
 // Model names come from clients: never let invalid UTF-8 throw while serialising.
 std::string Dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 
-// The series of `name` whose labels start with `prefix` (nullptr when none).
-const metrics::Series* SeriesOf(const std::vector<metrics::FamilySnapshot>& f, const std::string& name,
-                                const std::vector<std::string>& prefix) {
-  const metrics::FamilySnapshot* fam = metrics::FindFamily(f, name);
-  if (fam == nullptr) return nullptr;
-  for (const auto& series : fam->series) {
-    if (series.label_values.size() >= prefix.size() &&
-        std::equal(prefix.begin(), prefix.end(), series.label_values.begin())) {
-      return &series;
-    }
-  }
-  return nullptr;
-}
-
+// A counter or gauge series as a JSON count (0 when absent).
 uint64_t Count(const std::vector<metrics::FamilySnapshot>& f, const std::string& name,
                const std::vector<std::string>& labels) {
-  const metrics::Series* s = SeriesOf(f, name, labels);
+  const metrics::Series* s = metrics::FindSeries(f, name, labels);
   return s == nullptr || !(s->value > 0) ? 0 : static_cast<uint64_t>(std::llround(s->value));
 }
 
@@ -84,9 +70,10 @@ json TiersJson(const std::vector<metrics::FamilySnapshot>& f) {
 // The store and prefetch policies' state (empty policies and zeros without tiers).
 json L2PoliciesJson(const std::vector<metrics::FamilySnapshot>& f) {
   std::string store_policy, prefetch_policy;
-  if (const metrics::Series* p = SeriesOf(f, "kvd_l2_policy_info", {}); p && p->label_values.size() == 2) {
-    store_policy = p->label_values[0];
-    prefetch_policy = p->label_values[1];
+  const metrics::FamilySnapshot* info = metrics::FindFamily(f, "kvd_l2_policy_info");
+  if (info != nullptr && !info->series.empty() && info->series[0].label_values.size() == 2) {
+    store_policy = info->series[0].label_values[0];
+    prefetch_policy = info->series[0].label_values[1];
   }
   auto v = [&](const char* family) { return Count(f, family, {}); };
   return {{"store_policy", store_policy},

@@ -50,6 +50,10 @@ TEST(MetricsRegistry, CollectedFamilyReadsItsOwnerAndLeavesWithItsHandle) {
     ASSERT_EQ(f[0].series.size(), 2u);
     EXPECT_EQ(f[0].series[0].label_values, std::vector<std::string>{"a"});
     EXPECT_EQ(f[0].series[0].value, 11);
+    ASSERT_NE(FindSeries(f, "kvd_per_model_total", {"b"}), nullptr);
+    EXPECT_EQ(FindSeries(f, "kvd_per_model_total", {"b"})->value, 1);
+    EXPECT_EQ(FindSeries(f, "kvd_per_model_total", {"c"}), nullptr);
+    EXPECT_EQ(FindSeries(f, "kvd_absent", {"a"}), nullptr);
     EXPECT_TRUE(r.Has("kvd_per_model_total"));
   }
   EXPECT_FALSE(r.Has("kvd_per_model_total"));

@@ -330,14 +330,9 @@ TEST_F(TierSetTest, RegisteredFamiliesReportEveryTierAndRebaseOnReset) {
   ASSERT_TRUE(set_->WaitIdle(10));
   auto f = registry.Collect();
   auto series = [&](const std::string& name, const std::vector<std::string>& labels) {
-    const metrics::FamilySnapshot* fam = metrics::FindFamily(f, name);
-    EXPECT_NE(fam, nullptr) << name;
-    if (fam == nullptr) return -1.0;
-    for (const auto& s : fam->series) {
-      if (s.label_values == labels) return s.value;
-    }
-    ADD_FAILURE() << name << ": no series with those labels";
-    return -1.0;
+    const metrics::Series* s = metrics::FindSeries(f, name, labels);
+    EXPECT_NE(s, nullptr) << name << ": no series with those labels";
+    return s == nullptr ? -1.0 : s->value;
   };
   // 3 chunks x 2 ranks, written to each of the two tiers.
   EXPECT_EQ(series("lmcache_mp_l2_store_submitted_objects_chunks_total", {}), 12);
