@@ -1,8 +1,11 @@
 #include "l2/tier_metrics.h"
 
 #include <functional>
+#include <memory>
 #include <string>
 #include <utility>
+
+#include "common/mutex.h"
 
 namespace kvd::l2 {
 
@@ -12,7 +15,16 @@ using metrics::Kind;
 using PerTierValue = std::function<double(const TierStats&)>;
 using SetValue = std::function<double(const TierSetStats&)>;
 
-// Registers families over one TierSet; each reads its stats() at collection.
+// The TierSet's stats as read by the first of its families in one collection.
+struct StatsMemo {
+  Mutex mu;
+  TierSetStats stats KVD_GUARDED_BY(mu);
+};
+
+// Registers families over one TierSet. The registry collects families in registration order,
+// one collection at a time (common/metrics.h), so the first family reads stats() once per
+// collection and the others reuse it: one pass over the TierSet's locks per scrape, not one
+// per family.
 class Families {
  public:
   Families(const TierSet& set, metrics::Registry& registry) : set_(&set), registry_(registry) {}
@@ -64,10 +76,12 @@ class Families {
     d.help = help;
     d.kind = kind;
     d.label_names = std::move(labels);
-    const TierSet* set = set_;
+    const TierSet* set = handles_.empty() ? set_ : nullptr;  // the first family reads
     handles_.push_back(registry_.AddCollected(
-        std::move(d), [set, collect = std::move(collect)](metrics::SeriesSink& out) {
-          collect(set->stats(), out);
+        std::move(d), [set, memo = memo_, collect = std::move(collect)](metrics::SeriesSink& out) {
+          MutexLock lock(&memo->mu);
+          if (set != nullptr) memo->stats = set->stats();
+          collect(memo->stats, out);
         }));
   }
   std::vector<metrics::CollectorHandle> Take() { return std::move(handles_); }
@@ -75,6 +89,7 @@ class Families {
  private:
   const TierSet* const set_;
   metrics::Registry& registry_;
+  const std::shared_ptr<StatsMemo> memo_ = std::make_shared<StatsMemo>();
   std::vector<metrics::CollectorHandle> handles_;
 };
 

@@ -5,7 +5,8 @@
 // dashboard show of the tiers comes from these families; the HTTP side renders them without
 // knowing TierSet.
 //
-// Collected, not updated: each family reads TierSet::stats() when the registry collects.
+// Collected, not updated: the families read TierSet::stats() once per collection (the first
+// family takes it, the others reuse it).
 // Strings (a tier's type, description and health, the policies) are `*_info` gauges whose
 // labels carry them (value 1).
 //

@@ -359,6 +359,43 @@ TEST_F(TierSetTest, RegisteredFamiliesReportEveryTierAndRebaseOnReset) {
   EXPECT_EQ(series("kvd_l2_stored_objects_total", {"memory#0"}), 2);
 }
 
+// A tier that counts how often its health is asked for (TierSet::stats() asks once per tier).
+class HealthCountingTier final : public Tier {
+ public:
+  explicit HealthCountingTier(std::shared_ptr<Tier> inner) : inner_(std::move(inner)) {}
+  std::string_view type() const override { return inner_->type(); }
+  std::string Describe() const override { return inner_->Describe(); }
+  void Store(std::vector<StoreItem> items, Done done) override { inner_->Store(std::move(items), std::move(done)); }
+  void Exists(std::vector<ObjectKey> keys, Done done) override { inner_->Exists(std::move(keys), std::move(done)); }
+  void Load(std::vector<LoadItem> items, Done done) override { inner_->Load(std::move(items), std::move(done)); }
+  void Delete(std::vector<ObjectKey> keys, Done done) override { inner_->Delete(std::move(keys), std::move(done)); }
+  void Scan(ScanDone done) override { inner_->Scan(std::move(done)); }
+  TierHealth Health() const override {
+    health_calls.fetch_add(1);
+    return inner_->Health();
+  }
+  void Close() override { inner_->Close(); }
+  mutable std::atomic<int> health_calls{0};
+
+ private:
+  std::shared_ptr<Tier> inner_;
+};
+
+// The tiers' ~50 families read the TierSet's stats (its locks, each tier's health) once per
+// collection, not once per family.
+TEST_F(TierSetTest, RegisteredFamiliesReadTheStatsOncePerCollection) {
+  auto counting = std::make_shared<HealthCountingTier>(std::make_shared<MemoryTier>());
+  Make({counting});
+  metrics::Registry registry;
+  auto handles = RegisterTierMetrics(*set_, registry);
+  const int before = counting->health_calls.load();
+  auto f = registry.Collect();
+  EXPECT_GT(f.size(), 40u);
+  EXPECT_EQ(counting->health_calls.load() - before, 1);
+  registry.Collect();
+  EXPECT_EQ(counting->health_calls.load() - before, 2);
+}
+
 TEST_F(TierSetTest, StalledPrefetchTimesOutAndAnswersFromL1) {
   auto inner = std::make_shared<MemoryTier>();
   auto f = std::make_shared<FaultTier>(inner);
