@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import itertools
 import json
 import os
@@ -568,6 +569,7 @@ def fill_random(torch, kv, seed: int) -> None:
         u.copy_(torch.randint(0, 256, u.shape, dtype=torch.uint8, device=t.device, generator=g))
 
 
+@functools.cache
 def host_has_amx_bf16() -> bool:
     try:
         with open("/proc/cpuinfo") as f:
