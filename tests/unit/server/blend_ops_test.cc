@@ -620,6 +620,16 @@ class BlendOpsTierTest : public BlendOpsTest {
     return PollUnifiedLookup(blend(), key, nils);
   }
   double Metric(const std::string& name) { return metrics::ValueOf(registry_.Collect(), name, -1); }
+  // `w` registered, sys + doc stored and written to the tier, then dropped from L1; with
+  // `empty_tier` the tier's objects are deleted too.
+  void StoredThenOutOfL1(FakeWorker& w, bool empty_tier) {
+    ASSERT_TRUE(svc_->RegisterKvCache(w.Registration(100, 1)).ok());
+    StoreSysDoc();
+    ASSERT_TRUE(svc_->WaitTiersIdle(10));
+    svc_->Clear();
+    if (!empty_tier) return;
+    for (const auto& e : std::filesystem::directory_iterator(dir_)) std::filesystem::remove_all(e.path());
+  }
 
   std::string dir_;
   metrics::Registry registry_;
@@ -669,11 +679,7 @@ TEST_F(BlendOpsTierTest, NonPrefixMatchLeftL1IsLoadedFromTheTierThenScattered) {
 TEST_F(BlendOpsTierTest, AChunkNoTierHoldsIsAskedForOnceThenAMiss) {
   FakeWorker w("/kvd_test_blend_tw2");
   w.Fill(12);
-  ASSERT_TRUE(svc_->RegisterKvCache(w.Registration(100, 1)).ok());
-  StoreSysDoc();
-  ASSERT_TRUE(svc_->WaitTiersIdle(10));
-  svc_->Clear();
-  for (const auto& e : std::filesystem::directory_iterator(dir_)) std::filesystem::remove_all(e.path());
+  ASSERT_NO_FATAL_FAILURE(StoredThenOutOfL1(w, /*empty_tier=*/true));
   const auto segs = std::vector<std::vector<int64_t>>{Segment(3), Segment(4), Segment(2)};
   int nils = 0;
   auto res = LookupPolling(Key(std::nullopt, segs, "q"), &nils);
@@ -692,11 +698,7 @@ TEST_F(BlendOpsTierTest, AChunkNoTierHoldsIsAskedForOnceThenAMiss) {
 TEST_F(BlendOpsTierTest, Issue24FingerprintOfAChunkInNoTierIsRemovedOnTheTiersAnswer) {
   FakeWorker w("/kvd_test_blend_tw3");
   w.Fill(14);
-  ASSERT_TRUE(svc_->RegisterKvCache(w.Registration(100, 1)).ok());
-  StoreSysDoc();
-  ASSERT_TRUE(svc_->WaitTiersIdle(10));
-  svc_->Clear();
-  for (const auto& e : std::filesystem::directory_iterator(dir_)) std::filesystem::remove_all(e.path());
+  ASSERT_NO_FATAL_FAILURE(StoredThenOutOfL1(w, /*empty_tier=*/true));
   ASSERT_EQ(blend().matcher().Stats().live, 2u);
   const auto segs = std::vector<std::vector<int64_t>>{Segment(3), Segment(4), Segment(2)};
   int nils = 0;
@@ -723,10 +725,7 @@ TEST_F(BlendOpsTierTest, Issue24FingerprintOfAChunkInNoTierIsRemovedOnTheTiersAn
 TEST_F(BlendOpsTierTest, Issue24FingerprintStaysWhenTheTierFailsToAnswer) {
   FakeWorker w("/kvd_test_blend_tw4");
   w.Fill(15);
-  ASSERT_TRUE(svc_->RegisterKvCache(w.Registration(100, 1)).ok());
-  StoreSysDoc();
-  ASSERT_TRUE(svc_->WaitTiersIdle(10));
-  svc_->Clear();
+  ASSERT_NO_FATAL_FAILURE(StoredThenOutOfL1(w, /*empty_tier=*/false));
   // The tier's directory becomes a file: every stat under it fails with ENOTDIR.
   std::filesystem::remove_all(dir_);
   { std::ofstream(dir_) << "not a directory"; }
