@@ -11,6 +11,7 @@ PKGS=(
   clang libclang-rt-14-dev
   libcpp-httplib-dev nlohmann-json3-dev
   libhiredis-dev redis-server redis-tools
+  libucx-dev ucx-utils
   chromium
 )
 
