@@ -1,0 +1,148 @@
+// FleetDirectory: which kvd node holds which committed chunk in its L1, kept in one
+// Redis/Valkey server so that a LOOKUP that misses locally can find a peer to read from.
+// Each node publishes the chunks it commits, withdraws those it evicts, heartbeats, and asks
+// the directory for the live owners of the chunks it lacks.
+//
+// DATA MODEL. Every key starts with Options::key_prefix (default "{kvd-p2p}:"), which must
+// hold a Redis hash tag ("{...}", non-empty), so that all keys of one fleet hash to one
+// Cluster slot and one Lua script may touch any of them.
+//   <prefix>node:<node>         string "<incarnation> <url>", SET ... PX node_ttl_ms by
+//                               Heartbeat(); gone when the node stops heartbeating.
+//   <prefix>chunk:<chunk key>   hash: field = node name, value = decimal incarnation; HSET
+//                               by Publish() with PEXPIRE entry_ttl_ms (so an entry lives
+//                               entry_ttl_s after the last Publish of that chunk by any node),
+//                               HDEL by Withdraw().
+// An owner (a hash field) is LIVE when its node key exists and holds the same incarnation.
+// Lookup() runs one Lua script that answers the live owners and HDELs every entry that is not
+// live (its node is gone, restarted under a new incarnation, or either value is malformed):
+// a stale entry costs one lookup and is gone. A node key that does not parse ("notanumber
+// url") makes its entries not live, never an error. The script reads node keys it is not
+// given in KEYS, which standalone servers allow (they share the hash tag's slot).
+//
+// NAMES. node: 1..128 bytes of [A-Za-z0-9._:-]; incarnation: a non-zero uint64 the caller
+// picks per process start (e.g. start time in ns), so a restarted node never inherits the
+// entries of its previous life; url: the node's P2P address, 1..256 bytes, no whitespace or
+// control bytes. Chunk keys are opaque bytes, 1..1024 each, at most Options::max_batch per
+// call. Invalid input is refused with InvalidArgument before anything is sent. Two processes
+// must not run under one node name at once.
+//
+// TRUST. The server is not trusted: every reply is checked (types, counts, names, that an
+// incarnation parses) before use, and at most max_owners_per_key owners per key are accepted.
+// A malformed reply answers Internal, never a crash. Lookup replies are bounded by
+// l2::RespConnection::kMaxReplyBytes: a batch whose worst-case reply could exceed it is sent
+// as several EVALSHAs pipelined in the same round trip.
+//
+// ERRORS. Unavailable: the server cannot be reached, a request timed out, or the server
+// refused a command (its error named). FailedPrecondition: a Cluster redirect (MOVED/ASK):
+// only standalone Redis/Valkey is supported in this step, Cluster is not yet. Internal: a
+// malformed reply.
+//
+// THREADS AND CONNECTION. All methods are thread-safe; one connection, guarded by a mutex,
+// carries one request at a time (calls queue behind the one in flight). A connection found
+// broken is dropped: the call reconnects once (SCRIPT LOAD again) and, if it was using an
+// older connection, retries once; every operation is idempotent. If reconnecting fails the
+// call answers Unavailable and the next call tries again. A refused connection answers at
+// once; a hung server holds a call for at most about 2 x request_timeout_s + connect_timeout_s.
+// The destructor closes the connection without sending anything (call Leave() first for a
+// clean shutdown).
+//
+// COST. A lookup script's work is linear in the entries of the keys it reads (at most one per
+// node), all inside the server's single thread: keep batches and fleets moderate.
+//
+// USE. Heartbeat() before the first Publish() and then every node_ttl_s / 3 or so: entries
+// published while the node key is missing are removed by the next lookup that sees them.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/mutex.h"
+#include "common/status.h"
+#include "l2/resp_connection.h"
+
+namespace kvd::p2p {
+
+class FleetDirectory {
+ public:
+  struct Options {
+    l2::RespEndpoint endpoint;
+    l2::RespConnectOptions connect;
+    std::string key_prefix = "{kvd-p2p}:";  // must hold a non-empty {hash tag}; <= 256 bytes
+    double node_ttl_s = 10;                 // >= 0.001, <= 1 year
+    double entry_ttl_s = 3600;              // >= 0.001, <= 1 year
+    size_t max_batch = 4096;                // keys per call, 1..65536
+    size_t max_owners_per_key = 8;          // owners a lookup answers per key, 1..1024
+  };
+  // This node.
+  struct Self {
+    std::string node;
+    uint64_t incarnation = 0;
+    std::string url;
+  };
+  // A live owner of a chunk, as the directory answers it.
+  struct Owner {
+    std::string node;
+    uint64_t incarnation = 0;
+    std::string url;
+    bool operator==(const Owner&) const = default;
+  };
+  // Calls that passed validation, and those of them that then failed (any non-OK answer).
+  struct Stats {
+    uint64_t heartbeats = 0;
+    uint64_t publishes = 0;
+    uint64_t withdraws = 0;
+    uint64_t lookups = 0;
+    uint64_t stale_entries_removed = 0;  // as the lookup script reported
+    uint64_t failures = 0;
+    uint64_t reconnects = 0;  // connections made after the one Connect() made
+  };
+
+  // Validates `options` and `self` (InvalidArgument), connects and loads the lookup script
+  // (Unavailable or FailedPrecondition as l2::RespConnection::Connect answers). Writes nothing.
+  static Result<std::unique_ptr<FleetDirectory>> Connect(Options options, Self self);
+  ~FleetDirectory();
+  FleetDirectory(const FleetDirectory&) = delete;
+  FleetDirectory& operator=(const FleetDirectory&) = delete;
+
+  // Writes this node's node key ("<incarnation> <url>") with a TTL of node_ttl_s.
+  Status Heartbeat();
+  // Records this node (under its incarnation) as an owner of each key; one round trip.
+  Status Publish(const std::vector<std::string>& keys);
+  // Removes this node from the owners of each key; one round trip.
+  Status Withdraw(const std::vector<std::string>& keys);
+  // For each key, in order, its live owners other than this node (at most max_owners_per_key,
+  // in no particular order); removes the stale entries it meets. One round trip.
+  Result<std::vector<std::vector<Owner>>> Lookup(const std::vector<std::string>& keys);
+  // Deletes this node's node key if it still holds this incarnation (a restarted successor's
+  // is left alone). Its entries are then removed by the lookups that meet them.
+  Status Leave();
+
+  Stats stats() const;
+  const Self& self() const { return self_; }
+
+ private:
+  struct Link;  // a connection and the loaded script's SHA1
+  FleetDirectory(Options options, Self self, std::unique_ptr<Link> link);
+  Status ValidateKeys(const std::vector<std::string>& keys) const;
+  static Result<std::unique_ptr<Link>> Dial(const Options& options);  // connect, SCRIPT LOAD
+  // Runs `fn` on the connection under the rules above. Status(Link&) callable.
+  template <typename Fn>
+  Status WithLink(Fn&& fn) KVD_REQUIRES(mu_);
+  Status Lookups(Link& link, const std::vector<std::string>& keys,
+                 std::vector<std::vector<Owner>>& out, uint64_t& removed) const;
+
+  const Options options_;
+  const Self self_;
+  const std::string node_key_;    // <prefix>node:<self.node>
+  const std::string node_value_;  // "<incarnation> <url>"
+  const size_t keys_per_script_;  // so that one script's reply fits kMaxReplyBytes
+
+  mutable Mutex mu_;
+  std::unique_ptr<Link> link_ KVD_GUARDED_BY(mu_);  // null: dial on the next call
+  Stats stats_ KVD_GUARDED_BY(mu_);
+};
+
+}  // namespace kvd::p2p
