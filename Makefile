@@ -124,6 +124,12 @@ bench-e2e: build e2e-venv
 bench: build
 	@python3 bench/run_side_by_side.py --build-dir $(BUILD_DIR) --venv $(VENV)
 
+#   make bench-p2p  the P2P data path against ucx_perftest on the same transport, and the fleet
+#                   directory's lookup latency (bench/p2p/p2p_bench.sh; about 30 s)
+.PHONY: bench-p2p
+bench-p2p: build
+	@bench/p2p/p2p_bench.sh $(BUILD_DIR) 5
+
 # ---- Eviction simulator (docs/eviction.md) ------------------------------------------------
 #   make evsim    replays the Mooncake conversation trace through every eviction policy, OPT
 #                 and an infinite cache at 5/10/20/40% of its footprint (seconds); results in
