@@ -1,4 +1,5 @@
 #include "p2p/ucx_transport.h"
+#include "p2p/ucx_messages.h"
 
 #include <arpa/inet.h>
 #include <netdb.h>
@@ -17,26 +18,6 @@
 namespace kvd::p2p {
 
 namespace {
-
-// Active message ids and their headers (both ends are kvd; the layout is this file's).
-constexpr unsigned kAskId = 0x6b01;
-constexpr unsigned kAnswerId = 0x6b02;
-constexpr uint64_t kAskMagic = 0x6b76642d70327031ull;  // "kvd-p2p1"
-
-struct AskHeader {
-  uint64_t magic = kAskMagic;
-  uint64_t request = 0;
-  uint64_t index = 0;
-  uint64_t object = 0;
-  uint64_t offset = 0;
-  uint64_t length = 0;
-};
-struct AnswerHeader {
-  uint64_t request = 0;
-  uint64_t index = 0;
-  uint64_t status = 0;  // a StatusCode; kOk: `length` bytes follow
-  uint64_t length = 0;
-};
 
 // A node queues at most this many unanswered items of its peers; more are dropped (their
 // readers time out), so that a flooding peer cannot grow the queue without bound.

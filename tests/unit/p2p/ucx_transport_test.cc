@@ -4,8 +4,11 @@
 // a reader process (this binary, re-run as UcxReaderChild) in the middle of its reads.
 #include "p2p/ucx_transport.h"
 
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <ucp/api/ucp.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -14,6 +17,8 @@
 #include <cstring>
 #include <future>
 #include <thread>
+
+#include "p2p/ucx_messages.h"
 
 namespace kvd::p2p {
 namespace {
@@ -52,6 +57,7 @@ class ServingNode {
   size_t serves() const { return serves_.load(); }
   long holds() const { return holds_.load(); }  // answers whose bytes UCX may still read
   void set_wrong_length(bool on) { wrong_length_.store(on); }
+  long max_holds() const { return max_holds_.load(); }
   // Waits (up to 5 s) until `pred` holds.
   template <typename P>
   bool WaitFor(P pred) const {
@@ -71,7 +77,9 @@ class ServingNode {
       if (offset > object_bytes_ || length > object_bytes_ - offset) {
         return Status::InvalidArgument("outside the object");
       }
-      ++holds_;
+      long now = ++holds_;
+      for (long seen = max_holds_.load(); now > seen && !max_holds_.compare_exchange_weak(seen, now);) {
+      }
       auto hold = std::shared_ptr<const void>(nullptr, [this](const void*) { --holds_; });
       uint64_t answered = wrong_length_.load() ? length - 1 : length;
       return ServedBytes{memory_.data() + object * object_bytes_ + offset, answered, hold};
@@ -103,7 +111,7 @@ class ServingNode {
   Status status_;
   std::atomic<bool> stop_{false}, pause_{false}, paused_{false}, wrong_length_{false};
   std::atomic<size_t> accepted_{0}, serves_{0};
-  std::atomic<long> holds_{0};
+  std::atomic<long> holds_{0}, max_holds_{0};
   std::thread thread_;
 };
 
@@ -328,6 +336,140 @@ TEST(UcxTransportTcpTest, AReaderKilledMidTransferCostsTheServerNothing) {
   ReadAnswer answer = reader.peer->Read(items, In(20s));
   ASSERT_TRUE(answer.first_error.ok()) << answer.first_error.ToString();
   EXPECT_EQ(reader.local[77], PatternByte(3 * kObject + 77));
+}
+
+// A peer that speaks raw UCX, not through UcxPeer: sends what it likes, and keeps (never takes)
+// the answers that come by rendezvous, so that the serving node's sends stay in flight.
+class RawPeer {
+ public:
+  explicit RawPeer(int port) {
+    ucp_config_t* config = nullptr;
+    EXPECT_EQ(ucp_config_read(nullptr, nullptr, &config), UCS_OK);
+    ucp_config_modify(config, "TLS", "tcp");
+    ucp_params_t params{};
+    params.field_mask = UCP_PARAM_FIELD_FEATURES;
+    params.features = UCP_FEATURE_AM;
+    EXPECT_EQ(ucp_init(&params, config, &context_), UCS_OK);
+    ucp_config_release(config);
+    ucp_worker_params_t wp{};
+    wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+    wp.thread_mode = UCS_THREAD_MODE_SINGLE;
+    EXPECT_EQ(ucp_worker_create(context_, &wp, &worker_), UCS_OK);
+    ucp_am_handler_param_t h{};
+    h.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
+                   UCP_AM_HANDLER_PARAM_FIELD_ARG;
+    h.id = kAnswerId;
+    h.arg = this;
+    h.cb = [](void* arg, const void*, size_t, void* data, size_t, const ucp_am_recv_param_t* p) {
+      auto* self = static_cast<RawPeer*>(arg);
+      ++self->answers;
+      if (p->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) {
+        self->kept_.push_back(data);
+        return UCS_INPROGRESS;  // kept, never received
+      }
+      return UCS_OK;
+    };
+    EXPECT_EQ(ucp_worker_set_am_recv_handler(worker_, &h), UCS_OK);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ucp_ep_params_t ep{};
+    ep.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR |
+                    UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    ep.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
+    ep.sockaddr.addr = reinterpret_cast<const sockaddr*>(&addr);
+    ep.sockaddr.addrlen = sizeof(addr);
+    ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+    ep.err_handler.cb = [](void* arg, ucp_ep_h, ucs_status_t) { static_cast<RawPeer*>(arg)->closed = true; };
+    ep.err_handler.arg = this;
+    EXPECT_EQ(ucp_ep_create(worker_, &ep, &ep_), UCS_OK);
+  }
+  ~RawPeer() {
+    for (void* d : kept_) ucp_am_data_release(worker_, d);
+    ucp_request_param_t p{};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    p.flags = UCP_EP_CLOSE_FLAG_FORCE;
+    void* r = ucp_ep_close_nbx(ep_, &p);
+    if (r != nullptr && !UCS_PTR_IS_ERR(r)) {
+      while (ucp_request_check_status(r) == UCS_INPROGRESS) ucp_worker_progress(worker_);
+      ucp_request_free(r);
+    }
+    ucp_worker_destroy(worker_);
+    ucp_cleanup(context_);
+  }
+  // Sends one active message and waits until it has left.
+  void Send(unsigned id, const void* header, size_t header_length, const void* data = nullptr,
+            size_t length = 0) {
+    ucp_request_param_t p{};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    p.flags = UCP_AM_SEND_FLAG_REPLY;
+    void* r = ucp_am_send_nbx(ep_, id, header, header_length, data, length, &p);
+    if (r == nullptr || UCS_PTR_IS_ERR(r)) return;
+    while (ucp_request_check_status(r) == UCS_INPROGRESS) ucp_worker_progress(worker_);
+    ucp_request_free(r);
+  }
+  void Progress(std::chrono::milliseconds for_how_long) {
+    auto until = std::chrono::steady_clock::now() + for_how_long;
+    while (std::chrono::steady_clock::now() < until) ucp_worker_progress(worker_);
+  }
+  size_t answers = 0;
+  bool closed = false;
+
+ private:
+  ucp_context_h context_ = nullptr;
+  ucp_worker_h worker_ = nullptr;
+  ucp_ep_h ep_ = nullptr;
+  std::vector<void*> kept_;
+};
+
+// Junk and a flood from one peer cost another peer nothing: malformed messages are dropped,
+// the flood is cut at UcxNode::kMaxUnanswered, the flooder loses its connection when it does
+// not take its answers, and what its answers held is released.
+TEST(UcxTransportTcpTest, AHostilePeerCostsAnotherPeerNothing) {
+  ServingNode server("tcp", 4, kObject);
+  ASSERT_TRUE(server.status().ok());
+  RawPeer hostile(server.port());
+  AskHeader ask{.request = 1, .index = 0, .object = 0, .offset = 0, .length = kObject};
+  AskHeader bad_magic = ask;
+  bad_magic.magic = 42;
+  AnswerHeader answer{.request = 1, .index = 0, .status = 0, .length = 8};
+  uint8_t junk[100] = {};
+  hostile.Send(kAskId, junk, 7);                         // a header of another size
+  hostile.Send(kAskId, &bad_magic, sizeof(bad_magic));   // another magic
+  hostile.Send(kAskId, &ask, sizeof(ask), junk, sizeof(junk));  // an ask carrying data
+  hostile.Send(kAnswerId, &answer, sizeof(answer), junk, 8);    // an answer nobody asked for
+  hostile.Send(0x6b09, junk, 16);                        // an id nobody handles
+  hostile.Progress(200ms);
+  EXPECT_EQ(server.serves(), 0u) << "a malformed ask reached serve";
+  EXPECT_EQ(hostile.answers, 0u);
+
+  // The flood: twice the bound of valid asks for a whole object, answers kept, never taken.
+  for (size_t i = 0; i < 2 * UcxNode::kMaxUnanswered; ++i) {
+    ask.index = i;
+    hostile.Send(kAskId, &ask, sizeof(ask));
+  }
+  hostile.Progress(300ms);
+  EXPECT_LE(server.max_holds(), static_cast<long>(UcxNode::kMaxUnanswered));
+  // Exactly the bound was served (the answers are kept, so none completes): the rest dropped.
+  EXPECT_EQ(server.serves(), UcxNode::kMaxUnanswered);
+
+  // Meanwhile another peer is served, byte-exact.
+  Reader reader("tcp", 2 * kObject);
+  ASSERT_TRUE(reader.status.ok());
+  ASSERT_TRUE(reader.Connect(server.port()).ok());
+  ReadItem items[] = {{2, 0, kObject, reader.local.data()}, {3, 0, kObject, reader.local.data() + kObject}};
+  ReadAnswer ok = reader.peer->Read(items, In(20s));
+  ASSERT_TRUE(ok.first_error.ok()) << ok.first_error.ToString();
+  EXPECT_EQ(ok.completed_prefix, 2u);
+  EXPECT_EQ(reader.local[kObject + 9], PatternByte(3 * kObject + 9));
+
+  // The flooder does not take its answers: after the answer timeout (1 s here) it is cut off and
+  // the bytes its answers held are released.
+  for (int i = 0; i < 50 && !hostile.closed; ++i) hostile.Progress(100ms);
+  EXPECT_TRUE(hostile.closed);
+  EXPECT_TRUE(server.WaitFor([&] { return server.accepted() == 1 && server.holds() == 0; }))
+      << server.accepted() << " endpoints, " << server.holds() << " holds";
 }
 
 TEST(UcxTransportTcpTest, NoListenerAnswersUnavailableWithinTheDeadline) {
