@@ -76,7 +76,7 @@ test-tsan: deps venv
 	@cmake -S . -B $(TSAN_DIR) $(SAN_FLAGS) -DKVD_TSAN=ON >/dev/null
 	@cmake --build $(TSAN_DIR) -j$(JOBS) --target kvd l1_tests l2_tests server_tests http_tests \
 	  fuzz_replay_request fuzz_replay_payload fuzz_replay_descriptor fuzz_replay_stream \
-	  fuzz_replay_cachegen fuzz_replay_zmtp fuzz_replay_http_json codec_tests
+	  fuzz_replay_cachegen fuzz_replay_zmtp fuzz_replay_http_json codec_tests p2p_tests
 	@tests/sanitizers/run.sh tsan $(TSAN_DIR) $(VENV)
 
 soak: build venv

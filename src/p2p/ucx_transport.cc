@@ -325,6 +325,11 @@ void UcxNode::AnswerAsks() {
     if (served.ok() && (served->length != ask.length || served->data == nullptr)) {
       spdlog::error("p2p: serve answered {} bytes for an item of {}", served->length, ask.length);
       served = Status::Internal("p2p: serve answered a wrong length");
+    } else if (served.ok() && !InLocalRegion(served->data, served->length)) {
+      // Answers come from registered memory only (kvd's L1): no registration per answer, and
+      // nothing that relies on UCX's memory hooks (docs/p2p.md).
+      spdlog::error("p2p: serve answered bytes outside every registered region");
+      served = Status::Internal("p2p: serve answered unregistered memory");
     }
     auto send = std::make_unique<Send>();
     AnswerHeader h{.request = ask.request, .index = ask.index,

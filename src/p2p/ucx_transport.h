@@ -97,7 +97,8 @@ struct ReadAnswer {
   Status first_error;           // why item completed_prefix did not (OK when all did)
 };
 
-// What a serving node answers for one item: `length` bytes at `data`, valid while `hold` lives.
+// What a serving node answers for one item: `length` bytes at `data`, inside a UcxRegion of the
+// node (else the item is answered Internal), valid while `hold` lives.
 struct ServedBytes {
   const uint8_t* data = nullptr;
   uint64_t length = 0;

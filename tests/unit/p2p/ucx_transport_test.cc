@@ -57,6 +57,7 @@ class ServingNode {
   size_t serves() const { return serves_.load(); }
   long holds() const { return holds_.load(); }  // answers whose bytes UCX may still read
   void set_wrong_length(bool on) { wrong_length_.store(on); }
+  void set_answer_unregistered(bool on) { unregistered_answers_.store(on); }
   long max_holds() const { return max_holds_.load(); }
   // Waits (up to 5 s) until `pred` holds.
   template <typename P>
@@ -82,6 +83,10 @@ class ServingNode {
       }
       auto hold = std::shared_ptr<const void>(nullptr, [this](const void*) { --holds_; });
       uint64_t answered = wrong_length_.load() ? length - 1 : length;
+      if (unregistered_answers_.load()) {
+        unregistered_.assign(length, 0x11);
+        return ServedBytes{unregistered_.data(), answered, hold};
+      }
       return ServedBytes{memory_.data() + object * object_bytes_ + offset, answered, hold};
     };
     auto node = UcxNode::Create(
@@ -107,9 +112,11 @@ class ServingNode {
 
   size_t object_bytes_;
   std::vector<uint8_t> memory_;
+  std::vector<uint8_t> unregistered_;  // not registered with UCX
   int port_ = 0;
   Status status_;
-  std::atomic<bool> stop_{false}, pause_{false}, paused_{false}, wrong_length_{false};
+  std::atomic<bool> stop_{false}, pause_{false}, paused_{false}, wrong_length_{false},
+      unregistered_answers_{false};
   std::atomic<size_t> accepted_{0}, serves_{0};
   std::atomic<long> holds_{0}, max_holds_{0};
   std::thread thread_;
@@ -244,6 +251,21 @@ TEST_P(UcxTransportTest, AnAnswerOfTheWrongLengthIsNotWritten) {
   EXPECT_FALSE(answer.first_error.ok());
   EXPECT_EQ(reader.local[0], 0xEE);
   EXPECT_EQ(reader.local[kObject - 2], 0xEE);
+}
+
+TEST_P(UcxTransportTest, AnAnswerFromUnregisteredMemoryIsRefusedByTheServingNode) {
+  ServingNode server(GetParam(), 2, kObject);
+  ASSERT_TRUE(server.status().ok());
+  server.set_answer_unregistered(true);
+  Reader reader(GetParam(), kObject);
+  ASSERT_TRUE(reader.status.ok());
+  ASSERT_TRUE(reader.Connect(server.port()).ok());
+  ReadItem items[] = {{0, 0, 4096, reader.local.data()}};
+  ReadAnswer answer = reader.peer->Read(items, In(20s));
+  EXPECT_EQ(answer.completed_prefix, 0u);
+  EXPECT_FALSE(answer.first_error.ok());
+  EXPECT_EQ(reader.local[0], 0xEE);
+  EXPECT_FALSE(reader.peer->broken());  // an answer, not a transport failure
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, UcxTransportTest, ::testing::Values("tcp", ""),
