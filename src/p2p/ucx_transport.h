@@ -9,9 +9,9 @@
 // rendezvous protocol, which over RDMA is a zero-copy RDMA read by the reader, straight into
 // the destination. kvd does not use one-sided RMA with remote keys: on transports without
 // hardware RMA (TCP) UCX 1.13 emulates it in the target's progress and aborts the target
-// process when a reader leaves while it answers, and a remote key there is no security
-// boundary (any connected process could read the target's memory). Here the serving node
-// decides, item by item, what leaves it.
+// process when a reader leaves while it answers; and there, confining a peer to the registered
+// region would rest on UCX checking each emulated request, which it does not document. Here
+// the serving node decides, item by item, what leaves it.
 //
 // THREADS. A UcxNode and everything made from it (regions, peers) belong to one thread, the
 // node's owner: UCX's worker is created single-threaded, and every call below, construction and
