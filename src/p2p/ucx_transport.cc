@@ -278,12 +278,16 @@ bool UcxNode::ProgressOnce() { return ucp_worker_progress(worker_) != 0; }
 void UcxNode::ProgressFor(std::chrono::milliseconds wait) {
   // Polls for a short while before sleeping: shared-memory transports do not always wake the
   // event descriptor, and an answer usually comes within microseconds.
+  // An idle node (nothing for kActive) sleeps at once: no polling while nothing moves.
   constexpr auto kSpin = std::chrono::microseconds(200);
+  constexpr auto kActive = std::chrono::milliseconds(10);
   bool busy = false;
-  const auto spin_until = std::chrono::steady_clock::now() + kSpin;
+  const auto now = std::chrono::steady_clock::now();
+  const auto spin_until = now - last_busy_ < kActive || !sends_.empty() ? now + kSpin : now;
   do {
     while (ProgressOnce()) busy = true;
   } while (!busy && asks_.empty() && std::chrono::steady_clock::now() < spin_until);
+  if (busy) last_busy_ = std::chrono::steady_clock::now();
   if (!busy && asks_.empty() && accepted_failed_.empty() && wait.count() > 0) {
     if (ucp_worker_arm(worker_) == UCS_OK) {
       pollfd pfd{event_fd_, POLLIN, 0};

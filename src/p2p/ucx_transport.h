@@ -232,6 +232,7 @@ class UcxNode {
   uint64_t next_request_ = 1;
   std::vector<const UcxRegion*> regions_;
   size_t live_peers_ = 0;
+  std::chrono::steady_clock::time_point last_busy_;  // the last progress that did something
 };
 
 }  // namespace kvd::p2p
