@@ -263,39 +263,36 @@ Status FleetDirectory::Heartbeat() {
 }
 
 Status FleetDirectory::Publish(const std::vector<std::string>& keys) {
-  KVD_RETURN_IF_ERROR(ValidateKeys(keys));
   const std::string incarnation = std::to_string(self_.incarnation);
   const std::string ttl = Millis(options_.entry_ttl_s);
-  const std::string prefix = options_.key_prefix + "chunk:";
-  MutexLock lock(&mu_);
-  ++stats_.publishes;
-  if (keys.empty()) return Status::Ok();
-  Status st = WithLink([&](Link& link) -> Status {
-    std::string key;
-    for (const auto& k : keys) {
-      key = prefix + k;
-      KVD_RETURN_IF_ERROR(link.conn->Append({"HSET", key, self_.node, incarnation}));
-      KVD_RETURN_IF_ERROR(link.conn->Append({"PEXPIRE", key, ttl}));
-    }
-    return DrainIntegers(*link.conn, 2 * keys.size(), "publish");
-  });
-  if (!st.ok()) ++stats_.failures;
-  return st;
+  return PerKey("publish", &Stats::publishes, keys, [&](l2::RespConnection& conn, const std::string& key) {
+    KVD_RETURN_IF_ERROR(conn.Append({"HSET", key, self_.node, incarnation}));
+    return conn.Append({"PEXPIRE", key, ttl});
+  }, /*replies_per_key=*/2);
 }
 
 Status FleetDirectory::Withdraw(const std::vector<std::string>& keys) {
+  return PerKey("withdraw", &Stats::withdraws, keys, [&](l2::RespConnection& conn, const std::string& key) {
+    return conn.Append({"HDEL", key, self_.node});
+  }, /*replies_per_key=*/1);
+}
+
+template <typename AppendFn>
+Status FleetDirectory::PerKey(std::string_view what, uint64_t Stats::*counter,
+                              const std::vector<std::string>& keys, AppendFn&& append,
+                              size_t replies_per_key) {
   KVD_RETURN_IF_ERROR(ValidateKeys(keys));
   const std::string prefix = options_.key_prefix + "chunk:";
   MutexLock lock(&mu_);
-  ++stats_.withdraws;
+  ++(stats_.*counter);
   if (keys.empty()) return Status::Ok();
   Status st = WithLink([&](Link& link) -> Status {
     std::string key;
     for (const auto& k : keys) {
       key = prefix + k;
-      KVD_RETURN_IF_ERROR(link.conn->Append({"HDEL", key, self_.node}));
+      KVD_RETURN_IF_ERROR(append(*link.conn, key));
     }
-    return DrainIntegers(*link.conn, keys.size(), "withdraw");
+    return DrainIntegers(*link.conn, replies_per_key * keys.size(), what);
   });
   if (!st.ok()) ++stats_.failures;
   return st;

@@ -57,6 +57,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "common/mutex.h"
@@ -127,6 +128,12 @@ class FleetDirectory {
   struct Link;  // a connection and the loaded script's SHA1
   FleetDirectory(Options options, Self self, std::unique_ptr<Link> link);
   Status ValidateKeys(const std::vector<std::string>& keys) const;
+  // Publish and Withdraw: validates `keys`, counts the call in `counter`, appends each chunk
+  // entry's commands with `append` (Status(l2::RespConnection&, const std::string& key)) and
+  // reads replies_per_key integer replies per key, all in one round trip.
+  template <typename AppendFn>
+  Status PerKey(std::string_view what, uint64_t Stats::*counter,
+                const std::vector<std::string>& keys, AppendFn&& append, size_t replies_per_key);
   static Result<std::unique_ptr<Link>> Dial(const Options& options);  // connect, SCRIPT LOAD
   // Runs `fn` on the connection under the rules above. Status(Link&) callable.
   template <typename Fn>

@@ -183,26 +183,18 @@ Result<std::vector<std::vector<FleetDirectory::Owner>>> P2pAgent::Lookup(const s
   return directory_->Lookup(keys);
 }
 
-void P2pAgent::Publish(std::vector<std::string> keys) {
-  MutexLock lock(&mu_);
-  for (auto& k : keys) {
-    if (updates_.size() >= options_.max_queued_updates) {
-      ++stats_.updates_dropped;
-      continue;
-    }
-    updates_.push_back({true, std::move(k)});
-    ++stats_.updates_queued;
-  }
-}
+void P2pAgent::Publish(std::vector<std::string> keys) { Queue(/*publish=*/true, std::move(keys)); }
 
-void P2pAgent::Withdraw(std::vector<std::string> keys) {
+void P2pAgent::Withdraw(std::vector<std::string> keys) { Queue(/*publish=*/false, std::move(keys)); }
+
+void P2pAgent::Queue(bool publish, std::vector<std::string> keys) {
   MutexLock lock(&mu_);
   for (auto& k : keys) {
     if (updates_.size() >= options_.max_queued_updates) {
       ++stats_.updates_dropped;
       continue;
     }
-    updates_.push_back({false, std::move(k)});
+    updates_.push_back({publish, std::move(k)});
     ++stats_.updates_queued;
   }
 }

@@ -85,6 +85,8 @@ class P2pAgent {
     std::string key;
   };
   explicit P2pAgent(Options options);
+  // Publish and Withdraw: appends to updates_ in order, up to max_queued_updates.
+  void Queue(bool publish, std::vector<std::string> keys);
   // Runs `job` on the UCX thread and waits for it (Unavailable when the agent is stopping).
   Status OnUcxThread(std::function<void()> job);
   void RunUcx(std::promise<Status>* started);
