@@ -15,6 +15,9 @@ namespace kvd::l2::testing {
 
 // A free TCP port on 127.0.0.1 (and, with bus, port + 10000 free too).
 int FreePort(bool bus = false);
+// A socket listening on 127.0.0.1 at a free port (for fake servers): its descriptor, or -1,
+// and the port in *port.
+int ListenLoopback(int backlog, int* port);
 
 class RedisProcess {
  public:

@@ -19,6 +19,7 @@
 
 #include "l2/resp_connection.h"
 #include "l2/resp_tier.h"
+#include "redis_process.h"
 #include "tier_test_util.h"
 
 namespace kvd::l2 {
@@ -69,15 +70,8 @@ class HostileServer {
  public:
   HostileServer(std::string head, std::string filler, uint64_t stream_bytes)
       : head_(std::move(head)), filler_(std::move(filler)), stream_bytes_(stream_bytes) {
-    fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof(a);
-    EXPECT_EQ(::bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
-    EXPECT_EQ(::listen(fd_, 8), 0);
-    EXPECT_EQ(::getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len), 0);
-    port_ = ntohs(a.sin_port);
+    fd_ = kvd::l2::testing::ListenLoopback(8, &port_);
+    EXPECT_GE(fd_, 0);
     thread_ = std::thread([this] { Serve(); });
   }
   ~HostileServer() {

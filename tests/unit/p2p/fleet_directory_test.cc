@@ -353,15 +353,8 @@ TEST_F(FleetDirectoryTest, MalformedDirectoryDataIsNotLiveAndIsRemoved) {
 class HostileServer {
  public:
   explicit HostileServer(std::deque<std::string> replies) : replies_(std::move(replies)) {
-    fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof(a);
-    EXPECT_EQ(::bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
-    EXPECT_EQ(::listen(fd_, 4), 0);
-    EXPECT_EQ(::getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len), 0);
-    port_ = ntohs(a.sin_port);
+    fd_ = kvd::l2::testing::ListenLoopback(4, &port_);
+    EXPECT_GE(fd_, 0);
     thread_ = std::thread([this] { Serve(); });
   }
   ~HostileServer() {
