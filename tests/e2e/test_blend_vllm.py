@@ -392,7 +392,10 @@ def test_segmented_prefix_loads_the_chunks_after_a_gap_exactly_and_recomputes_th
 # --- tensor parallelism -----------------------------------------------------------------------
 
 def _tp2_settings(model_dir: str, server, ratio: float) -> dict:
-    s = _blend_settings(model_dir, server, ratio)
+    # Two ranks, each pinned to one of the host's 2 cores at full load: the adapters' pings
+    # (answered by kvd in microseconds) can wait over 2 s for a core, and a ping that times out
+    # marks the server unhealthy (a `server_unhealthy` fallback). Pings get 10 s here.
+    s = _blend_settings(model_dir, server, ratio, heartbeat=10.0)
     s["engine_args"]["tensor_parallel_size"] = 2
     return s
 
