@@ -1,13 +1,15 @@
 // kvd-p2p-bench: the P2P data path (src/p2p/ucx_transport.h) between two processes on one
 // host: a serving node (a forked child, objects in registered memory) and a reading node that
 // reads batches of objects into registered memory, as kvd reads a peer's chunks into its L1.
+// Every item names its object (--name-bytes, as an L1 key would) and both nodes share a secret,
+// so each ask carries a name and a token, and the serving node checks both.
 // Prints one JSON line: GB/s of whole batches, and the round trip of one small item. With
 // --redis-port, also the fleet directory's lookup latency (p2p/fleet_directory.h) against a
 // redis-server on 127.0.0.1: the time a directory probe adds to a LOOKUP that misses locally.
 // bench/p2p/p2p_bench.sh runs it beside ucx_perftest on the same transport (docs/benchmarks.md).
 //
 //   kvd-p2p-bench [--tls tcp] [--object-bytes 11862016] [--objects 16] [--batch 8] [--seconds 5]
-//                 [--redis-port P]
+//                 [--name-bytes 128] [--redis-port P]
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -34,12 +36,22 @@ struct Args {
   size_t objects = 16;
   size_t batch = 8;
   double seconds = 5;
+  size_t name_bytes = 128;  // about an lmcache key string with its model path and hash
   int redis_port = 0;
 };
 
+constexpr const char* kSecret = "kvd-p2p-bench shared secret";
+
+// The name of object `i`: "kvd-p2p-bench@<i>@" padded with '#', or cut, to exactly `bytes`.
+std::string NameOf(size_t i, size_t bytes) {
+  std::string name = "kvd-p2p-bench@" + std::to_string(i) + "@";
+  name.resize(bytes, '#');
+  return name;
+}
+
 [[noreturn]] void Usage(const char* why) {
   std::fprintf(stderr, "kvd-p2p-bench: %s\nusage: kvd-p2p-bench [--tls T] [--object-bytes N] "
-                       "[--objects N] [--batch N] [--seconds S]\n", why);
+                       "[--objects N] [--batch N] [--seconds S] [--name-bytes N] [--redis-port P]\n", why);
   std::exit(2);
 }
 
@@ -54,12 +66,14 @@ Args Parse(int argc, char** argv) {
     else if (flag == "--objects") a.objects = std::stoull(v);
     else if (flag == "--batch") a.batch = std::stoull(v);
     else if (flag == "--seconds") a.seconds = std::stod(v);
+    else if (flag == "--name-bytes") a.name_bytes = std::stoull(v);
     else if (flag == "--redis-port") a.redis_port = std::stoi(v);
     else Usage(("unknown flag " + flag).c_str());
   }
   if (a.object_bytes == 0 || a.objects == 0 || a.batch == 0 || a.batch > UcxPeer::kMaxItems) {
     Usage("sizes must be positive (batch at most 4096)");
   }
+  if (a.name_bytes > UcxPeer::kMaxNameBytes) Usage("names are at most 1024 bytes");
   return a;
 }
 
@@ -67,13 +81,16 @@ Args Parse(int argc, char** argv) {
 [[noreturn]] void Serve(const Args& a, int port_fd) {
   std::vector<uint8_t> memory(a.objects * a.object_bytes);
   for (size_t i = 0; i < memory.size(); i += 4096) memory[i] = static_cast<uint8_t>(i >> 12);
-  auto serve = [&](uint64_t, uint64_t object, uint64_t offset, uint64_t length) -> kvd::Result<ServedBytes> {
-    if (object >= a.objects || offset > a.object_bytes || length > a.object_bytes - offset) {
+  std::vector<std::string> names;
+  for (size_t i = 0; i < a.objects; ++i) names.push_back(NameOf(i, a.name_bytes));
+  auto serve = [&](uint64_t, const ServeAsk& ask) -> kvd::Result<ServedBytes> {
+    if (ask.object >= a.objects || ask.name != names[ask.object] || ask.offset > a.object_bytes ||
+        ask.length > a.object_bytes - ask.offset) {
       return kvd::Status::NotFound("no such object");
     }
-    return ServedBytes{memory.data() + object * a.object_bytes + offset, length, nullptr};
+    return ServedBytes{memory.data() + ask.object * a.object_bytes + ask.offset, ask.length, nullptr};
   };
-  auto node = UcxNode::Create({.listen_host = "127.0.0.1", .tls = a.tls, .serve = serve});
+  auto node = UcxNode::Create({.listen_host = "127.0.0.1", .tls = a.tls, .serve = serve, .secret = kSecret});
   if (!node.ok()) {
     std::fprintf(stderr, "serving node: %s\n", node.status().ToString().c_str());
     _exit(1);
@@ -124,7 +141,7 @@ int main(int argc, char** argv) {
   }
   int rc = 0;
   {
-    auto node = UcxNode::Create({.listen_host = "", .tls = a.tls, .serve = nullptr});
+    auto node = UcxNode::Create({.listen_host = "", .tls = a.tls, .serve = nullptr, .secret = kSecret});
     if (!node.ok()) {
       std::fprintf(stderr, "reading node: %s\n", node.status().ToString().c_str());
       kill(child, SIGKILL);
@@ -142,7 +159,8 @@ int main(int argc, char** argv) {
     size_t next = 0;
     auto fill = [&] {
       for (size_t i = 0; i < a.batch; ++i) {
-        items[i] = {(next++) % a.objects, 0, a.object_bytes, local.data() + i * a.object_bytes};
+        size_t object = (next++) % a.objects;
+        items[i] = {object, 0, a.object_bytes, local.data() + i * a.object_bytes, NameOf(object, a.name_bytes)};
       }
     };
     // Warm up (connection, registration caches), then measure whole batches.
@@ -165,7 +183,7 @@ int main(int argc, char** argv) {
     }
     double took = std::chrono::duration<double>(Clock::now() - start).count();
     // One 4 KiB item, many times: the round trip a lookup's probe of a peer costs at least.
-    ReadItem small[] = {{0, 0, 4096, local.data()}};
+    ReadItem small[] = {{0, 0, 4096, local.data(), NameOf(0, a.name_bytes)}};
     const int kSmall = 2000;
     auto small_start = Clock::now();
     for (int i = 0; i < kSmall && rc == 0; ++i) {
@@ -183,8 +201,8 @@ int main(int argc, char** argv) {
       directory = buf;
     }
     std::printf("{\"tls\": \"%s\", \"object_bytes\": %zu, \"batch\": %zu, \"batches\": %zu, "
-                "\"gb_per_s\": %.3f, \"small_read_us\": %.1f%s}\n",
-                a.tls.empty() ? "ucx-choice" : a.tls.c_str(), a.object_bytes, a.batch, batches,
+                "\"name_bytes\": %zu, \"gb_per_s\": %.3f, \"small_read_us\": %.1f%s}\n",
+                a.tls.empty() ? "ucx-choice" : a.tls.c_str(), a.object_bytes, a.batch, batches, a.name_bytes,
                 batches * a.batch * static_cast<double>(a.object_bytes) / took / 1e9, small_us,
                 directory.c_str());
     peer->reset();

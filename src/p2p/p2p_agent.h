@@ -38,7 +38,7 @@ namespace kvd::p2p {
 class P2pAgent {
  public:
   struct Options {
-    UcxNode::Options ucx;                // listen address, transports, serve, timeouts
+    UcxNode::Options ucx;                // listen address, transports, serve, secret, timeouts
     FleetDirectory::Options directory;
     FleetDirectory::Self self;           // self.url: where peers reach ucx (host:port)
     double flush_interval_s = 0.05;      // how often queued updates go to the directory

@@ -15,6 +15,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include "keys/blake3.h"
+
 namespace kvd::p2p {
 
 namespace {
@@ -47,6 +49,13 @@ Result<sockaddr_storage> Resolve(const std::string& host, int port, bool to_list
   return out;
 }
 
+// Compares two tokens in time independent of where they differ.
+bool SameToken(const uint8_t* a, const uint8_t* b) {
+  volatile uint8_t diff = 0;
+  for (size_t i = 0; i < kTokenBytes; ++i) diff = diff | (a[i] ^ b[i]);
+  return diff == 0;
+}
+
 socklen_t AddrLen(const sockaddr_storage& a) {
   return a.ss_family == AF_INET6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in);
 }
@@ -56,13 +65,21 @@ Status StatusFromPeer(uint64_t code, const std::string& peer, uint64_t index) {
   switch (static_cast<StatusCode>(code)) {
     case StatusCode::kNotFound: return Status::NotFound(what + "not found");
     case StatusCode::kInvalidArgument: return Status::InvalidArgument(what + "invalid");
-    case StatusCode::kFailedPrecondition: return Status::FailedPrecondition(what + "refused");
+    case StatusCode::kFailedPrecondition:
+      return Status::FailedPrecondition(what + "refused (by its serve, or a wrong shared secret)");
     case StatusCode::kResourceExhausted: return Status::ResourceExhausted(what + "no room");
     default: return Status::Unavailable(what + "error " + std::to_string(code));
   }
 }
 
 }  // namespace
+
+// A context of its own, so that the token is no other hash of the secret that kvd computes.
+std::array<uint8_t, kTokenBytes> AskToken(std::string_view secret) {
+  keys::Blake3Hasher hasher = keys::Blake3Hasher::DeriveKey("kvd 2025 p2p ask token v1");
+  hasher.Update(secret.data(), secret.size());
+  return hasher.Finalize();
+}
 
 // One Read in progress, found by its request id when an answer arrives.
 struct UcxNode::PendingRead {
@@ -108,23 +125,33 @@ struct UcxCallbacks {
   static void SendDone(void*, ucs_status_t, void* user_data) {
     static_cast<UcxNode::Send*>(user_data)->done = true;
   }
-  // A peer asks for an item: queued, answered by AnswerAsks.
-  static ucs_status_t Ask(void* arg, const void* header, size_t header_length, void*, size_t length,
-                          const ucp_am_recv_param_t* param) {
+  // A peer asks for an item: queued, answered by AnswerAsks. The name is its data, delivered
+  // eagerly (a rendezvous descriptor is dropped by answering UCS_OK) and copied here.
+  static ucs_status_t Ask(void* arg, const void* header, size_t header_length, void* data,
+                          size_t length, const ucp_am_recv_param_t* param) {
     auto* node = static_cast<UcxNode*>(arg);
     AskHeader h;
-    if (header_length != sizeof(h) || length != 0 ||
-        !(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP)) {
+    if (header_length != sizeof(h) || !(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) ||
+        (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV)) {
       return UCS_OK;  // not an ask of this protocol: dropped
     }
     std::memcpy(&h, header, sizeof(h));
+    if (h.magic != kAskMagic || h.name_length > UcxPeer::kMaxNameBytes || length != h.name_length ||
+        (length != 0 && data == nullptr)) {
+      return UCS_OK;
+    }
     auto peer = node->accepted_.find(param->reply_ep);
-    if (h.magic != kAskMagic || peer == node->accepted_.end() ||
-        peer->second.unanswered >= UcxNode::kMaxUnanswered || node->asks_.size() >= kMaxQueuedAsks) {
+    if (peer == node->accepted_.end() || peer->second.unanswered >= UcxNode::kMaxUnanswered ||
+        node->asks_.size() >= kMaxQueuedAsks) {
       return UCS_OK;
     }
     ++peer->second.unanswered;
-    node->asks_.push_back({param->reply_ep, h.request, h.index, h.object, h.offset, h.length});
+    UcxNode::Ask ask{.reply_ep = param->reply_ep, .request = h.request, .index = h.index,
+                     .object = h.object, .offset = h.offset, .length = h.length};
+    // A wrong token is answered (FailedPrecondition), not dropped: its reader learns at once.
+    ask.refused = !SameToken(h.token, node->token_.data());
+    if (!ask.refused) ask.name.assign(static_cast<const char*>(data), length);
+    node->asks_.push_back(std::move(ask));
     return UCS_OK;
   }
   // An answer to one of this node's reads: checked against what was asked, then written.
@@ -172,9 +199,15 @@ struct UcxCallbacks {
 // ---- UcxNode -------------------------------------------------------------------------------
 
 Result<std::unique_ptr<UcxNode>> UcxNode::Create(Options options) {
+  if (options.secret.size() > kMaxSecretBytes) {
+    return Status::InvalidArgument("p2p: a shared secret of " +
+                                   std::to_string(options.secret.size()) + " bytes (at most " +
+                                   std::to_string(kMaxSecretBytes) + ")");
+  }
   std::unique_ptr<UcxNode> node(new UcxNode());
   node->options_ = std::move(options);
   const Options& o = node->options_;
+  node->token_ = AskToken(o.secret);
   ucp_config_t* config = nullptr;
   ucs_status_t st = ucp_config_read(nullptr, nullptr, &config);
   if (st != UCS_OK) return UcxError("p2p: reading UCX's configuration", st);
@@ -213,6 +246,15 @@ Result<std::unique_ptr<UcxNode>> UcxNode::Create(Options options) {
   if (st != UCS_OK) return UcxError("p2p: creating the UCX worker", st);
   st = ucp_worker_get_efd(node->worker_, &node->event_fd_);
   if (st != UCS_OK) return UcxError("p2p: the UCX worker's event descriptor", st);
+  ucp_worker_attr_t wattr{};
+  wattr.field_mask = UCP_WORKER_ATTR_FIELD_MAX_AM_HEADER;
+  st = ucp_worker_query(node->worker_, &wattr);
+  if (st != UCS_OK) return UcxError("p2p: querying the UCX worker", st);
+  if (wattr.max_am_header < sizeof(AskHeader)) {
+    return Status::Unavailable("p2p: UCX carries active message headers of at most " +
+                               std::to_string(wattr.max_am_header) + " bytes, an ask's is " +
+                               std::to_string(sizeof(AskHeader)));
+  }
   for (auto [id, cb] : {std::pair{kAskId, &UcxCallbacks::Ask}, {kAnswerId, &UcxCallbacks::Answer}}) {
     ucp_am_handler_param_t h{};
     h.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
@@ -323,9 +365,17 @@ void UcxNode::AnswerAsks() {
   for (const Ask& ask : asks) {
     auto peer = accepted_.find(ask.reply_ep);
     if (peer == accepted_.end()) continue;  // the endpoint failed since: nobody to answer
+    if (ask.refused) {
+      if (++refused_asks_ == 1) {
+        spdlog::warn("p2p: refused an ask whose token is not this node's (a wrong shared secret)");
+      }
+    }
     Result<ServedBytes> served =
-        options_.serve ? options_.serve(peer->second.peer_id, ask.object, ask.offset, ask.length)
-                       : Result<ServedBytes>(Status::NotFound("p2p: this node serves nothing"));
+        ask.refused    ? Result<ServedBytes>(Status::FailedPrecondition("p2p: wrong shared secret"))
+        : options_.serve ? options_.serve(peer->second.peer_id,
+                                          ServeAsk{.object = ask.object, .name = ask.name,
+                                                   .offset = ask.offset, .length = ask.length})
+                         : Result<ServedBytes>(Status::NotFound("p2p: this node serves nothing"));
     if (served.ok() && (served->length != ask.length || served->data == nullptr)) {
       spdlog::error("p2p: serve answered {} bytes for an item of {}", served->length, ask.length);
       served = Status::Internal("p2p: serve answered a wrong length");
@@ -516,6 +566,12 @@ ReadAnswer UcxPeer::Read(std::span<const ReadItem> items, Deadline deadline) {
       answer.first_error = Status::InvalidArgument(which + ": destination not in a registered region");
       return answer;
     }
+    if (item.name.size() > kMaxNameBytes) {
+      answer.first_error = Status::InvalidArgument(which + ": a name of " +
+                                                   std::to_string(item.name.size()) + " bytes (at most " +
+                                                   std::to_string(kMaxNameBytes) + ")");
+      return answer;
+    }
   }
   if (Status s = WaitConnected(deadline); !s.ok()) {
     answer.first_error = s;
@@ -535,13 +591,18 @@ ReadAnswer UcxPeer::Read(std::span<const ReadItem> items, Deadline deadline) {
   node_->reads_[request] = &read;
 
   for (size_t i = 0; i < items.size(); ++i) {
+    const std::string& name = items[i].name;
     read.asks[i] = AskHeader{.request = request, .index = i, .object = items[i].object,
-                             .offset = items[i].offset, .length = items[i].length};
+                             .offset = items[i].offset, .length = items[i].length,
+                             .name_length = name.size()};
+    std::memcpy(read.asks[i].token, node_->token_.data(), kTokenBytes);
+    // The name goes eagerly (the serving node drops a name that comes by rendezvous); UCX reads
+    // it until the send completes, which `step` below waits for.
     ucp_request_param_t param{};
     param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-    param.flags = UCP_AM_SEND_FLAG_REPLY;
-    ucs_status_ptr_t r = ucp_am_send_nbx(ep_, kAskId, &read.asks[i], sizeof(AskHeader), nullptr, 0,
-                                         &param);
+    param.flags = UCP_AM_SEND_FLAG_REPLY | UCP_AM_SEND_FLAG_EAGER;
+    ucs_status_ptr_t r = ucp_am_send_nbx(ep_, kAskId, &read.asks[i], sizeof(AskHeader),
+                                         name.empty() ? nullptr : name.data(), name.size(), &param);
     if (UCS_PTR_IS_ERR(r)) {
       read.state[i] = P::kFailed;
       read.error[i] = UcxError("p2p: asking " + address_, UCS_PTR_STATUS(r));

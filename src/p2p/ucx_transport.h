@@ -4,14 +4,26 @@
 // the machine has; Options::tls narrows it (UCX_TLS's syntax), as tests do with "tcp".
 //
 // PROTOCOL. A read is asked, not taken: the reader sends one small active message per item
-// ("object, offset, length", with a request id), and the serving node answers each with the
-// bytes its Options::serve function hands it, or with an error. Large answers go by UCX's
-// rendezvous protocol, which over RDMA is a zero-copy RDMA read by the reader, straight into
-// the destination. kvd does not use one-sided RMA with remote keys: on transports without
-// hardware RMA (TCP) UCX 1.13 emulates it in the target's progress and aborts the target
-// process when a reader leaves while it answers; and there, confining a peer to the registered
-// region would rest on UCX checking each emulated request, which it does not document. Here
-// the serving node decides, item by item, what leaves it.
+// ("object, offset, length", a request id and its node's token in a fixed-size header, the
+// object's name, at most kMaxNameBytes, as the message's data, sent eagerly), and the serving
+// node answers each with the bytes its Options::serve function hands it, or with an error. An
+// ask whose header, name length and data disagree, or whose name came by rendezvous, is
+// dropped unanswered (its reader times out), as is any other malformed ask. Large answers go
+// by UCX's rendezvous protocol, which over RDMA is a zero-copy RDMA read by the reader,
+// straight into the destination. kvd does not use one-sided RMA with remote keys: on
+// transports without hardware RMA (TCP) UCX 1.13 emulates it in the target's progress and
+// aborts the target process when a reader leaves while it answers; and there, confining a
+// peer to the registered region would rest on UCX checking each emulated request, which it
+// does not document. Here the serving node decides, item by item, what leaves it.
+//
+// SECURITY. UCX authenticates nobody: anyone who reaches the listener can connect. Each node
+// derives a 32-byte token from Options::secret (BLAKE3 in key derivation mode), every ask
+// carries it, and a serving node answers an ask whose token is not its own (compared in
+// constant time) with FailedPrecondition, without calling `serve`, and counts it
+// (refused_asks). Nodes with the same secret, the empty one included, read from each other.
+// The token is a password on the wire, not encryption: the data, the names and the token
+// travel in the clear, and whoever sees one ask can replay its token. Keep the listen address
+// on a private network.
 //
 // THREADS. A UcxNode and everything made from it (regions, peers) belong to one thread, the
 // node's owner: UCX's worker is created single-threaded, and every call below, construction and
@@ -33,6 +45,7 @@
 // peer is then broken for good); Read returns only when UCX no longer writes any destination.
 #pragma once
 
+#include <array>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -40,6 +53,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -82,14 +96,16 @@ class UcxRegion {
   size_t length_;
 };
 
-// One item of a read: `length` bytes at `offset` of the peer's object `object` (what the id
-// means is the serving node's business: kvd's peers name locked L1 objects) into `dst`, which
-// must lie inside a UcxRegion of the reading node.
+// One item of a read: `length` bytes at `offset` of the peer's object named `name` (and
+// `object`; what the name and the id mean is the serving node's business: kvd's peers serve
+// L1 objects by name) into `dst`, which must lie inside a UcxRegion of the reading node. The
+// name is at most UcxPeer::kMaxNameBytes and may be empty.
 struct ReadItem {
   uint64_t object = 0;
   uint64_t offset = 0;
   uint64_t length = 0;
   void* dst = nullptr;
+  std::string name{};
 };
 
 struct ReadAnswer {
@@ -104,10 +120,18 @@ struct ServedBytes {
   uint64_t length = 0;
   std::shared_ptr<const void> hold;
 };
-// The serving node's answer to "object, offset, length" from the peer `peer_id` (an id the node
-// gives each accepted endpoint). An error status goes back to the reader as the item's error.
-using ServeFn = std::function<Result<ServedBytes>(uint64_t peer_id, uint64_t object,
-                                                  uint64_t offset, uint64_t length)>;
+// One item a peer asked for, as `serve` sees it. `name` points into the node's queue: valid
+// only during the call to `serve`.
+struct ServeAsk {
+  uint64_t object = 0;
+  std::string_view name;
+  uint64_t offset = 0;
+  uint64_t length = 0;
+};
+// The serving node's answer to `ask` from the peer `peer_id` (an id the node gives each
+// accepted endpoint). Called only for asks that carried this node's token. An error status
+// goes back to the reader as the item's error.
+using ServeFn = std::function<Result<ServedBytes>(uint64_t peer_id, const ServeAsk& ask)>;
 
 // An endpoint to one peer's listener.
 class UcxPeer {
@@ -116,13 +140,17 @@ class UcxPeer {
   UcxPeer(const UcxPeer&) = delete;
   UcxPeer& operator=(const UcxPeer&) = delete;
 
-  // At most this many items per Read, and each at most kMaxItemBytes.
+  // At most this many items per Read, each at most kMaxItemBytes, its name at most
+  // kMaxNameBytes.
   static constexpr size_t kMaxItems = 4096;
   static constexpr uint64_t kMaxItemBytes = 1ull << 32;
+  static constexpr size_t kMaxNameBytes = 1024;
 
   // Reads `items` (see READS above). Refuses the whole batch with InvalidArgument, reading
-  // nothing, when an item has a zero length, is too long, or has no destination inside a
-  // region of this node (or destinations overlap); Unavailable when the peer is broken.
+  // nothing, when an item has a zero length, is too long, has a name over kMaxNameBytes, or
+  // has no destination inside a region of this node (or destinations overlap); Unavailable
+  // when the peer is broken. An item the peer refused for a wrong secret fails with
+  // FailedPrecondition (see SECURITY).
   ReadAnswer Read(std::span<const ReadItem> items, Deadline deadline);
   // Waits until the connection is established (a flush completes). Unavailable on failure.
   Status WaitConnected(Deadline deadline);
@@ -152,6 +180,9 @@ class UcxNode {
     int listen_port = 0;                     // 0: any free port
     std::string tls;                         // UCX_TLS for this node; empty: UCX's own choice
     ServeFn serve;                           // null: every item is answered NotFound
+    // The fleet's shared secret (at most kMaxSecretBytes; see SECURITY): this node's asks
+    // carry its token, and it serves only asks that carry the same.
+    std::string secret{};
     // How often UCX probes an idle connection: a peer that vanished without closing (a host
     // that died, a cable) is noticed after about this long, and what it held is released.
     double keepalive_s = 5;
@@ -161,6 +192,9 @@ class UcxNode {
     // that closed its endpoint without telling (TCP) rely on this.
     double answer_timeout_s = 30;
   };
+  static constexpr size_t kMaxSecretBytes = 4096;
+  // Errors: InvalidArgument for bad options (a secret over kMaxSecretBytes, timeouts out of
+  // range, an unresolvable listen address, transports UCX refuses); Unavailable when UCX fails.
   static Result<std::unique_ptr<UcxNode>> Create(Options options);
   ~UcxNode();
   UcxNode(const UcxNode&) = delete;
@@ -183,6 +217,8 @@ class UcxNode {
   // Endpoints the listener accepted and still holds; answers being sent.
   size_t accepted_peers() const { return accepted_.size(); }
   size_t answers_in_flight() const { return sends_.size(); }
+  // Asks answered FailedPrecondition because their token was not this node's (see SECURITY).
+  uint64_t refused_asks() const { return refused_asks_; }
 
  private:
   friend class UcxRegion;
@@ -194,6 +230,8 @@ class UcxNode {
     uint64_t request;
     uint64_t index;
     uint64_t object, offset, length;
+    std::string name{};   // copied: UCX's data is valid only during its callback
+    bool refused = false;  // the ask's token was not this node's: answered without `serve`
   };
   struct Send {  // an answer UCX is sending (its header must live as long)
     alignas(8) uint8_t header[32];
@@ -214,6 +252,8 @@ class UcxNode {
   void CloseEndpoint(ucp_ep_h ep, bool force);
 
   Options options_;
+  std::array<uint8_t, 32> token_{};  // derived from options_.secret
+  uint64_t refused_asks_ = 0;
   ucp_context_h context_ = nullptr;
   ucp_worker_h worker_ = nullptr;
   ucp_listener_h listener_ = nullptr;

@@ -30,13 +30,15 @@ struct Node {
     for (size_t i = 0; i < memory.size(); ++i) memory[i] = ByteOf(i);
     P2pAgent::Options o;
     o.ucx = {.listen_host = "127.0.0.1", .tls = "tcp",
-             .serve = [this](uint64_t, uint64_t object, uint64_t offset, uint64_t length) -> Result<ServedBytes> {
+             .serve = [this](uint64_t, const ServeAsk& ask) -> Result<ServedBytes> {
                ++served;
-               if (object >= memory.size() / kChunk || offset > kChunk || length > kChunk - offset) {
+               if (ask.object >= memory.size() / kChunk || ask.offset > kChunk ||
+                   ask.length > kChunk - ask.offset) {
                  return Status::NotFound("no such chunk");
                }
-               return ServedBytes{memory.data() + object * kChunk + offset, length, nullptr};
+               return ServedBytes{memory.data() + ask.object * kChunk + ask.offset, ask.length, nullptr};
              },
+             .secret = "p2p-agent-test fleet",
              .answer_timeout_s = 2};
     o.directory.endpoint = redis.endpoint();
     o.directory.node_ttl_s = 1;
