@@ -41,6 +41,7 @@ class FaultTier final : public Tier {
 
   std::string_view type() const override { return inner_->type(); }
   std::string Describe() const override { return inner_->Describe() + " (fault-injecting)"; }
+  bool stores() const override { return inner_->stores(); }
   void Store(std::vector<StoreItem> items, Done done) override;
   void Exists(std::vector<ObjectKey> keys, Done done) override;
   void Load(std::vector<LoadItem> items, Done done) override;

@@ -93,6 +93,10 @@ class Tier {
 
   virtual TierHealth Health() const = 0;
   virtual void Close() = 0;
+
+  // False for a tier that only loads what others hold (P2P's peer tier, p2p/peer_tier.h):
+  // store-behind passes it by, so it is never asked to Store.
+  virtual bool stores() const { return true; }
 };
 
 }  // namespace kvd::l2

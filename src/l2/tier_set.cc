@@ -4,6 +4,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <chrono>
 
 #include "l2/tier_set_internal.h"
@@ -100,7 +101,9 @@ void TierSet::Close() {
 // Store-behind
 
 void TierSet::StoreBehind(std::vector<CommittedObject> objects, const ObjectFormat& format) {
-  if (tiers_.empty() || objects.empty()) return;
+  const auto storing = static_cast<int>(std::count_if(
+      tiers_.begin(), tiers_.end(), [](const auto& t) { return t->spec.tier->stores(); }));
+  if (storing == 0 || objects.empty()) return;
   {
     MutexLock lock(&jobs_mu_);
     if (closed_) return;
@@ -114,11 +117,12 @@ void TierSet::StoreBehind(std::vector<CommittedObject> objects, const ObjectForm
     batch->objects.push_back(std::move(o));
   }
   if (batch->objects.empty()) return;
-  batch->remaining.store(static_cast<int>(tiers_.size()));
+  batch->remaining.store(storing);
   batch->stored = std::make_unique<std::atomic<bool>[]>(batch->objects.size());
   for (size_t i = 0; i < batch->objects.size(); ++i) batch->stored[i] = false;
   for (auto& tp : tiers_) {
     TierState& t = *tp;
+    if (!t.spec.tier->stores()) continue;
     std::vector<StoreItem> items;
     std::vector<size_t> index;
     uint64_t bytes = 0;

@@ -2,7 +2,8 @@
 // what moves objects between them and L1:
 //
 //   STORE-BEHIND. StoreBehind() is called with objects just committed to L1. It pins them
-//   (l1::ReadPin), hands them to every tier and returns at once; a STORE's reply never waits
+//   (l1::ReadPin), hands them to every tier that stores (Tier::stores(); a P2P peer tier
+//   does not) and returns at once; a STORE's reply never waits
 //   for a tier. Each tier has a budget of bytes and batches in flight; an object that does
 //   not fit a tier's budget is not written to that tier and is counted as skipped — a slow or
 //   dead tier costs skipped writes, never a stalled STORE or unbounded memory. The pin is

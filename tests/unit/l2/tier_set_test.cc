@@ -194,6 +194,57 @@ TEST_F(TierSetTest, StoreBehindWritesEveryTierAndReleasesPins) {
   EXPECT_EQ(s.tiers[1].stored_bytes, 8 * kObj);
 }
 
+// A tier that only loads (as P2P's peer tier): a MemoryTier behind it, stores() false.
+class LoadOnlyTier final : public Tier {
+ public:
+  explicit LoadOnlyTier(std::shared_ptr<MemoryTier> inner) : inner_(std::move(inner)) {}
+  std::string_view type() const override { return "load-only"; }
+  std::string Describe() const override { return "load-only"; }
+  bool stores() const override { return false; }
+  void Store(std::vector<StoreItem> items, Done done) override {
+    ++store_calls;
+    inner_->Store(std::move(items), std::move(done));
+  }
+  void Exists(std::vector<ObjectKey> keys, Done done) override { inner_->Exists(std::move(keys), std::move(done)); }
+  void Load(std::vector<LoadItem> items, Done done) override { inner_->Load(std::move(items), std::move(done)); }
+  void Delete(std::vector<ObjectKey> keys, Done done) override { inner_->Delete(std::move(keys), std::move(done)); }
+  void Scan(ScanDone done) override { inner_->Scan(std::move(done)); }
+  TierHealth Health() const override { return {}; }
+  void Close() override { inner_->Close(); }
+  std::atomic<int> store_calls{0};
+
+ private:
+  std::shared_ptr<MemoryTier> inner_;
+};
+
+TEST_F(TierSetTest, StoreBehindPassesByATierThatOnlyLoadsWhichStillServesPrefetches) {
+  auto inner = std::make_shared<MemoryTier>();
+  auto load_only = std::make_shared<LoadOnlyTier>(inner);
+  auto b = std::make_shared<MemoryTier>();
+  Make({load_only, b});
+  for (int c = 0; c < 3; ++c) set_->StoreBehind(WriteL1(c), Format());
+  ASSERT_TRUE(set_->WaitIdle(10));
+  EXPECT_EQ(load_only->store_calls.load(), 0);
+  EXPECT_EQ(inner->size(), 0u);
+  EXPECT_EQ(b->size(), 6u);
+  EXPECT_EQ(l1_->stats().pinned_objects, 0u);  // the pins went when b answered
+  EXPECT_EQ(set_->stats().tiers[0].store_objects, 0u);
+  // It still loads what it holds.
+  for (uint32_t r = 0; r < kRanks; ++r) inner->Put(Obj(7, r), Value(7, r));
+  EXPECT_EQ(PrefetchSync(Request(7, 1)), 1u);
+  EXPECT_TRUE(L1Holds(7));
+  EXPECT_EQ(set_->stats().tiers[0].loaded_objects, 2u);
+}
+
+TEST_F(TierSetTest, StoreBehindWithOnlyTiersThatOnlyLoadPinsNothing) {
+  auto load_only = std::make_shared<LoadOnlyTier>(std::make_shared<MemoryTier>());
+  Make({load_only});
+  set_->StoreBehind(WriteL1(0), Format());
+  ASSERT_TRUE(set_->WaitIdle(10));
+  EXPECT_EQ(load_only->store_calls.load(), 0);
+  EXPECT_EQ(l1_->stats().pinned_objects, 0u);
+}
+
 TEST_F(TierSetTest, StalledTierNeverBlocksAndIsBoundedThenSkips) {
   auto fast = std::make_shared<MemoryTier>();
   auto slow = std::make_shared<FaultTier>(std::make_shared<MemoryTier>());
