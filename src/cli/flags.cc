@@ -407,6 +407,21 @@ Result<ParsedCommandLine> ParseServerCommandLine(std::span<const std::string> ar
     return Status::InvalidArgument("--admin-token: must be 1 to 4096 visible ASCII characters "
                                    "without blanks");
   }
+  if (c.server.p2p()) {
+    if (c.server.p2p_directory.empty() || c.server.p2p_secret_file.empty()) {
+      return Status::InvalidArgument("--p2p-advertise-url: P2P needs --p2p-directory (the fleet "
+                                     "directory's redis:// URL) and --p2p-secret-file (the "
+                                     "fleet's shared secret)");
+    }
+    if (c.server.l2_store_policy == "skip_l1") {
+      return Status::InvalidArgument("--p2p-advertise-url: peers read only L1, which "
+                                     "--l2-store-policy skip_l1 empties; use default");
+    }
+  } else if (!c.server.p2p_listen_url.empty() || !c.server.p2p_directory.empty() ||
+             !c.server.p2p_secret_file.empty() || !c.server.p2p_ucx_tls.empty()) {
+    out.notes.push_back("P2P is off (no --p2p-advertise-url): --p2p-listen-url, --p2p-directory, "
+                        "--p2p-secret-file and --p2p-ucx-tls have no effect");
+  }
   if (!c.observability) c.server.kv_event_log_size = 0;
   // CacheBlend scatters into the worker's registered KV tensors: it needs the lmcache-driven
   // path, as in lmcache.

@@ -42,7 +42,6 @@ constexpr const char* kEnv = "Environment";
 constexpr const char* kKvdGroup = "kvd extensions";
 
 constexpr const char* kNoCoordinator = "only used with --coordinator-url, which kvd refuses";
-constexpr const char* kNoP2p = "only used with --p2p-advertise-url, which kvd refuses";
 constexpr const char* kNoGds = "only used with --gds-l1-path, which kvd refuses";
 constexpr const char* kNoHashLog = "only used with --lookup-hash-log-dir, which kvd refuses";
 constexpr const char* kNoGc = "kvd has no garbage collector to monitor";
@@ -206,17 +205,33 @@ const FlagSpec kFlags[] = {
      .support = S::kRefused, .note = "out-of-tree Python server modules are not loaded by kvd"},
 
     // ---- P2P ----
-    {.name = "--p2p-advertise-url", .group = kP2p, .lmcache_default = "\"\"", .serves = "",
-     .note = "P2P stays off",
-     .refusal = "P2P KV transfer between servers is not implemented"},
+    {.name = "--p2p-advertise-url", .group = kP2p, .lmcache_default = "\"\"",
+     .note = "host:port where peers reach this node's P2P (UCX) listener; empty: P2P off. "
+             "Needs --p2p-directory and --p2p-secret-file (docs/p2p.md)",
+     .apply = [](const FlagValue& v, CliConfig& c) { c.server.p2p_advertise_url = v.text; },
+     .show = [](const CliConfig& c) { return c.server.p2p() ? c.server.p2p_advertise_url : std::string("off"); }},
     {.name = "--p2p-listen-url", .group = kP2p, .lmcache_default = "\"\"",
-     .support = S::kAccepted, .note = kNoP2p},
+     .note = "host:port the P2P listener binds; empty: --p2p-advertise-url",
+     .apply = [](const FlagValue& v, CliConfig& c) { c.server.p2p_listen_url = v.text; },
+     .show = [](const CliConfig& c) { return c.server.p2p_listen_url; }},
     {.name = "--p2p-lookup-timeout", .group = kP2p, .kind = K::kFloat, .lmcache_default = "30",
-     .support = S::kAccepted, .note = kNoP2p},
+     .note = "seconds a lookup waits for the fleet directory", .min = 0.001, .max = 3600,
+     .apply = [](const FlagValue& v, CliConfig& c) { c.server.p2p_lookup_timeout_seconds = v.AsFloat(); },
+     .show = [](const CliConfig& c) { return Num(c.server.p2p_lookup_timeout_seconds); }},
     {.name = "--p2p-load-timeout", .group = kP2p, .kind = K::kFloat, .lmcache_default = "30",
-     .support = S::kAccepted, .note = kNoP2p},
-    {.name = "--p2p-transfer-engine", .group = kP2p, .lmcache_default = "nixl",
-     .support = S::kAccepted, .note = kNoP2p},
+     .note = "seconds one read from a peer may take; what has not arrived by then is a miss "
+             "(a lookup also waits at most --l2-prefetch-timeout-seconds)",
+     .min = 0.001, .max = 3600,
+     .apply = [](const FlagValue& v, CliConfig& c) { c.server.p2p_load_timeout_seconds = v.AsFloat(); },
+     .show = [](const CliConfig& c) { return Num(c.server.p2p_load_timeout_seconds); }},
+    {.name = "--p2p-transfer-engine", .group = kP2p, .kind = K::kChoice,
+     .lmcache_default = "nixl", .choices = "nixl|mooncake_te|ucx", .serves = "ucx",
+     .note = "ucx (kvd's default): peers' L1 objects move over UCX (RDMA, shared memory or TCP, "
+             "as UCX chooses)",
+     .refusal = "kvd moves P2P data with UCX only (--p2p-transfer-engine ucx); NIXL and Mooncake "
+                "TE have their own wires, which kvd does not speak",
+     .apply = [](const FlagValue& v, CliConfig& c) { c.server.p2p_transfer_engine = v.text; },
+     .show = [](const CliConfig& c) { return c.server.p2p_transfer_engine; }},
 
     // ---- L1 Memory Manager ----
     {.name = "--l1-size-gb", .group = kL1, .kind = K::kFloat, .lmcache_default = "required",
@@ -631,6 +646,25 @@ const FlagSpec kFlags[] = {
              "readable by kvd's user only)",
      .apply = [](const FlagValue& v, CliConfig& c) { c.http.admin_token_file = v.text; },
      .show = [](const CliConfig& c) { return c.http.admin_token_file; }},
+    {.name = "--p2p-directory", .group = kKvdGroup, .kind = K::kString, .origin = O::kKvd,
+     .lmcache_default = "none",
+     .note = "the P2P fleet directory: redis://[[user]:password@]host:port[/db] of a standalone "
+             "Redis or Valkey that every kvd of the fleet uses; needed by --p2p-advertise-url",
+     .apply = [](const FlagValue& v, CliConfig& c) { c.server.p2p_directory = v.text; },
+     .show = [](const CliConfig& c) { return std::string(c.server.p2p_directory.empty() ? "none" : "set"); }},
+    {.name = "--p2p-secret-file", .group = kKvdGroup, .kind = K::kString, .origin = O::kKvd,
+     .lmcache_default = "none",
+     .note = "the fleet's shared secret, the first line of this file (1 to 4096 bytes; keep it "
+             "readable by kvd's user only): peers that do not present it are refused; needed by "
+             "--p2p-advertise-url",
+     .apply = [](const FlagValue& v, CliConfig& c) { c.server.p2p_secret_file = v.text; },
+     .show = [](const CliConfig& c) { return c.server.p2p_secret_file; }},
+    {.name = "--p2p-ucx-tls", .group = kKvdGroup, .kind = K::kString, .origin = O::kKvd,
+     .lmcache_default = "none",
+     .note = "UCX transports for P2P, in UCX_TLS's syntax (e.g. tcp, or rc,sm,self); none: "
+             "UCX chooses",
+     .apply = [](const FlagValue& v, CliConfig& c) { c.server.p2p_ucx_tls = v.text; },
+     .show = [](const CliConfig& c) { return c.server.p2p_ucx_tls; }},
     {.name = "--http-request-timeout-seconds", .group = kKvdGroup, .kind = K::kFloat,
      .origin = O::kKvd, .lmcache_default = "10",
      .note = "an HTTP request (head and body) must arrive whole within this many seconds of "

@@ -4,9 +4,16 @@
 
 #include <utility>
 
+#include "p2p/peer_node.h"
 #include "server/tiers.h"
 
 namespace kvd::server {
+
+void ChunkIo::FormatRegistered(const Instance& inst) const {
+  if (peers_ == nullptr) return;
+  peers_->AddFormat(inst.model_name, inst.tier_format.layout_tag,
+                    KeyModelName(inst.model_name, inst.key_namespace), inst.object_bytes);
+}
 
 // One L1 slot per rank.
 static_assert(kMaxWorldSize <= l1::L1Cache::kMaxSlotsPerEntry);

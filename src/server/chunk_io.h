@@ -148,9 +148,13 @@ class ChunkIo {
         sessions_(context.sessions),
         tiers_(context.tiers),
         kv_events_(context.kv_events),
+        peers_(context.peers),
         store_hook_(context.store_hook) {}
 
   l2::TierSet* tiers() const { return tiers_; }
+  // A worker of `inst`'s object format (tier_format, object_bytes, key namespace) registered:
+  // P2P (when on) may now serve and load objects of that format.
+  void FormatRegistered(const Instance& inst) const;
   // Told of every store's committed chunks (empty: nobody).
   const StoreCommittedHook& store_hook() const { return store_hook_; }
 
@@ -209,6 +213,7 @@ class ChunkIo {
   SessionTable* const sessions_;
   l2::TierSet* const tiers_;
   KvEventLog* const kv_events_;
+  p2p::PeerNode* const peers_;
   const StoreCommittedHook store_hook_;
 };
 

@@ -104,6 +104,16 @@ struct ServerConfig {
   std::string l2_prefetch_policy = "default";  // default | retain
   int l2_prefetch_max_in_flight = 8;
   double l2_prefetch_timeout_seconds = 10;     // a lookup waits this long for its tiers
+  // P2P reads of peer kvds' L1 (docs/p2p.md): on when p2p_advertise_url is set.
+  std::string p2p_advertise_url;         // --p2p-advertise-url host:port (peers reach UCX here)
+  std::string p2p_listen_url;            // --p2p-listen-url host:port; empty: the advertise url
+  double p2p_lookup_timeout_seconds = 30;  // --p2p-lookup-timeout: one directory lookup
+  double p2p_load_timeout_seconds = 30;    // --p2p-load-timeout: one read from a peer
+  std::string p2p_transfer_engine = "ucx";  // --p2p-transfer-engine (only ucx is served)
+  std::string p2p_directory;             // --p2p-directory redis://[[user]:password@]host:port[/db]
+  std::string p2p_secret_file;           // --p2p-secret-file: the fleet's shared secret
+  std::string p2p_ucx_tls;               // --p2p-ucx-tls: UCX_TLS for P2P; empty: UCX's choice
+  bool p2p() const { return !p2p_advertise_url.empty(); }
 
   uint64_t l1_size_bytes() const { return static_cast<uint64_t>(l1_size_gb * (1ull << 30)); }
   // The part of L1 handed out before it grows: all of it unless lazy.

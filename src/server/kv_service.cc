@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "l2/tier_metrics.h"
+#include "server/peers.h"
 #include "server/tiers.h"
 
 namespace kvd::server {
@@ -29,27 +30,27 @@ Result<std::unique_ptr<KvService>> KvService::Create(const ServerConfig& config,
   o.eviction_ratio = config.eviction_ratio;
   o.eviction_policy = config.eviction_policy.empty() ? "LRU" : config.eviction_policy;
   o.clock = clock;
+  // L1's listeners: the KV-event log, blend's fingerprints, P2P's publisher; a fan-out when
+  // there are several.
   std::unique_ptr<KvEventLog> events;
   if (config.kv_event_log_size > 0) {
     events = std::make_unique<KvEventLog>(static_cast<size_t>(config.kv_event_log_size), clock);
-    o.listener = events.get();
   }
   std::unique_ptr<BlendIndex> blend_index;
-  std::unique_ptr<L1ListenerFanOut> fanout;
   if (config.blend()) {
     auto index = BlendIndex::Create(config);
     if (!index.ok()) return index.status();
     blend_index = std::move(index).value();
-    blend_index->set_tiers(!config.l2_adapters.empty());
-    if (o.listener != nullptr) {
-      fanout = std::make_unique<L1ListenerFanOut>();
-      fanout->Add(o.listener);
-      fanout->Add(blend_index.get());
-      o.listener = fanout.get();
-    } else {
-      o.listener = blend_index.get();
-    }
+    blend_index->set_tiers(!config.l2_adapters.empty() || config.p2p());
   }
+  auto peers = StartPeerNode(config);
+  if (!peers.ok()) return peers.status();
+  auto fanout = std::make_unique<L1ListenerFanOut>();
+  if (events) fanout->Add(events.get());
+  if (blend_index) fanout->Add(blend_index.get());
+  if (*peers) fanout->Add(peers->get());
+  o.listener = fanout->size() > 1 ? fanout.get() : fanout->only();
+  if (fanout->size() <= 1) fanout.reset();
   auto l1 = l1::L1Cache::Create(o);
   if (!l1.ok()) return l1.status();
   if (events) events->AttachNamespaces(&(*l1)->namespaces());
@@ -62,23 +63,27 @@ Result<std::unique_ptr<KvService>> KvService::Create(const ServerConfig& config,
     if (!pool.ok()) return pool.status();
     shm.refused.push_back(*pool);
   }
-  auto tiers = MakeTierSet(config, l1->get(), clock);
+  if (*peers) KVD_RETURN_IF_ERROR((*peers)->Attach(l1->get()));
+  auto tiers = MakeTierSet(config, l1->get(), clock, *peers ? (*peers)->tier() : nullptr);
   if (!tiers.ok()) return tiers.status();
   return std::unique_ptr<KvService>(new KvService(config, clock, std::move(events),
                                                   std::move(fanout), std::move(blend_index),
+                                                  std::move(peers).value(),
                                                   std::move(l1).value(), std::move(shm),
                                                   std::move(tiers).value()));
 }
 
 KvService::KvService(const ServerConfig& config, const Clock* clock,
                      std::unique_ptr<KvEventLog> events, std::unique_ptr<L1ListenerFanOut> fanout,
-                     std::unique_ptr<BlendIndex> blend_index, std::unique_ptr<l1::L1Cache> l1,
+                     std::unique_ptr<BlendIndex> blend_index,
+                     std::unique_ptr<p2p::PeerNode> peers, std::unique_ptr<l1::L1Cache> l1,
                      transfer::ShmAccessPolicy shm_policy, std::unique_ptr<l2::TierSet> tiers)
     : config_(config),
       clock_(clock),
       kv_events_(std::move(events)),
       l1_listeners_(std::move(fanout)),
       blend_index_(std::move(blend_index)),
+      peers_(std::move(peers)),
       l1_(std::move(l1)),
       tiers_(std::move(tiers)),
       sessions_(clock, static_cast<uint32_t>(config.chunk_size), config.session_ttl_seconds,
@@ -110,6 +115,7 @@ ServiceContext KvService::Context(StoreCommittedHook store_hook) {
   c.registry = &registry_;
   c.counters = &counters_;
   c.tiers = tiers_.get();
+  c.peers = peers_.get();
   // Stores bind their chunks' tokens for the "stored" KV events from the hashes they compute
   // for their keys (the tokens are hashed once per store).
   c.kv_events = kv_events_.get();
@@ -125,6 +131,7 @@ StoreCommittedHook KvService::BlendStoreHook() {
 
 KvService::~KvService() {
   if (tiers_) tiers_->Close();  // before anything its callbacks use goes away
+  if (peers_) peers_->Detach();  // drops its L1 pins while the cache is alive
 }
 
 Status KvService::Unregister(int64_t instance_id) {

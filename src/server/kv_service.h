@@ -33,6 +33,7 @@
 #include "common/status.h"
 #include "l1/l1_cache.h"
 #include "l2/tier_set.h"
+#include "p2p/peer_node.h"
 #include "server/blend_ops.h"
 #include "server/config.h"
 #include "server/worker_copy_transfers.h"
@@ -170,6 +171,7 @@ class KvService {
  private:
   KvService(const ServerConfig& config, const Clock* clock, std::unique_ptr<KvEventLog> events,
             std::unique_ptr<L1ListenerFanOut> fanout, std::unique_ptr<BlendIndex> blend_index,
+            std::unique_ptr<p2p::PeerNode> peers,
             std::unique_ptr<l1::L1Cache> l1, transfer::ShmAccessPolicy shm_policy,
             std::unique_ptr<l2::TierSet> tiers);
   // What the parts are built from: the shared state above, and `store_hook` (empty: none).
@@ -184,6 +186,8 @@ class KvService {
   std::unique_ptr<KvEventLog> kv_events_;  // an L1 listener: outlives l1_
   std::unique_ptr<L1ListenerFanOut> l1_listeners_;  // when L1 has several listeners
   std::unique_ptr<BlendIndex> blend_index_;         // blend: fingerprints, an L1 listener
+  // P2P (--p2p-advertise-url): an L1 listener, so it outlives l1_; detached in the destructor.
+  std::unique_ptr<p2p::PeerNode> peers_;
   std::unique_ptr<l1::L1Cache> l1_;
   // Closed first in the destructor: its callbacks use the sessions and the parts below.
   std::unique_ptr<l2::TierSet> tiers_;

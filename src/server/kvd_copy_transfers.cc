@@ -317,6 +317,7 @@ Status KvdCopyTransfers::Register(const wire::RegisterKvCacheRequest& req) {
   }
   k.layout = std::move(layout).value();
   inst->tier_format = TierFormatOf(k.layout, inst->key_namespace);
+  io_.FormatRegistered(*inst);
   const transfer::EngineCaps& caps = k.engine->caps();
   k.device = !caps.device_memory ? "cpu"
                  : caps.device_index >= 0 ? "cuda:" + std::to_string(caps.device_index)

@@ -25,6 +25,9 @@ class L1Cache;
 namespace kvd::l2 {
 class TierSet;
 }
+namespace kvd::p2p {
+class PeerNode;
+}
 namespace kvd::wire {
 struct CacheKey;
 }
@@ -59,6 +62,7 @@ struct ServiceContext {
   ServiceCounters* counters = nullptr;
   l2::TierSet* tiers = nullptr;        // null: no tiers (nothing written behind or prefetched)
   KvEventLog* kv_events = nullptr;     // null: KV events off
+  p2p::PeerNode* peers = nullptr;      // null: P2P off; told each registered object format
   // Chunks of asynchronous STOREs not committed yet (pending_commits.h): the lmcache-driven
   // stores list them, lookups and retrieves wait for them. Never null.
   std::shared_ptr<PendingCommits> pending_commits;

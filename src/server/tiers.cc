@@ -55,8 +55,9 @@ std::string Fnv32Hex(const std::string& s) {
 }  // namespace
 
 Result<std::unique_ptr<l2::TierSet>> MakeTierSet(const ServerConfig& config, l1::L1Cache* l1,
-                                                 const Clock* clock) {
-  if (config.l2_adapters.empty()) return std::unique_ptr<l2::TierSet>();
+                                                 const Clock* clock,
+                                                 std::shared_ptr<l2::Tier> peer_tier) {
+  if (config.l2_adapters.empty() && !peer_tier) return std::unique_ptr<l2::TierSet>();
   std::vector<l2::TierSpec> specs;
   for (size_t i = 0; i < config.l2_adapters.size(); ++i) {
     auto c = l2::ParseAdapterConfig(config.l2_adapters[i], static_cast<int>(i));
@@ -77,6 +78,15 @@ Result<std::unique_ptr<l2::TierSet>> MakeTierSet(const ServerConfig& config, l1:
                  c->capacity_bytes() ? ", capacity " + std::to_string(c->max_capacity_gb) + " GB" : "",
                  c->eviction ? ", eviction " + c->eviction->policy : "");
     specs.push_back({std::move(c).value(), std::move(tier).value(), std::move(serde).value()});
+  }
+  if (peer_tier) {
+    l2::AdapterConfig c;
+    c.index = static_cast<int>(specs.size());
+    c.type = std::string(peer_tier->type());
+    auto serde = l2::MakeSerde(nullptr);
+    if (!serde.ok()) return serde.status();
+    spdlog::info("tier {}: {}", specs.size(), peer_tier->Describe());
+    specs.push_back({std::move(c), std::move(peer_tier), std::move(serde).value()});
   }
   l2::TierSetOptions o;
   o.store_policy = config.l2_store_policy;

@@ -140,6 +140,7 @@ Result<std::pair<std::string, uint64_t>> WorkerCopyTransfers::Register(
   inst->object_bytes = static_cast<uint64_t>(bytes);
   inst->tier_format = TierFormatOfEngineDriven(inst->object_bytes, w.object_shape, w.dtype,
                                                inst->key_namespace);
+  io_.FormatRegistered(*inst);
   spdlog::info("registered engine-driven instance {} model '{}' world_size {}: object {} bytes{}",
                req.instance_id, req.model_name, req.world_size, inst->object_bytes,
                inst->key_namespace.empty() ? std::string()

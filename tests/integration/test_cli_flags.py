@@ -36,7 +36,11 @@ BASE = ["--l1-size-gb", "0.25", "--eviction-policy", "LRU"]
 # Values of free-text lmcache flags that lmcache documents in the help text.
 KNOWN_VALUES = {"--hash-algorithm": ["builtin", "sha256_cbor", "blake3"],
                 "--enable": ["transfer_query"],
-                "--runtime-plugin-config": ["{}", '{"plugin.frontend.heartbeat_url": "http://x"}']}
+                "--runtime-plugin-config": ["{}", '{"plugin.frontend.heartbeat_url": "http://x"}'],
+                "--p2p-transfer-engine": ["nixl", "mooncake_te", "ucx"]}
+# What kvd needs beside a flag given a non-empty value (P2P needs its directory and secret).
+NEEDS = {"--p2p-advertise-url": ["--p2p-directory", "redis://127.0.0.1:6379",
+                                 "--p2p-secret-file", "/dev/null"]}
 JSON_SAMPLE = '{"type": "fs", "base_path": "/tmp/x"}'
 
 
@@ -177,7 +181,8 @@ def test_every_reference_flag_behaves_as_kvds_table_says(reference, table):
     def check(job) -> str | None:
         ref, row, args, value = job
         want = expected_outcome(row, value)
-        out = run_kvd([*BASE, *args, "--check-config"])
+        needs = NEEDS.get(args[0], []) if value else []
+        out = run_kvd([*BASE, *args, *needs, "--check-config"])
         text = out.stdout + out.stderr
         label = " ".join(args)
         if want == "refused":
