@@ -96,6 +96,13 @@ void P2pAgent::RunUcx(std::promise<Status>* started) {
     if (!jobs.empty()) done_.NotifyAll();
     // Serves peers meanwhile; a queued job waits at most about this long.
     node_->ProgressFor(std::chrono::milliseconds(1));
+    if (node_->refused_asks() != stats_refused_ || node_->accepted_peers() != stats_accepted_) {
+      stats_refused_ = node_->refused_asks();
+      stats_accepted_ = node_->accepted_peers();
+      MutexLock lock(&mu_);
+      stats_.refused_asks = stats_refused_;
+      stats_.accepted_peers = stats_accepted_;
+    }
   }
   // Jobs still queued are dropped: their callers answer Unavailable (see OnUcxThread).
   peers_.clear();

@@ -52,6 +52,8 @@ class P2pAgent {
     uint64_t reads = 0;
     uint64_t read_failures = 0;        // reads that did not complete every item
     uint64_t bytes_read = 0;
+    uint64_t refused_asks = 0;         // peers' asks without the fleet's secret (UcxNode)
+    uint64_t accepted_peers = 0;       // connections peers hold to this node now
   };
 
   // Starts the UCX node (listening as options.ucx says) and connects the directory. When
@@ -102,6 +104,7 @@ class P2pAgent {
   std::unique_ptr<UcxNode> node_;
   std::vector<std::unique_ptr<UcxRegion>> regions_;
   std::unordered_map<std::string, std::unique_ptr<UcxPeer>> peers_;  // by url
+  uint64_t stats_refused_ = 0, stats_accepted_ = 0;  // what stats_ last heard of node_
 
   mutable Mutex mu_;
   CondVar ucx_wake_;        // a job was queued, or stop

@@ -377,6 +377,65 @@ std::vector<l2::ItemResult> PeerNode::LoadNow(const std::vector<l2::LoadItem>& i
   return out;
 }
 
+void PeerNode::RegisterMetrics(metrics::Registry& registry) {
+  using metrics::Kind;
+  struct Family {
+    const char* name;
+    Kind kind;
+    const char* help;
+    double (*read)(const Stats&);
+  };
+  static constexpr Family kFamilies[] = {
+      {"kvd_p2p_published_chunks_total", Kind::kCounter,
+       "Chunks completed in L1 and queued for the fleet directory.",
+       [](const Stats& s) { return static_cast<double>(s.published); }},
+      {"kvd_p2p_withdrawn_chunks_total", Kind::kCounter,
+       "Chunks that left L1, queued for withdrawal from the fleet directory.",
+       [](const Stats& s) { return static_cast<double>(s.withdrawn); }},
+      {"kvd_p2p_directory_updates_dropped_total", Kind::kCounter,
+       "Directory updates dropped because the queue was full (the directory was down).",
+       [](const Stats& s) { return static_cast<double>(s.agent.updates_dropped); }},
+      {"kvd_p2p_directory_failures_total", Kind::kCounter,
+       "Heartbeats and update batches the fleet directory did not take.",
+       [](const Stats& s) { return static_cast<double>(s.agent.directory_failures); }},
+      {"kvd_p2p_lookups_total", Kind::kCounter, "Directory lookups for chunks beyond L1 and the tiers.",
+       [](const Stats& s) { return static_cast<double>(s.lookups); }},
+      {"kvd_p2p_lookup_failures_total", Kind::kCounter,
+       "Directory lookups that failed (the directory down or late): no peer was asked.",
+       [](const Stats& s) { return static_cast<double>(s.lookup_failures); }},
+      {"kvd_p2p_lookup_chunks_total", Kind::kCounter, "Chunks asked of the directory.",
+       [](const Stats& s) { return static_cast<double>(s.lookup_keys); }},
+      {"kvd_p2p_lookup_hit_chunks_total", Kind::kCounter, "Chunks the directory said a live peer holds.",
+       [](const Stats& s) { return static_cast<double>(s.lookup_hits); }},
+      {"kvd_p2p_loaded_objects_total", Kind::kCounter, "Objects read whole from peers into L1.",
+       [](const Stats& s) { return static_cast<double>(s.loaded_objects); }},
+      {"kvd_p2p_loaded_bytes_total", Kind::kCounter, "Bytes read from peers into L1.",
+       [](const Stats& s) { return static_cast<double>(s.loaded_bytes); }},
+      {"kvd_p2p_load_misses_total", Kind::kCounter,
+       "Objects asked of peers that did not arrive (gone, refused, failed or late): misses.",
+       [](const Stats& s) { return static_cast<double>(s.load_misses); }},
+      {"kvd_p2p_load_seconds_total", Kind::kCounter, "Summed duration of reads from peers.",
+       [](const Stats& s) { return s.load_seconds; }},
+      {"kvd_p2p_served_objects_total", Kind::kCounter, "Objects this node sent to peers.",
+       [](const Stats& s) { return static_cast<double>(s.served_objects); }},
+      {"kvd_p2p_served_bytes_total", Kind::kCounter, "Bytes this node sent to peers.",
+       [](const Stats& s) { return static_cast<double>(s.served_bytes); }},
+      {"kvd_p2p_serve_refusals_total", Kind::kCounter,
+       "Peers' asks refused: not an object of a format registered here, not whole, or not in L1.",
+       [](const Stats& s) { return static_cast<double>(s.serve_refusals); }},
+      {"kvd_p2p_unauthenticated_asks_total", Kind::kCounter,
+       "Peers' asks without the fleet's shared secret (answered refused, nothing read).",
+       [](const Stats& s) { return static_cast<double>(s.agent.refused_asks); }},
+      {"kvd_p2p_connected_peers", Kind::kGauge, "Connections peers hold to this node's P2P listener.",
+       [](const Stats& s) { return static_cast<double>(s.agent.accepted_peers); }},
+  };
+  for (const Family& f : kFamilies) {
+    metric_handles_.push_back(registry.AddCollected(
+        {f.name, f.help, f.kind, {}, {}},
+        [this, read = f.read](metrics::SeriesSink& sink) { sink.Add(read(stats())); }));
+  }
+}
+
 PeerNode::Stats PeerNode::stats() const {
   Stats s;
   {

@@ -47,6 +47,7 @@
 #include <string>
 #include <utility>
 
+#include "common/metrics.h"
 #include "common/mutex.h"
 #include "common/status.h"
 #include "l1/l1_cache.h"
@@ -100,6 +101,9 @@ class PeerNode : public l1::L1Listener {
   std::shared_ptr<l2::Tier> tier() const;
   const FleetDirectory::Self& self() const { return self_; }
   Stats stats() const;
+  // Registers the kvd_p2p_* families (docs/metrics.md) in `registry`, which must outlive the
+  // node; they are removed when the node is destroyed. Once.
+  void RegisterMetrics(metrics::Registry& registry);
   // Sends queued directory updates now (tests).
   Status Flush();
 
@@ -151,6 +155,8 @@ class PeerNode : public l1::L1Listener {
   static constexpr size_t kMaxCachedOwners = 65536;
   Mutex owners_mu_;
   std::unordered_map<std::string, std::vector<FleetDirectory::Owner>> owners_ KVD_GUARDED_BY(owners_mu_);
+
+  std::vector<metrics::CollectorHandle> metric_handles_;  // last: unregistered first
 };
 
 }  // namespace kvd::p2p

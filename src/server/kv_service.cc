@@ -151,6 +151,7 @@ void KvService::RegisterMetrics(metrics::Registry& registry) {
     for (auto& h : l2::RegisterTierMetrics(*tiers_, registry)) metric_handles_.push_back(std::move(h));
   }
   if (kv_events_) kv_events_->RegisterMetrics(registry);
+  if (peers_) peers_->RegisterMetrics(registry);
   if (blend_) blend_->RegisterMetrics(registry);
   worker_copy_.RegisterMetrics(registry);
   kvd_copy_.RegisterMetrics(registry);

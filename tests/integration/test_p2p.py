@@ -9,6 +9,8 @@ lmcache 0.5.6 client:
 * a peer killed after storing is a miss for the others (no wrong bytes, the lookup ends in
   time), and once restarted (a new incarnation, at the same address) it is never read
   through the entries of its earlier life: they are removed from the directory;
+* a stalled peer (SIGSTOP) costs a lookup no more than --p2p-load-timeout, and serves again
+  once resumed;
 * the directory down: L1 keeps serving, lookups of what only a peer holds are misses, and
   the failures are counted.
 """
@@ -64,6 +66,12 @@ class Node:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.http_port}/metrics", timeout=10) as r:
             return r.read().decode()
 
+    def status(self) -> dict:
+        import json  # noqa: PLC0415
+        import urllib.request  # noqa: PLC0415
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.http_port}/status", timeout=10) as r:
+            return json.loads(r.read())
+
     def stop(self) -> None:
         self.srv.stop()
 
@@ -115,11 +123,15 @@ def test_prompt_stored_through_a_is_retrieved_byte_exact_through_b_and_c(fleet, 
         # One directory entry per chunk (every rank's object of it), published by A.
         wait_until(lambda: len(chunk_entries(redis)) == before + 4, what="4 chunks published")
         loaded_before = metric(b.metrics(), "kvd_l2_loaded_objects_total", l2_name="p2p")
+        served_before = metric(a.metrics(), "kvd_p2p_served_objects_total")
         # Byte-exact through B and C (Prompt.check_retrieve compares every rank's blocks).
         assert p.check_retrieve(cb, f"b-{tp}-{mode}", chunks=4) == 4
         assert p.check_retrieve(cc, f"c-{tp}-{mode}", chunks=4) == 4
         # B loaded every rank's object of the 4 chunks from its peer tier.
         assert metric(b.metrics(), "kvd_l2_loaded_objects_total", l2_name="p2p") >= loaded_before + 4 * tp
+        # A served them (B's and C's reads), and says so on /metrics and /status.
+        assert metric(a.metrics(), "kvd_p2p_served_objects_total") >= served_before + 8 * tp
+        assert a.status()["metrics"]["kvd_p2p_served_bytes_total"]["series"][0]["value"] > 0
     finally:
         for cl in (ca, cb, cc):
             cl.close()
@@ -142,6 +154,7 @@ def test_a_peer_without_the_secret_gets_nothing(fleet, tmp_path):
         assert metric(d.metrics(), "lmcache_mp_l2_load_failed_chunks_total", l2_name="p2p",
                       reason="unavailable") >= 1
         assert metric(d.metrics(), "kvd_l2_loaded_objects_total", l2_name="p2p") == 0
+        assert metric(a.metrics(), "kvd_p2p_unauthenticated_asks_total") >= 1
         assert p.check_retrieve(cb, "secret-b", chunks=3) == 3
     finally:
         for cl in (ca, cd, cb):
@@ -183,6 +196,40 @@ def test_killed_peer_is_a_miss_and_its_restart_is_not_read_through_old_entries(t
         redis.close()
 
 
+def test_a_stalled_peer_costs_a_bounded_miss_and_serves_again_once_resumed(tmp_path):
+    """A peer that stops answering (SIGSTOP: its process frozen, its sockets open) costs a
+    lookup at most the load timeout; once it resumes, it is healthy and serves again."""
+    redis = Redis().start()
+    secret = secret_file(tmp_path, "secret", "fleet-secret-4")
+    a = Node(tmp_path, "a", redis, secret)
+    b = Node(tmp_path, "b", redis, secret)
+    c = Node(tmp_path, "c", redis, secret)
+    try:
+        ca = TPCluster(a.url, "lmcache_driven", MODEL, tp=1)
+        cb = TPCluster(b.url, "lmcache_driven", MODEL, tp=1)
+        p = Prompt(ca, chunks=3, seed=41)
+        p.store(ca, "stall-store")
+        wait_until(lambda: len(chunk_entries(redis)) == 3, what="3 chunks published")
+        os.killpg(a.srv.proc.pid, signal.SIGSTOP)
+        try:
+            t0 = time.monotonic()
+            assert p.check_retrieve(cb, "stall-b") == 0
+            # --p2p-load-timeout 5 (plus a lookup): not the 30 s default, not a hang.
+            assert time.monotonic() - t0 < 12
+        finally:
+            os.killpg(a.srv.proc.pid, signal.SIGCONT)
+        assert a.srv.alive()
+        cc = TPCluster(c.url, "lmcache_driven", MODEL, tp=1)
+        assert p.check_retrieve(cc, "stall-c", chunks=3) == 3
+        assert metric(b.metrics(), "kvd_p2p_load_misses_total") >= 1
+        for cl in (ca, cb, cc):
+            cl.close()
+    finally:
+        for n in (a, b, c):
+            n.stop()
+        redis.close()
+
+
 def test_directory_down_l1_keeps_serving_and_peer_lookups_miss(tmp_path):
     redis = Redis().start()
     secret = secret_file(tmp_path, "secret", "fleet-secret-3")
@@ -202,6 +249,7 @@ def test_directory_down_l1_keeps_serving_and_peer_lookups_miss(tmp_path):
         assert p.check_retrieve(cb, "down-b") == 0
         assert time.monotonic() - t0 < 12
         assert metric(b.metrics(), "kvd_l2_lookup_errors_total", l2_name="p2p") >= 1
+        assert metric(b.metrics(), "kvd_p2p_lookup_failures_total") >= 1
         # B's own stores still work and hit.
         q = Prompt(cb, chunks=2, seed=32)
         q.store(cb, "down-b-store")
