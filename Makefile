@@ -125,7 +125,7 @@ bench: build
 	@python3 bench/run_side_by_side.py --build-dir $(BUILD_DIR) --venv $(VENV)
 
 #   make bench-p2p  the P2P data path against ucx_perftest on the same transport, and the fleet
-#                   directory's lookup latency (bench/p2p/p2p_bench.sh; about 30 s)
+#                   directory's lookup latency, beside the Redis tier (bench/p2p/p2p_bench.sh; about 40 s)
 .PHONY: bench-p2p
 bench-p2p: build
 	@bench/p2p/p2p_bench.sh $(BUILD_DIR) 5

@@ -4,8 +4,10 @@
 # of one TP=8 rank (11,862,016 bytes):
 #   kvd-p2p-bench   kvd's reads (ask + rendezvous answer) between two processes, batches of 8
 #   ucx_perftest    ucp_get (one-sided RMA) and ucp_am_bw (active messages) of the same size
-# and prints a markdown table with kvd's GB/s as a ratio of each; then the latency a fleet
-# directory lookup (one Lua script against a local redis-server) adds to a LOOKUP that misses.
+# and prints a markdown table with kvd's GB/s as a ratio of each; then kvd's Redis tier
+# (kvd-tier-bench: resp tier loads of objects of about the same size from the same local
+# redis-server, 8 workers) beside the P2P read over TCP; then the latency a fleet directory
+# lookup (one Lua script against a local redis-server) adds to a LOOKUP that misses.
 #
 #   bench/p2p/p2p_bench.sh [BUILD_DIR] [SECONDS]
 set -euo pipefail
@@ -14,6 +16,7 @@ seconds=${2:-5}
 size=11862016
 command -v ucx_perftest >/dev/null || { echo "p2p_bench: ucx_perftest not found (Debian ucx-utils)" >&2; exit 1; }
 [ -x "$build/kvd-p2p-bench" ] || { echo "p2p_bench: $build/kvd-p2p-bench not built" >&2; exit 1; }
+[ -x "$build/kvd-tier-bench" ] || { echo "p2p_bench: $build/kvd-tier-bench not built" >&2; exit 1; }
 
 # ucx_perftest's bandwidth (MB/s, 10^6 bytes) for test $1 with UCX_TLS=$2 ("" for UCX's choice).
 perftest() {
@@ -42,9 +45,11 @@ for _ in $(seq 50); do redis-cli -p "$redis_port" ping >/dev/null 2>&1 && break;
 
 echo "| transport | kvd-p2p-bench GB/s | ucp_get GB/s | ucp_am_bw GB/s | kvd / ucp_get | kvd / ucp_am_bw | kvd 4 KiB read µs |"
 echo "|---|---|---|---|---|---|---|"
+tcp_gbs=""
 for tls in tcp ""; do
   json=$("$build/kvd-p2p-bench" --tls "$tls" --object-bytes "$size" --seconds "$seconds")
   kvd=$(python3 -c 'import json,sys; print(json.loads(sys.argv[1])["gb_per_s"])' "$json")
+  if [ -n "$tls" ]; then tcp_gbs=$kvd; fi
   small=$(python3 -c 'import json,sys; print(json.loads(sys.argv[1])["small_read_us"])' "$json")
   get=$(perftest ucp_get "$tls")
   am=$(perftest ucp_am_bw "$tls")
@@ -57,6 +62,22 @@ g, a = gbs(get), gbs(am)
 print(f"| {tls} | {kvd:.2f} | {g:.2f} | {a:.2f} | {kvd / g:.2f} | {kvd / a:.2f} | {float(small):.0f} |")
 EOF
 done
+echo
+# kvd's Redis tier on the same redis-server: 24 objects of one M3 rank's chunk (rounded down
+# to 4 KiB), stored then loaded by 8 workers.
+tier_dir=$(mktemp -d)
+tier_json=$("$build/kvd-tier-bench" --dir "$tier_dir" --redis "127.0.0.1:$redis_port" --objects 24 --workers 8)
+rm -rf "$tier_dir"
+python3 - "$tcp_gbs" "$tier_json" <<'EOF'
+import json, sys
+p2p = float(sys.argv[1])
+rows = {j["what"]: j for j in map(json.loads, (l for l in sys.argv[2].splitlines() if l.startswith("{")))}
+resp = rows["kvd_resp_load"]["gb_per_s"]
+print("| load path (loopback, one M3 TP=8 rank's chunk per object) | GB/s | P2P / it |")
+print("|---|---|---|")
+print(f"| P2P read, UCX over TCP (kvd-p2p-bench) | {p2p:.2f} | 1.00 |")
+print(f"| Redis tier load, 8 workers (kvd-tier-bench, kvd_resp_load) | {resp:.2f} | {p2p / resp:.2f} |")
+EOF
 echo
 json=$("$build/kvd-p2p-bench" --tls tcp --seconds 1 --redis-port "$redis_port")
 python3 - "$json" <<'EOF'
