@@ -648,8 +648,10 @@ const FlagSpec kFlags[] = {
      .show = [](const CliConfig& c) { return c.http.admin_token_file; }},
     {.name = "--p2p-directory", .group = kKvdGroup, .kind = K::kString, .origin = O::kKvd,
      .lmcache_default = "none",
-     .note = "the P2P fleet directory: redis://[[user]:password@]host:port[/db] of a standalone "
-             "Redis or Valkey that every kvd of the fleet uses; needed by --p2p-advertise-url",
+     .note = "the P2P fleet directory every kvd of the fleet uses: "
+             "redis://[[user]:password@]host:port[/db] of a standalone Redis or Valkey, or "
+             "redis-cluster://[[user]:password@]host:port of a seed of a Cluster; needed by "
+             "--p2p-advertise-url",
      .apply = [](const FlagValue& v, CliConfig& c) { c.server.p2p_directory = v.text; },
      .show = [](const CliConfig& c) { return std::string(c.server.p2p_directory.empty() ? "none" : "set"); }},
     {.name = "--p2p-secret-file", .group = kKvdGroup, .kind = K::kString, .origin = O::kKvd,

@@ -12,6 +12,8 @@
 #include <string_view>
 #include <utility>
 
+#include "l2/cluster_slots.h"
+
 namespace kvd::p2p {
 
 // A connection and the SHA1 of the lookup script as its server loaded it.
@@ -117,15 +119,79 @@ std::string ServerText(const redisReply* r) {
   return std::string(t.substr(0, 200)) + (t.size() > 200 ? "..." : "");
 }
 
+// What a Cluster's redirect answers carry (WithLink drops the connection on it).
+constexpr std::string_view kClusterAnswer = "the server answered as a Redis Cluster";
+
 Status ServerError(std::string_view what, const redisReply* r) {
   const std::string_view e = l2::ReplyString(r);
   if (e.starts_with("MOVED ") || e.starts_with("ASK ") || e.starts_with("CLUSTERDOWN") ||
       e.starts_with("CROSSSLOT")) {
-    return Status::FailedPrecondition(std::string(what) + ": the server answered as a Redis Cluster (" +
+    return Status::FailedPrecondition(std::string(what) + ": " + std::string(kClusterAnswer) + " (" +
                                       ServerText(r) +
-                                      "); Cluster is not yet supported, use a standalone server");
+                                      "); a Cluster directory is given as a seed with cluster set "
+                                      "(redis-cluster://host:port)");
   }
   return Status::Unavailable(std::string(what) + ": server error: " + ServerText(r));
+}
+
+bool IsClusterAnswer(const Status& st) {
+  return st.code() == StatusCode::kFailedPrecondition &&
+         st.message().find(kClusterAnswer) != std::string::npos;
+}
+
+// A connection to the server that holds the fleet's keys: the endpoint itself, or with
+// o.cluster the master of the prefix's slot, found through the slot map of `hint` (the master
+// last used) or else of the seed.
+Result<std::unique_ptr<l2::RespConnection>> ConnectToKeys(const FleetDirectory::Options& o,
+                                                          const l2::RespEndpoint* hint) {
+  if (!o.cluster) return l2::RespConnection::Connect(o.endpoint, o.connect);
+  std::vector<l2::RespEndpoint> candidates;
+  if (hint != nullptr) candidates.push_back(*hint);
+  if (hint == nullptr || !(*hint == o.endpoint)) candidates.push_back(o.endpoint);
+  const uint16_t slot = l2::KeySlot(o.key_prefix);
+  Status last = Status::Unavailable("no Cluster node to ask");
+  for (const auto& ep : candidates) {
+    auto conn = l2::RespConnection::Connect(ep, o.connect);
+    if (!conn.ok()) {
+      last = conn.status();
+      continue;
+    }
+    auto r = (*conn)->Command({"CLUSTER", "SLOTS"});
+    if (!r.ok()) {
+      last = r.status();
+      continue;
+    }
+    Result<l2::SlotMap> map = Status::Internal("no slot map");
+    if (l2::IsError(r->get())) {
+      const std::string why = ServerText(r->get());
+      auto shards = (*conn)->Command({"CLUSTER", "SHARDS"});  // servers that dropped SLOTS
+      if (!shards.ok()) {
+        last = shards.status();
+        continue;
+      }
+      if (l2::IsError(shards->get())) {
+        return Status::FailedPrecondition("directory " + ep.ToString() + " is not a Redis Cluster (" +
+                                          why + "): give it as redis://host:port");
+      }
+      map = l2::ParseClusterShards(shards->get(), ep);
+    } else {
+      map = l2::ParseClusterSlots(r->get(), ep);
+    }
+    if (!map.ok()) {
+      last = Status::Internal("directory " + ep.ToString() + ": " + map.status().message());
+      continue;
+    }
+    const l2::RespEndpoint* master = map->MasterOf(slot);
+    if (master == nullptr) {
+      last = Status::Unavailable("directory: no master serves slot " + std::to_string(slot));
+      continue;
+    }
+    if (*master == ep) return conn;
+    auto owner = l2::RespConnection::Connect(*master, o.connect);
+    if (owner.ok()) return owner;
+    last = owner.status();
+  }
+  return last;
 }
 
 Status Malformed(std::string_view what, std::string_view why) {
@@ -191,14 +257,15 @@ FleetDirectory::~FleetDirectory() = default;
 
 Result<std::unique_ptr<FleetDirectory>> FleetDirectory::Connect(Options options, Self self) {
   if (std::string why = ConfigError(options, self); !why.empty()) return Status::InvalidArgument(why);
-  auto link = Dial(options);
+  auto link = Dial(options, nullptr);
   if (!link.ok()) return link.status();
   return std::unique_ptr<FleetDirectory>(
       new FleetDirectory(std::move(options), std::move(self), std::move(*link)));
 }
 
-Result<std::unique_ptr<FleetDirectory::Link>> FleetDirectory::Dial(const Options& options) {
-  auto conn = l2::RespConnection::Connect(options.endpoint, options.connect);
+Result<std::unique_ptr<FleetDirectory::Link>> FleetDirectory::Dial(const Options& options,
+                                                                   const l2::RespEndpoint* hint) {
+  auto conn = ConnectToKeys(options, hint);
   if (!conn.ok()) return conn.status();
   auto r = (*conn)->Command({"SCRIPT", "LOAD", kLookupScript});
   if (!r.ok()) return r.status();
@@ -218,13 +285,21 @@ Status FleetDirectory::WithLink(Fn&& fn) {
     bool fresh = false;
     if (link_ == nullptr || link_->conn->broken()) {
       link_.reset();
-      auto link = Dial(options_);
+      auto link = Dial(options_, last_master_ ? &*last_master_ : nullptr);
       if (!link.ok()) return link.status();
       link_ = std::move(*link);
+      if (options_.cluster) last_master_ = link_->conn->endpoint();
       fresh = true;
       ++stats_.reconnects;
     }
     Status st = fn(*link_);
+    if (options_.cluster && IsClusterAnswer(st)) {
+      // The slot moved (a failover, a resharding): dial again through the slot map.
+      link_.reset();
+      last_master_.reset();
+      if (attempt > 0) return Status::Unavailable(st.message());
+      continue;
+    }
     if (!link_->conn->broken()) return st;
     link_.reset();  // dropped: the next use dials again
     if (st.ok() || fresh || attempt > 0) return st;

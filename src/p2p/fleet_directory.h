@@ -17,7 +17,7 @@
 // live (its node is gone, restarted under a new incarnation, or either value is malformed):
 // a stale entry costs one lookup and is gone. A node key that does not parse ("notanumber
 // url") makes its entries not live, never an error. The script reads node keys it is not
-// given in KEYS, which standalone servers allow (they share the hash tag's slot).
+// given in KEYS, which Redis allows, standalone and in a Cluster: they share the hash tag's slot.
 //
 // NAMES. node: 1..128 bytes of [A-Za-z0-9._:-]; incarnation: a non-zero uint64 the caller
 // picks per process start (e.g. start time in ns), so a restarted node never inherits the
@@ -32,10 +32,16 @@
 // l2::RespConnection::kMaxReplyBytes: a batch whose worst-case reply could exceed it is sent
 // as several EVALSHAs pipelined in the same round trip.
 //
-// ERRORS. Unavailable: the server cannot be reached, a request timed out, or the server
-// refused a command (its error named). FailedPrecondition: a Cluster redirect (MOVED/ASK):
-// only standalone Redis/Valkey is supported in this step, Cluster is not yet. Internal: a
-// malformed reply.
+// CLUSTER. With Options::cluster, `endpoint` is a seed of a Redis/Valkey Cluster: the
+// connection asks it for the slot map (CLUSTER SLOTS, or CLUSTER SHARDS where that is gone)
+// and goes to the master of the prefix's slot, which holds every key of the fleet. A MOVED or
+// ASK answer (a failover, a resharding) drops the connection; the call dials again, asking
+// the master it last used and then the seed, and retries once.
+//
+// ERRORS. Unavailable: the server cannot be reached, a request timed out, the server refused a
+// command (its error named), or a Cluster kept redirecting. FailedPrecondition: a standalone
+// directory (cluster false) answered a Cluster redirect (MOVED/ASK), or a Cluster directory's
+// seed is not a Cluster. Internal: a malformed reply.
 //
 // THREADS AND CONNECTION. All methods are thread-safe; one connection, guarded by a mutex,
 // carries one request at a time (calls queue behind the one in flight). A connection found
@@ -56,6 +62,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -76,6 +83,7 @@ class FleetDirectory {
     double entry_ttl_s = 3600;              // >= 0.001, <= 1 year
     size_t max_batch = 4096;                // keys per call, 1..65536
     size_t max_owners_per_key = 8;          // owners a lookup answers per key, 1..1024
+    bool cluster = false;                   // endpoint is a seed of a Cluster (see CLUSTER)
   };
   // This node.
   struct Self {
@@ -134,7 +142,9 @@ class FleetDirectory {
   template <typename AppendFn>
   Status PerKey(std::string_view what, uint64_t Stats::*counter,
                 const std::vector<std::string>& keys, AppendFn&& append, size_t replies_per_key);
-  static Result<std::unique_ptr<Link>> Dial(const Options& options);  // connect, SCRIPT LOAD
+  // Connects (through the Cluster's slot map when options.cluster, asking `hint` first, then
+  // the seed) and loads the lookup script.
+  static Result<std::unique_ptr<Link>> Dial(const Options& options, const l2::RespEndpoint* hint);
   // Runs `fn` on the connection under the rules above. Status(Link&) callable.
   template <typename Fn>
   Status WithLink(Fn&& fn) KVD_REQUIRES(mu_);
@@ -149,6 +159,7 @@ class FleetDirectory {
 
   mutable Mutex mu_;
   std::unique_ptr<Link> link_ KVD_GUARDED_BY(mu_);  // null: dial on the next call
+  std::optional<l2::RespEndpoint> last_master_ KVD_GUARDED_BY(mu_);  // cluster: asked first
   Stats stats_ KVD_GUARDED_BY(mu_);
 };
 

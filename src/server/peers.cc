@@ -58,13 +58,17 @@ Result<std::pair<std::string, int>> ParseHostPort(const std::string& flag, const
 Result<DirectoryUrl> ParseDirectoryUrl(const std::string& text) {
   const std::string flag = "--p2p-directory";
   std::string rest;
-  for (const char* scheme : {"redis://", "valkey://"}) {
-    if (text.rfind(scheme, 0) == 0) rest = text.substr(std::string(scheme).size());
+  DirectoryUrl url;
+  for (const char* scheme : {"redis://", "valkey://", "redis-cluster://", "valkey-cluster://"}) {
+    if (text.rfind(scheme, 0) == 0) {
+      rest = text.substr(std::string(scheme).size());
+      url.cluster = std::string(scheme).find("-cluster") != std::string::npos;
+    }
   }
   if (rest.empty()) {
-    return Status::InvalidArgument(flag + ": expected redis://[[user]:password@]host:port[/db]");
+    return Status::InvalidArgument(flag + ": expected redis://[[user]:password@]host:port[/db] "
+                                   "(redis-cluster://host:port for a Cluster)");
   }
-  DirectoryUrl url;
   if (const size_t at = rest.rfind('@'); at != std::string::npos) {
     const std::string auth = rest.substr(0, at);
     rest = rest.substr(at + 1);
@@ -77,6 +81,7 @@ Result<DirectoryUrl> ParseDirectoryUrl(const std::string& text) {
     }
   }
   if (const size_t slash = rest.find('/'); slash != std::string::npos) {
+    if (url.cluster) return Status::InvalidArgument(flag + ": a Cluster has no database number");
     auto db = ParseNumber(rest.substr(slash + 1), 0, 1 << 20);
     if (!db.ok()) return Status::InvalidArgument(flag + ": database " + db.status().message());
     url.database_id = *db;
@@ -117,6 +122,7 @@ Result<std::unique_ptr<p2p::PeerNode>> StartPeerNode(const ServerConfig& config)
   o.agent.directory.connect.username = directory->username;
   o.agent.directory.connect.password = directory->password;
   o.agent.directory.connect.database_id = directory->database_id;
+  o.agent.directory.cluster = directory->cluster;
   o.agent.directory.connect.request_timeout_s = config.p2p_lookup_timeout_seconds;
   o.agent.directory.connect.connect_timeout_s = std::min(config.p2p_lookup_timeout_seconds, 10.0);
   o.agent.self.node = config.p2p_advertise_url;  // unique in the fleet: where peers reach it
@@ -126,9 +132,9 @@ Result<std::unique_ptr<p2p::PeerNode>> StartPeerNode(const ServerConfig& config)
   if (!node.ok()) {
     return Status::Unavailable("P2P could not start: " + node.status().message());
   }
-  spdlog::info("p2p: node {} (incarnation {:x}) listening on {}:{}, directory {}:{}{}",
+  spdlog::info("p2p: node {} (incarnation {:x}) listening on {}:{}, directory {}{}:{}{}",
                config.p2p_advertise_url, (*node)->self().incarnation, listen->first, listen->second,
-               directory->host, directory->port,
+               directory->cluster ? "Cluster seed " : "", directory->host, directory->port,
                config.p2p_ucx_tls.empty() ? "" : ", UCX_TLS " + config.p2p_ucx_tls);
   return node;
 }

@@ -20,12 +20,14 @@ Result<std::unique_ptr<p2p::PeerNode>> StartPeerNode(const ServerConfig& config)
 // "host:port" (IPv6 in brackets) into its parts; InvalidArgument naming `flag` otherwise.
 Result<std::pair<std::string, int>> ParseHostPort(const std::string& flag, const std::string& text);
 
-// The parts of --p2p-directory's redis://[[user]:password@]host:port[/db] (valkey:// too).
+// The parts of --p2p-directory's redis://[[user]:password@]host:port[/db] (valkey:// too), or
+// redis-cluster://[[user]:password@]host:port (valkey-cluster://): a seed of a Cluster.
 struct DirectoryUrl {
   std::string host;
   int port = 0;
   std::string username, password;
   int64_t database_id = -1;
+  bool cluster = false;
 };
 Result<DirectoryUrl> ParseDirectoryUrl(const std::string& text);
 

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from kvd_harness import ServerProc, TPCluster, free_port
-from tiers_util import Prompt, Redis, wait_until
+from tiers_util import Prompt, Redis, RedisCluster, wait_until
 
 MODEL = "org/P2p-Model-1"
 PREFIX = "{kvd-p2p}:"
@@ -41,8 +41,9 @@ def secret_file(tmp_path: Path, name: str, secret: str) -> Path:
 class Node:
     """One kvd with P2P on: UCX over TCP on a free loopback port."""
 
-    def __init__(self, tmp_path: Path, name: str, redis: Redis, secret: Path,
+    def __init__(self, tmp_path: Path, name: str, redis: Redis | str, secret: Path,
                  p2p_port: int | None = None, extra=()) -> None:
+        directory = redis if isinstance(redis, str) else f"redis://127.0.0.1:{redis.port}"
         self.p2p_port = p2p_port or free_port()
         self.http_port = free_port()
         self.srv = ServerProc(
@@ -50,7 +51,7 @@ class Node:
             l1_size_gb=0.25, log_path=tmp_path / f"{name}.log",
             extra_args=["--http-port", str(self.http_port),
                         "--p2p-advertise-url", f"127.0.0.1:{self.p2p_port}",
-                        "--p2p-directory", f"redis://127.0.0.1:{redis.port}",
+                        "--p2p-directory", directory,
                         "--p2p-secret-file", str(secret),
                         "--p2p-ucx-tls", "tcp",
                         "--p2p-lookup-timeout", "2", "--p2p-load-timeout", "5",
@@ -160,6 +161,35 @@ def test_a_peer_without_the_secret_gets_nothing(fleet, tmp_path):
         for cl in (ca, cd, cb):
             cl.close()
         d.stop()
+
+
+def test_a_redis_cluster_directory(tmp_path):
+    """The directory on a 3-master Redis Cluster, each kvd given another master as its seed:
+    every fleet key lands on the master of the prefix's slot, and B hits what A stored."""
+    rc = RedisCluster().start()
+    secret = secret_file(tmp_path, "secret", "fleet-secret-5")
+    a = b = None
+    try:
+        a = Node(tmp_path, "a", f"redis-cluster://127.0.0.1:{rc.nodes[0].port}", secret)
+        b = Node(tmp_path, "b", f"redis-cluster://127.0.0.1:{rc.nodes[1].port}", secret)
+        ca = TPCluster(a.url, "lmcache_driven", MODEL, tp=2)
+        cb = TPCluster(b.url, "lmcache_driven", MODEL, tp=2)
+        p = Prompt(ca, chunks=3, seed=51)
+        p.store(ca, "cluster-store")
+
+        def chunk_keys() -> list[str]:
+            return [k for k in rc.keys() if k.startswith(PREFIX + "chunk:")]
+        wait_until(lambda: len(chunk_keys()) == 3, what="3 chunks published")
+        owners = {port for port, ks in rc.assert_keys_on_their_slot_owners().items() if ks}
+        assert len(owners) == 1, owners  # one slot: one master holds every key of the fleet
+        assert p.check_retrieve(cb, "cluster-b", chunks=3) == 3
+        ca.close()
+        cb.close()
+    finally:
+        for n in (a, b):
+            if n is not None:
+                n.stop()
+        rc.close()
 
 
 def test_killed_peer_is_a_miss_and_its_restart_is_not_read_through_old_entries(tmp_path):

@@ -23,6 +23,7 @@
 #include <gtest/gtest.h>
 
 #include "../l2/redis_process.h"
+#include "l2/cluster_slots.h"
 
 namespace kvd::p2p {
 namespace {
@@ -46,6 +47,18 @@ FleetDirectory::Options Opts(int port, double node_ttl_s = 10) {
 }
 
 std::string Url(const std::string& node) { return "ucx://" + node + ".local:7000"; }
+
+std::vector<std::string> Split(const std::string& text, char sep) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  for (size_t i = 0; i <= text.size(); ++i) {
+    if (i == text.size() || text[i] == sep) {
+      if (i > start) out.push_back(text.substr(start, i - start));
+      start = i + 1;
+    }
+  }
+  return out;
+}
 
 std::unique_ptr<FleetDirectory> Dir(const RedisProcess& r, const std::string& node, uint64_t inc,
                                     FleetDirectory::Options o = {}) {
@@ -481,6 +494,65 @@ TEST(FleetDirectoryHostileTest, MalformedLookupRepliesAreRefused) {
   EXPECT_EQ((*d)->stats().reconnects, 0u);  // none of them broke the connection
 }
 
+// A Cluster directory: every node is given the same seed (here, a master that does not own
+// the prefix's slot, or one that does); each reaches the slot's master through the slot map,
+// where every key of the fleet then lives, and nodes see each other's chunks.
+TEST(FleetDirectoryClusterTest, NodesThroughAnySeedShareTheKeysOnTheSlotsMaster) {
+  if (!l2::testing::RedisInstalled()) GTEST_SKIP() << "redis-server not installed";
+  l2::testing::RedisCluster cluster;
+  ASSERT_TRUE(cluster.Start().ok());
+  const uint16_t slot = l2::KeySlot("{kvd-p2p}:");
+  int owner = -1;
+  for (int i = 0; i < 3; ++i) {
+    auto mine = cluster.node(i).Cli({"CLUSTER", "NODES"});
+    ASSERT_TRUE(mine.ok());
+    // The master whose own line ("myself") lists a range holding the slot.
+    for (const auto& line : Split(*mine, '\n')) {
+      if (line.find("myself") == std::string::npos) continue;
+      const auto fields = Split(line, ' ');
+      for (size_t f = 8; f < fields.size(); ++f) {
+        const size_t dash = fields[f].find('-');
+        const int lo = std::stoi(fields[f].substr(0, dash));
+        const int hi = dash == std::string::npos ? lo : std::stoi(fields[f].substr(dash + 1));
+        if (lo <= slot && slot <= hi) owner = i;
+      }
+    }
+  }
+  ASSERT_GE(owner, 0);
+  const int other = (owner + 1) % 3;
+  auto opts = [&](int seed) {
+    auto o = Opts(cluster.node(seed).port());
+    o.cluster = true;
+    return o;
+  };
+  auto a = FleetDirectory::Connect(opts(other), {"node-a", kIncA, Url("node-a")});
+  auto b = FleetDirectory::Connect(opts(owner), {"node-b", kIncB, Url("node-b")});
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  ASSERT_TRUE((*a)->Heartbeat().ok());
+  ASSERT_TRUE((*b)->Heartbeat().ok());
+  ASSERT_TRUE((*a)->Publish({"c1", "c2"}).ok());
+  auto got = (*b)->Lookup({"c1", "c2", "c3"});
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_EQ(*got, (Owners{{{"node-a", kIncA, Url("node-a")}}, {{"node-a", kIncA, Url("node-a")}}, {}}));
+  // Every key is on the slot's master: its node keys and the chunk entries.
+  auto count = cluster.node(owner).Cli({"CLUSTER", "COUNTKEYSINSLOT", std::to_string(slot)});
+  ASSERT_TRUE(count.ok());
+  EXPECT_EQ(std::stoi(*count), 4) << *count;  // two node keys, two chunk keys
+  ASSERT_TRUE((*a)->Withdraw({"c1"}).ok());
+  got = (*b)->Lookup({"c1"});
+  ASSERT_TRUE(got.ok());
+  EXPECT_TRUE((*got)[0].empty());
+  // The seed is a standalone server: refused, saying so.
+  RedisProcess plain;
+  ASSERT_TRUE(plain.Start().ok());
+  auto plain_opts = Opts(plain.port());
+  plain_opts.cluster = true;
+  auto c = FleetDirectory::Connect(plain_opts, {"node-c", 3, Url("node-c")});
+  EXPECT_EQ(c.status().code(), StatusCode::kFailedPrecondition) << c.status().ToString();
+  EXPECT_THAT(c.status().message(), ::testing::HasSubstr("not a Redis Cluster"));
+}
+
 TEST(FleetDirectoryHostileTest, ClusterRedirectIsFailedPreconditionAndErrorsUnavailable) {
   HostileServer server({"-MOVED 3999 127.0.0.1:7001\r\n", "-MOVED 3999 127.0.0.1:7001\r\n",
                         ":1\r\n", "-ASK 3999 127.0.0.1:7001\r\n", "-ERR something broke\r\n",
@@ -489,7 +561,8 @@ TEST(FleetDirectoryHostileTest, ClusterRedirectIsFailedPreconditionAndErrorsUnav
   ASSERT_TRUE(d.ok()) << d.status().ToString();
   Status st = (*d)->Heartbeat();
   EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition);
-  EXPECT_THAT(st.message(), ::testing::HasSubstr("Cluster is not yet supported"));
+  EXPECT_THAT(st.message(), ::testing::HasSubstr("answered as a Redis Cluster"));
+  EXPECT_THAT(st.message(), ::testing::HasSubstr("redis-cluster://"));
   EXPECT_EQ((*d)->Lookup({"k1"}).status().code(), StatusCode::kFailedPrecondition);
   EXPECT_EQ((*d)->Publish({"k1"}).code(), StatusCode::kFailedPrecondition);  // HSET ok, PEXPIRE ASK
   EXPECT_EQ((*d)->Withdraw({"k1"}).code(), StatusCode::kUnavailable);
