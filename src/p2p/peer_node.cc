@@ -368,6 +368,7 @@ std::vector<l2::ItemResult> PeerNode::LoadNow(const std::vector<l2::LoadItem>& i
     }
   }
   const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+  if (options_.on_loaded && loaded > 0) options_.on_loaded(WholeChunks(items, out));
   MutexLock lock(&mu_);
   stats_.load_objects += items.size();
   stats_.loaded_objects += loaded;
@@ -434,6 +435,33 @@ void PeerNode::RegisterMetrics(metrics::Registry& registry) {
         {f.name, f.help, f.kind, {}, {}},
         [this, read = f.read](metrics::SeriesSink& sink) { sink.Add(read(stats())); }));
   }
+}
+
+std::vector<l1::ChunkKey> PeerNode::WholeChunks(const std::vector<l2::LoadItem>& items,
+                                                const std::vector<l2::ItemResult>& results) const {
+  l1::L1Cache* l1 = l1_.load();
+  std::vector<l1::ChunkKey> out;
+  if (l1 == nullptr) return out;
+  // Objects that arrived, per chunk; a chunk is whole when every rank's did.
+  std::map<std::pair<l1::NamespaceId, std::array<uint8_t, 32>>, std::pair<uint32_t, uint32_t>> got;
+  std::vector<std::pair<l1::NamespaceId, std::array<uint8_t, 32>>> order;
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (!results[i].status.ok()) continue;
+    const auto& key = items[i].key;
+    const auto format = FindFormat(key.model_name, key.layout_tag);
+    const auto wr = WorldAndRank(key.kv_rank);
+    if (!format || !wr) continue;
+    const auto ns = l1->namespaces().Find(format->l1_model, static_cast<int32_t>(wr->first), key.cache_salt);
+    if (!ns) continue;
+    auto [it, added] = got.try_emplace({*ns, key.chunk_hash}, 0, wr->first);
+    if (added) order.push_back(it->first);
+    it->second.first++;
+  }
+  for (const auto& k : order) {
+    const auto& [n, world] = got[k];
+    if (n == world) out.push_back(l1::ChunkKey{k.first, k.second});
+  }
+  return out;
 }
 
 PeerNode::Stats PeerNode::stats() const {

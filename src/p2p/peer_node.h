@@ -36,6 +36,7 @@
 #pragma once
 
 #include <array>
+#include <functional>
 #include <atomic>
 #include <cstdint>
 #include <map>
@@ -70,6 +71,10 @@ class PeerNode : public l1::L1Listener {
     double lookup_timeout_s = 30;  // a directory lookup (the tier's Exists)
     double load_timeout_s = 30;    // one read from a peer (the tier's Load)
     int tier_threads = 4;
+    // Told of the chunks each load brought in whole (every rank's object), on a tier worker
+    // thread, before the TierSet commits them (the KV-event log's "loaded" records). May be
+    // empty; must be thread-safe and quick.
+    std::function<void(std::span<const l1::ChunkKey>)> on_loaded;
   };
   // What this node saw (the agent's own counters are in P2pAgent::Stats).
   struct Stats {
@@ -128,6 +133,9 @@ class PeerNode : public l1::L1Listener {
   // The tier's calls, on its workers.
   std::vector<l2::ItemResult> ExistsNow(const std::vector<l2::ObjectKey>& keys);
   std::vector<l2::ItemResult> LoadNow(const std::vector<l2::LoadItem>& items);
+  // The chunks of `items` every rank's object of which loaded (results[i] OK), as L1 keys.
+  std::vector<l1::ChunkKey> WholeChunks(const std::vector<l2::LoadItem>& items,
+                                        const std::vector<l2::ItemResult>& results) const;
 
   Options options_;
   FleetDirectory::Self self_;

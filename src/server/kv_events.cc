@@ -145,21 +145,36 @@ void KvEventLog::OnEntriesRemoved(std::span<const l1::ChunkKey> keys, l1::Remova
   if (keys.empty()) return;
   {
     MutexLock lock(&mu_);
-    // One record per model, hashes in removal order without repeats (the same chunk under
-    // two salts or world sizes is one hash to a router).
-    std::map<std::string, std::vector<Hash>> by_model;
-    for (const auto& k : keys) {
-      auto& v = by_model[ModelOf(k)];
-      if (std::find(v.begin(), v.end(), k.chunk_hash) == v.end()) v.push_back(k.chunk_hash);
-    }
-    for (auto& [model, hashes] : by_model) {
-      wire::KvEventRecord r;
-      r.kind = "removed";
-      r.model_name = model;
-      r.block_hashes = std::move(hashes);
-      ++removed_records_;
-      AppendLocked(std::move(r));
-    }
+    removed_records_ += AppendPerModelLocked(keys, "removed", "CPU");
+  }
+  Wake();
+}
+
+size_t KvEventLog::AppendPerModelLocked(std::span<const l1::ChunkKey> keys, const char* kind,
+                                        const char* medium) {
+  // One record per model, hashes in the given order without repeats (the same chunk under
+  // two salts or world sizes is one hash to a router).
+  std::map<std::string, std::vector<Hash>> by_model;
+  for (const auto& k : keys) {
+    auto& v = by_model[ModelOf(k)];
+    if (std::find(v.begin(), v.end(), k.chunk_hash) == v.end()) v.push_back(k.chunk_hash);
+  }
+  for (auto& [model, hashes] : by_model) {
+    wire::KvEventRecord r;
+    r.kind = kind;
+    r.medium = medium;
+    r.model_name = model;
+    r.block_hashes = std::move(hashes);
+    AppendLocked(std::move(r));
+  }
+  return by_model.size();
+}
+
+void KvEventLog::OnLoadedFromPeer(std::span<const l1::ChunkKey> keys) {
+  if (keys.empty()) return;
+  {
+    MutexLock lock(&mu_);
+    loaded_records_ += AppendPerModelLocked(keys, "loaded", "P2P");
   }
   Wake();
 }
@@ -227,6 +242,7 @@ KvEventLog::Stats KvEventLog::stats() const {
   s.unbound_stores = unbound_stores_;
   s.stored_records = stored_records_;
   s.removed_records = removed_records_;
+  s.loaded_records = loaded_records_;
   s.bindings = bindings_.size();
   s.subscribers = subscribers_;
   s.held = num_held_;
@@ -258,6 +274,9 @@ void KvEventLog::RegisterMetrics(metrics::Registry& registry) {
        [](const Stats& s) { return static_cast<double>(s.unbound_stores); }},
       {"kvd_kv_events_stored_records_total", Kind::kCounter, "Stored records appended to the log.",
        [](const Stats& s) { return static_cast<double>(s.stored_records); }},
+      {"kvd_kv_events_loaded_records_total", Kind::kCounter,
+       "Loaded records (chunks brought in from a P2P peer) appended to the log.",
+       [](const Stats& s) { return static_cast<double>(s.loaded_records); }},
       {"kvd_kv_events_removed_records_total", Kind::kCounter, "Removed records appended to the log.",
        [](const Stats& s) { return static_cast<double>(s.removed_records); }},
   };

@@ -78,6 +78,11 @@ class KvEventLog final : public l1::L1Listener {
   void OnEntryComplete(const l1::ChunkKey& key) override;
   void OnEntriesRemoved(std::span<const l1::ChunkKey> keys, l1::RemovalCause cause) override;
 
+  // Chunks a P2P load brought into L1 from a peer (p2p/peer_node.h): one record per model,
+  // kind "loaded", medium "P2P" (kvd's own; lmcache's adapter announces only medium "CPU"
+  // records, so it passes these by). The chunks' "stored" records come as for any chunk.
+  void OnLoadedFromPeer(std::span<const l1::ChunkKey> keys);
+
   // lmcache's read_kv_events. max_events >= 1.
   wire::KvEventBatch Read(const std::string& model_name, int64_t cursor, size_t max_events) const;
   // Writes the records held back longer than kMaxHoldNanos (see ORDER).
@@ -100,6 +105,7 @@ class KvEventLog final : public l1::L1Listener {
     uint64_t unbound_stores = 0;  // chunks completed without a token binding
     uint64_t stored_records = 0;
     uint64_t removed_records = 0;
+    uint64_t loaded_records = 0;  // kind "loaded" (from a peer)
     size_t bindings = 0;
     size_t subscribers = 0;
     size_t held = 0;  // stored records waiting for their parent's (see ORDER)
@@ -115,6 +121,9 @@ class KvEventLog final : public l1::L1Listener {
  private:
   std::string ModelOf(const l1::ChunkKey& key) const;
   void AppendLocked(wire::KvEventRecord record) KVD_REQUIRES(mu_);
+  // One record of `kind` and `medium` per model of `keys`; how many it appended.
+  size_t AppendPerModelLocked(std::span<const l1::ChunkKey> keys, const char* kind,
+                              const char* medium) KVD_REQUIRES(mu_);
   // Appends a stored record, then the records held back waiting for it, in chain order.
   void AppendStoredChainLocked(wire::KvEventRecord record) KVD_REQUIRES(mu_);
   void Wake() KVD_EXCLUDES(mu_, wake_mu_);
@@ -160,6 +169,7 @@ class KvEventLog final : public l1::L1Listener {
   uint64_t unbound_stores_ KVD_GUARDED_BY(mu_) = 0;
   uint64_t stored_records_ KVD_GUARDED_BY(mu_) = 0;
   uint64_t removed_records_ KVD_GUARDED_BY(mu_) = 0;
+  uint64_t loaded_records_ KVD_GUARDED_BY(mu_) = 0;
   // Lock order: L1 -> wake_mu_ (Wake runs under L1's mutex from listener methods); never
   // taken with mu_ held. The callback runs with wake_mu_ held (see SetWakeup).
   mutable Mutex wake_mu_;

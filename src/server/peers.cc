@@ -94,7 +94,8 @@ Result<DirectoryUrl> ParseDirectoryUrl(const std::string& text) {
   return url;
 }
 
-Result<std::unique_ptr<p2p::PeerNode>> StartPeerNode(const ServerConfig& config) {
+Result<std::unique_ptr<p2p::PeerNode>> StartPeerNode(
+    const ServerConfig& config, std::function<void(std::span<const l1::ChunkKey>)> on_loaded) {
   if (!config.p2p()) return std::unique_ptr<p2p::PeerNode>();
   if (config.p2p_transfer_engine != "ucx") {
     return Status::InvalidArgument("--p2p-transfer-engine " + config.p2p_transfer_engine +
@@ -114,6 +115,7 @@ Result<std::unique_ptr<p2p::PeerNode>> StartPeerNode(const ServerConfig& config)
   p2p::PeerNode::Options o;
   o.lookup_timeout_s = config.p2p_lookup_timeout_seconds;
   o.load_timeout_s = config.p2p_load_timeout_seconds;
+  o.on_loaded = std::move(on_loaded);
   o.agent.ucx.listen_host = listen->first;
   o.agent.ucx.listen_port = listen->second;
   o.agent.ucx.tls = config.p2p_ucx_tls;

@@ -3,7 +3,9 @@
 // peer tier (placed after the --l2-adapter tiers).
 #pragma once
 
+#include <functional>
 #include <memory>
+#include <span>
 #include <string>
 
 #include "common/status.h"
@@ -15,7 +17,10 @@ namespace kvd::server {
 // Null (and OK) when P2P is off. InvalidArgument for a malformed URL or an unreadable or
 // malformed secret file; the UCX listener's and the directory's errors as they come
 // (P2pAgent::Start): a directory that cannot be reached at startup is an error.
-Result<std::unique_ptr<p2p::PeerNode>> StartPeerNode(const ServerConfig& config);
+// `on_loaded` hears the chunks each load from a peer brought in (PeerNode::Options).
+Result<std::unique_ptr<p2p::PeerNode>> StartPeerNode(
+    const ServerConfig& config,
+    std::function<void(std::span<const l1::ChunkKey>)> on_loaded = nullptr);
 
 // "host:port" (IPv6 in brackets) into its parts; InvalidArgument naming `flag` otherwise.
 Result<std::pair<std::string, int>> ParseHostPort(const std::string& flag, const std::string& text);

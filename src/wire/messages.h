@@ -194,7 +194,7 @@ struct SubscribeKvEventsRequest {
 // "removed" records the hashes of chunks that left the cache.
 struct KvEventRecord {
   int64_t seq = 0;
-  std::string kind;                  // "stored" | "removed"
+  std::string kind;                  // "stored" | "removed" | "loaded" (kvd: medium "P2P")
   std::string medium = "CPU";
   std::string model_name;
   std::vector<std::array<uint8_t, 32>> block_hashes;

@@ -138,6 +138,36 @@ def test_prompt_stored_through_a_is_retrieved_byte_exact_through_b_and_c(fleet, 
             cl.close()
 
 
+def test_kv_events_say_which_chunks_came_from_a_peer(fleet):
+    """B's KV-event stream: a "loaded" record, medium "P2P", names the chunks B loaded from A
+    (with lmcache's hashes); lmcache's adapter passes medium-P2P records by."""
+    from test_kv_events import Subscriber, lmcache_hashes  # noqa: PLC0415
+    redis, (a, b, _) = fleet
+    model = MODEL + "-events"
+    ca = TPCluster(a.url, "lmcache_driven", model, tp=2)
+    cb = TPCluster(b.url, "lmcache_driven", model, tp=2)
+    sub = Subscriber(b.url, instance_id=5151, model=model)
+    try:
+        assert sub.next_batch().enabled
+        p = Prompt(ca, chunks=2, seed=61)
+        before = len(chunk_entries(redis))
+        p.store(ca, "events-store")
+        wait_until(lambda: len(chunk_entries(redis)) == before + 2, what="2 chunks published")
+        assert p.check_retrieve(cb, "events-b", chunks=2) == 2
+        deadline = time.monotonic() + 10
+        loaded = []
+        while not loaded and time.monotonic() < deadline:
+            loaded = [r for r in sub.next_batch().events if r.kind == "loaded"]
+        assert loaded, "no loaded record"
+        assert all(r.medium == "P2P" and r.model_name == model for r in loaded)
+        assert sorted(h for r in loaded for h in r.block_hashes) == sorted(lmcache_hashes(p.tokens))
+        assert metric(b.metrics(), "kvd_kv_events_loaded_records_total") >= 1
+    finally:
+        sub.close()
+        ca.close()
+        cb.close()
+
+
 def test_a_peer_without_the_secret_gets_nothing(fleet, tmp_path):
     redis, (a, b, _) = fleet
     wrong = secret_file(tmp_path, "wrong", "not-the-fleet-secret")
