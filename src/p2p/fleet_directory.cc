@@ -71,6 +71,12 @@ constexpr std::string_view kLeaveScript =
     "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end "
     "return 0";
 
+// KEYS[1]: a chunk key; ARGV[1]: a node; ARGV[2]: an incarnation. Deletes that node's field
+// only while it holds that incarnation (a publish of a later life is left alone).
+constexpr std::string_view kForgetScript =
+    "if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then "
+    "return redis.call('HDEL', KEYS[1], ARGV[1]) end return 0";
+
 constexpr size_t kMaxNodeBytes = 128;
 constexpr size_t kMaxUrlBytes = 256;
 constexpr size_t kMaxKeyBytes = 1024;
@@ -483,11 +489,30 @@ Status FleetDirectory::Lookups(Link& link, const std::vector<std::string>& keys,
 
 Status FleetDirectory::Leave() {
   MutexLock lock(&mu_);
+  return EvalOneLocked("leave", kLeaveScript, node_key_, node_value_, "");
+}
+
+Status FleetDirectory::Forget(const std::string& key, const Owner& owner) {
+  KVD_RETURN_IF_ERROR(ValidateKeys({key}));
+  if (!ValidNode(owner.node) || owner.incarnation == 0) {
+    return Status::InvalidArgument("forget: not an owner (node \"" + owner.node.substr(0, 200) + "\")");
+  }
+  MutexLock lock(&mu_);
+  ++stats_.forgets;
+  return EvalOneLocked("forget", kForgetScript, options_.key_prefix + "chunk:" + key, owner.node,
+                       std::to_string(owner.incarnation));
+}
+
+Status FleetDirectory::EvalOneLocked(std::string_view what, std::string_view script,
+                                     const std::string& key, const std::string& arg1,
+                                     const std::string& arg2) {
   Status st = WithLink([&](Link& link) -> Status {
-    auto r = link.conn->Command({"EVAL", kLeaveScript, "1", node_key_, node_value_});
+    std::vector<std::string_view> args{"EVAL", script, "1", key, arg1};
+    if (!arg2.empty()) args.push_back(arg2);
+    auto r = link.conn->Command(args);
     if (!r.ok()) return r.status();
-    if (l2::IsError(r->get())) return ServerError("leave", r->get());
-    if ((*r)->type != REDIS_REPLY_INTEGER) return Malformed("leave", "not an integer");
+    if (l2::IsError(r->get())) return ServerError(what, r->get());
+    if ((*r)->type != REDIS_REPLY_INTEGER) return Malformed(what, "not an integer");
     return Status::Ok();
   });
   if (!st.ok()) ++stats_.failures;

@@ -103,6 +103,7 @@ class FleetDirectory {
     uint64_t heartbeats = 0;
     uint64_t publishes = 0;
     uint64_t withdraws = 0;
+    uint64_t forgets = 0;
     uint64_t lookups = 0;
     uint64_t stale_entries_removed = 0;  // as the lookup script reported
     uint64_t failures = 0;
@@ -128,6 +129,10 @@ class FleetDirectory {
   // Deletes this node's node key if it still holds this incarnation (a restarted successor's
   // is left alone). Its entries are then removed by the lookups that meet them.
   Status Leave();
+  // Removes `owner` from the owners of `key` if the entry still holds owner's incarnation: a
+  // reader whose read found the chunk gone from that owner (its withdrawal was lost) tells the
+  // fleet. One round trip.
+  Status Forget(const std::string& key, const Owner& owner);
 
   Stats stats() const;
   const Self& self() const { return self_; }
@@ -136,6 +141,10 @@ class FleetDirectory {
   struct Link;  // a connection and the loaded script's SHA1
   FleetDirectory(Options options, Self self, std::unique_ptr<Link> link);
   Status ValidateKeys(const std::vector<std::string>& keys) const;
+  // EVAL of a script on one key with one or two arguments (arg2 empty: one) that answers an
+  // integer; counts a failure.
+  Status EvalOneLocked(std::string_view what, std::string_view script, const std::string& key,
+                       const std::string& arg1, const std::string& arg2) KVD_REQUIRES(mu_);
   // Publish and Withdraw: validates `keys`, counts the call in `counter`, appends each chunk
   // entry's commands with `append` (Status(l2::RespConnection&, const std::string& key)) and
   // reads replies_per_key integer replies per key, all in one round trip.

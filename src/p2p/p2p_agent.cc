@@ -149,6 +149,12 @@ Status P2pAgent::RegisterMemory(void* base, size_t length) {
   return st.ok() ? result : st;
 }
 
+Status P2pAgent::Leave() { return directory_->Leave(); }
+
+Status P2pAgent::Forget(const std::string& key, const FleetDirectory::Owner& owner) {
+  return directory_->Forget(key, owner);
+}
+
 ReadAnswer P2pAgent::Read(const std::string& url, std::vector<ReadItem> items, Deadline deadline) {
   ReadAnswer answer;
   auto where = SplitUrl(url);

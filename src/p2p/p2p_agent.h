@@ -74,6 +74,11 @@ class P2pAgent {
   void Withdraw(std::vector<std::string> keys);
   // The directory's live owners of each key (FleetDirectory::Lookup).
   Result<std::vector<std::vector<FleetDirectory::Owner>>> Lookup(const std::vector<std::string>& keys);
+  // FleetDirectory::Leave, on the caller's thread: this node's entries die at once (a clean
+  // shutdown) instead of with its heartbeat.
+  Status Leave();
+  // FleetDirectory::Forget, on the caller's thread: `owner` no longer holds `key`.
+  Status Forget(const std::string& key, const FleetDirectory::Owner& owner);
   // Reads `items` from the peer at `url` ("host:port") on the UCX thread (UcxPeer::Read).
   ReadAnswer Read(const std::string& url, std::vector<ReadItem> items, Deadline deadline);
   // Sends what is queued now and waits until the directory thread has tried (tests, shutdown).

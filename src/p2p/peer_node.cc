@@ -145,7 +145,9 @@ void PeerNode::Detach() {
   {
     MutexLock lock(&listen_mu_);
     if (!agent_) return;
-    (void)agent_->Flush();  // the withdrawals of chunks L1 dropped, while they still matter
+    // This node's entries die now, rather than when its heartbeat expires (one round trip;
+    // a directory that is down costs at most its timeouts, and the entries then expire).
+    if (Status st = agent_->Leave(); !st.ok()) spdlog::warn("p2p: leaving the directory: {}", st.message());
     last_agent_stats_ = agent_->stats();
     agent = std::move(agent_);
   }
@@ -231,18 +233,19 @@ Result<ServedBytes> PeerNode::Serve(const ServeAsk& ask) {
   }
   const auto format = FindFormat(key->model_name, key->layout_tag);
   const auto wr = WorldAndRank(key->kv_rank);
-  if (!format || !wr) return refuse(Status::NotFound("p2p: no such format here"));
+  // NotFound means "not in this node's L1" only: a reader then tells the directory (Forget).
+  if (!format || !wr) return refuse(Status::InvalidArgument("p2p: no such format here"));
   if (ask.offset != 0 || ask.length != format->object_bytes) {
     return refuse(Status::InvalidArgument("p2p: only whole objects are served"));
   }
   l1::L1Cache* l1 = l1_.load();
-  if (l1 == nullptr) return refuse(Status::NotFound("p2p: not serving yet"));
+  if (l1 == nullptr) return refuse(Status::Unavailable("p2p: not serving"));
   const auto ns = l1->namespaces().Find(format->l1_model, static_cast<int32_t>(wr->first),
                                         key->cache_salt);
   if (!ns) return refuse(Status::NotFound("p2p: not in L1"));
   auto pin = l1->PinForRead(l1::ChunkKey{*ns, key->chunk_hash}, wr->second);
   if (!pin.ok()) return refuse(Status::NotFound("p2p: not in L1"));
-  if (pin->size() != ask.length) return refuse(Status::NotFound("p2p: object of another size"));
+  if (pin->size() != ask.length) return refuse(Status::InvalidArgument("p2p: object of another size"));
   auto hold = std::make_shared<l1::ReadPin>(std::move(pin).value());
   ServedBytes out{hold->data(), hold->size(), hold};
   MutexLock lock(&mu_);
@@ -279,12 +282,13 @@ std::vector<l2::ItemResult> PeerNode::ExistsNow(const std::vector<l2::ObjectKey>
   }
   uint64_t hits = 0;
   {
+    const auto now = Clock::now();
     MutexLock lock(&owners_mu_);
     if (owners_.size() + unique.size() > kMaxCachedOwners) owners_.clear();
     for (size_t u = 0; u < unique.size(); ++u) {
       if ((*owners)[u].empty()) continue;
       ++hits;
-      owners_[unique[u]] = (*owners)[u];
+      owners_[unique[u]] = SeenOwners{(*owners)[u], now};
     }
   }
   for (size_t i = 0; i < keys.size(); ++i) {
@@ -300,16 +304,17 @@ std::vector<l2::ItemResult> PeerNode::LoadNow(const std::vector<l2::LoadItem>& i
   // Each item's chunk and the owner to read it from: owners the last Exists saw, else one
   // directory round trip for the rest.
   std::vector<std::optional<std::string>> dkey(items.size());
-  std::unordered_map<std::string, std::string> url_of;  // directory key -> owner url
+  std::unordered_map<std::string, FleetDirectory::Owner> owner_of;  // directory key -> owner
   std::vector<std::string> missing;
   {
+    const auto now = Clock::now();
     MutexLock lock(&owners_mu_);
     for (size_t i = 0; i < items.size(); ++i) {
       dkey[i] = DirectoryKeyOf(items[i].key);
-      if (!dkey[i] || url_of.count(*dkey[i])) continue;
+      if (!dkey[i] || owner_of.count(*dkey[i])) continue;
       auto it = owners_.find(*dkey[i]);
-      if (it != owners_.end() && !it->second.empty()) {
-        url_of[*dkey[i]] = it->second.front().url;
+      if (it != owners_.end() && !it->second.owners.empty() && now - it->second.seen < kOwnersFresh) {
+        owner_of[*dkey[i]] = it->second.owners.front();
       } else if (std::find(missing.begin(), missing.end(), *dkey[i]) == missing.end()) {
         missing.push_back(*dkey[i]);
       }
@@ -324,7 +329,7 @@ std::vector<l2::ItemResult> PeerNode::LoadNow(const std::vector<l2::LoadItem>& i
       stats_.lookup_failures++;
     } else {
       for (size_t u = 0; u < missing.size(); ++u) {
-        if (!(*owners)[u].empty()) url_of[missing[u]] = (*owners)[u].front().url;
+        if (!(*owners)[u].empty()) owner_of[missing[u]] = (*owners)[u].front();
       }
     }
   }
@@ -332,9 +337,10 @@ std::vector<l2::ItemResult> PeerNode::LoadNow(const std::vector<l2::LoadItem>& i
   std::map<std::string, std::vector<size_t>> by_url;
   for (size_t i = 0; i < items.size(); ++i) {
     if (!dkey[i]) continue;
-    auto it = url_of.find(*dkey[i]);
-    if (it != url_of.end()) by_url[it->second].push_back(i);
+    auto it = owner_of.find(*dkey[i]);
+    if (it != owner_of.end()) by_url[it->second.url].push_back(i);
   }
+  uint64_t forgotten = 0;
   uint64_t asked = 0, loaded = 0, bytes = 0;
   const auto t0 = Clock::now();
   for (const auto& [url, index] : by_url) {
@@ -363,8 +369,16 @@ std::vector<l2::ItemResult> PeerNode::LoadNow(const std::vector<l2::LoadItem>& i
     }
     if (answer.completed_prefix < index.size()) {
       // The owner did not have it (or failed): forget it, so the next lookup asks again.
-      MutexLock lock(&owners_mu_);
-      for (size_t j = answer.completed_prefix; j < index.size(); ++j) owners_.erase(*dkey[index[j]]);
+      {
+        MutexLock lock(&owners_mu_);
+        for (size_t j = answer.completed_prefix; j < index.size(); ++j) owners_.erase(*dkey[index[j]]);
+      }
+      // It answered that the chunk is not in its L1: its entry is stale (a lost withdrawal).
+      // One failed probe, and the fleet's other readers do not meet it again.
+      if (answer.first_error.code() == StatusCode::kNotFound) {
+        const std::string& stale = *dkey[index[answer.completed_prefix]];
+        if (agent_->Forget(stale, owner_of[stale]).ok()) ++forgotten;
+      }
     }
   }
   const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
@@ -374,6 +388,7 @@ std::vector<l2::ItemResult> PeerNode::LoadNow(const std::vector<l2::LoadItem>& i
   stats_.loaded_objects += loaded;
   stats_.loaded_bytes += bytes;
   stats_.load_misses += items.size() - loaded;
+  stats_.stale_entries_forgotten += forgotten;
   if (asked > 0) stats_.load_seconds += secs;
   return out;
 }
@@ -417,6 +432,9 @@ void PeerNode::RegisterMetrics(metrics::Registry& registry) {
        [](const Stats& s) { return static_cast<double>(s.load_misses); }},
       {"kvd_p2p_load_seconds_total", Kind::kCounter, "Summed duration of reads from peers.",
        [](const Stats& s) { return s.load_seconds; }},
+      {"kvd_p2p_stale_entries_forgotten_total", Kind::kCounter,
+       "Directory entries removed because their owner answered the chunk was not in its L1.",
+       [](const Stats& s) { return static_cast<double>(s.stale_entries_forgotten); }},
       {"kvd_p2p_served_objects_total", Kind::kCounter, "Objects this node sent to peers.",
        [](const Stats& s) { return static_cast<double>(s.served_objects); }},
       {"kvd_p2p_served_bytes_total", Kind::kCounter, "Bytes this node sent to peers.",

@@ -12,16 +12,19 @@
 //   here, so the bytes of such an L1 object are what the reader expects), (3) the asked range
 //   is the whole object of that format, and (4) its L1 slot is resident: it is pinned
 //   (l1::ReadPin) while UCX sends it, and the pin is dropped when the send ends or fails, so a
-//   reader that dies leaves no lock behind. Anything else answers NotFound (or
-//   InvalidArgument for a malformed ask). Peers that do not present the fleet's secret are
-//   refused by the transport before any of this runs (ucx_transport.h).
+//   reader that dies leaves no lock behind. An object not in L1 answers NotFound (and only
+//   that: readers act on it, see LOAD); an ask this node cannot serve (malformed, a format not
+//   registered here, not a whole object) InvalidArgument. Peers that do not present the
+//   fleet's secret are refused by the transport before any of this runs (ucx_transport.h).
 //
 //   LOAD. tier() is an l2::Tier that only loads (Tier::stores() is false), placed last in the
 //   server's TierSet, so the usual prefetch reserves L1 slots, loads into them, commits, and
 //   QUERY_PREFETCH_STATUS reports the hit. Exists asks the directory (one round trip per
 //   call, bounded by lookup_timeout_s); Load asks the directory again for owners it did not
 //   just see, reads from one live owner per chunk (bounded by load_timeout_s) and answers a
-//   miss for every object that did not arrive whole.
+//   miss for every object that did not arrive whole. An owner that answers NotFound (the
+//   chunk is not in its L1: its withdrawal was lost) is removed from that chunk's entry
+//   (FleetDirectory::Forget), so a stale entry costs the fleet one failed probe.
 //
 // THREADS. All methods are thread-safe. The listener methods run under an L1 shard mutex and
 // only queue (P2pAgent::Publish/Withdraw take the agent's mutex: lock order L1 shard -> agent).
@@ -29,13 +32,15 @@
 // its own worker threads.
 //
 // OWNERSHIP. The node owns the agent and the tier's workers. Attach(l1) borrows the cache
-// until Detach() (also run by the destructor), which closes the tier, stops the agent (every
-// pin it held is dropped) and turns the listener methods into no-ops: call it before the
-// cache is destroyed. The node itself, being the cache's listener, may outlive the cache.
+// until Detach() (also run by the destructor), which closes the tier, leaves the directory
+// (the node key is deleted, so its entries die at once), stops the agent (every pin it held
+// is dropped) and turns the listener methods into no-ops: call it before the cache is
+// destroyed. The node itself, being the cache's listener, may outlive the cache.
 // Before Attach, nothing is served or published.
 #pragma once
 
 #include <array>
+#include <chrono>
 #include <functional>
 #include <atomic>
 #include <cstdint>
@@ -84,6 +89,7 @@ class PeerNode : public l1::L1Listener {
     uint64_t lookup_keys = 0, lookup_hits = 0;    // chunks asked / held by a live peer
     uint64_t load_objects = 0, loaded_objects = 0, loaded_bytes = 0;
     uint64_t load_misses = 0;                     // objects asked that did not arrive
+    uint64_t stale_entries_forgotten = 0;         // entries whose owner lacked the chunk
     double load_seconds = 0;                      // summed read latency
     uint64_t served_objects = 0, served_bytes = 0;
     uint64_t serve_refusals = 0;                  // asks answered with an error
@@ -157,12 +163,19 @@ class PeerNode : public l1::L1Listener {
   std::map<std::pair<std::string, std::string>, Format> formats_ KVD_GUARDED_BY(mu_);
   Stats stats_ KVD_GUARDED_BY(mu_);
 
-  // The owners the last Exists found per directory key, for the Load that follows it (which
-  // then needs no second round trip). Emptied when it would exceed kMaxCachedOwners; an entry
-  // whose read failed is erased.
+  // The owners the last Exists found per directory key, for the Load of the same prefetch
+  // that follows it (which then needs no second round trip). Used for kOwnersFresh only, so
+  // a later load asks the directory again (a peer that restarted since is never read through
+  // what its earlier life published). Emptied when it would exceed kMaxCachedOwners; an
+  // entry whose read failed is erased.
   static constexpr size_t kMaxCachedOwners = 65536;
+  static constexpr std::chrono::seconds kOwnersFresh{2};
+  struct SeenOwners {
+    std::vector<FleetDirectory::Owner> owners;
+    std::chrono::steady_clock::time_point seen;
+  };
   Mutex owners_mu_;
-  std::unordered_map<std::string, std::vector<FleetDirectory::Owner>> owners_ KVD_GUARDED_BY(owners_mu_);
+  std::unordered_map<std::string, SeenOwners> owners_ KVD_GUARDED_BY(owners_mu_);
 
   std::vector<metrics::CollectorHandle> metric_handles_;  // last: unregistered first
 };

@@ -494,6 +494,28 @@ TEST(FleetDirectoryHostileTest, MalformedLookupRepliesAreRefused) {
   EXPECT_EQ((*d)->stats().reconnects, 0u);  // none of them broke the connection
 }
 
+TEST_F(FleetDirectoryTest, ForgetRemovesAnOwnerOnlyUnderTheIncarnationItWasSeenWith) {
+  auto a = Dir(redis_, "node-a", kIncA);
+  auto b = Dir(redis_, "node-b", kIncB);
+  ASSERT_TRUE(a->Heartbeat().ok());
+  ASSERT_TRUE(a->Publish({"k1", "k2"}).ok());
+  // B saw node-a under another incarnation: nothing is removed.
+  EXPECT_TRUE(b->Forget("k1", {"node-a", kIncA + 1, Url("node-a")}).ok());
+  auto got = b->Lookup({"k1", "k2"});
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ((*got)[0].size(), 1u);
+  // Under the incarnation it holds: gone from k1 only.
+  EXPECT_TRUE(b->Forget("k1", {"node-a", kIncA, Url("node-a")}).ok());
+  got = b->Lookup({"k1", "k2"});
+  ASSERT_TRUE(got.ok());
+  EXPECT_TRUE((*got)[0].empty());
+  EXPECT_EQ((*got)[1].size(), 1u);
+  EXPECT_EQ(b->stats().forgets, 2u);
+  EXPECT_EQ(b->Forget("", {"node-a", kIncA, ""}).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(b->Forget("k1", {"bad node", kIncA, ""}).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(b->Forget("k1", {"node-a", 0, ""}).code(), StatusCode::kInvalidArgument);
+}
+
 // A Cluster directory: every node is given the same seed (here, a master that does not own
 // the prefix's slot, or one that does); each reaches the slot's master through the slot map,
 // where every key of the fleet then lives, and nodes see each other's chunks.

@@ -171,6 +171,33 @@ TEST_F(PeerNodeTest, OnlyWholeObjectsOfRegisteredFormatsResidentInL1AreServed) {
   EXPECT_EQ(a.node->stats().served_objects, 0u);
   EXPECT_EQ(b.node->stats().loaded_objects, 0u);
   EXPECT_EQ(b.node->stats().load_misses, 2u);
+  // A refusal is not "not here": A's entry for the chunk stays in the directory.
+  EXPECT_EQ(b.node->stats().stale_entries_forgotten, 0u);
+  EXPECT_TRUE(Wait([&](auto done) { tier->Exists({KeyOf(5, "00c0ffee")}, done); })[0].status.ok());
+}
+
+// An entry whose owner no longer holds the chunk (its withdrawal was lost: written here
+// straight into the directory under A's name) costs one failed probe: B's read finds it gone
+// from A's L1, B removes A from the entry, and nobody meets it again.
+TEST_F(PeerNodeTest, AStaleEntryCostsOneFailedProbeAndIsForgotten) {
+  Member a(redis_, "fleet"), b(redis_, "fleet");
+  ASSERT_TRUE(a.status.ok() && b.status.ok());
+  a.node->AddFormat(kModel, "", kModel, kObj);
+  b.node->AddFormat(kModel, "", kModel, kObj);
+  FleetDirectory::Options o;
+  o.endpoint = redis_.endpoint();
+  auto as_a = FleetDirectory::Connect(o, a.node->self());
+  ASSERT_TRUE(as_a.ok()) << as_a.status().ToString();
+  ASSERT_TRUE((*as_a)->Publish({ChunkDirectoryKey(kModel, 1, "", Hash(9))}).ok());
+  auto tier = b.node->tier();
+  EXPECT_TRUE(Wait([&](auto done) { tier->Exists({KeyOf(9)}, done); })[0].status.ok());
+  auto res = b.l1->ReserveWrite({b.ns, Hash(9)}, 1, 0, kObj);
+  ASSERT_TRUE(res.ok());
+  auto loaded = Wait([&](auto done) { tier->Load({{KeyOf(9), res->data(), kObj}}, done); });
+  EXPECT_EQ(loaded[0].status.code(), StatusCode::kNotFound) << loaded[0].status.ToString();
+  EXPECT_EQ(b.node->stats().stale_entries_forgotten, 1u);
+  EXPECT_EQ(Wait([&](auto done) { tier->Exists({KeyOf(9)}, done); })[0].status.code(),
+            StatusCode::kNotFound);
 }
 
 TEST_F(PeerNodeTest, APeerWithoutTheSecretIsRefused) {
@@ -190,7 +217,7 @@ TEST_F(PeerNodeTest, APeerWithoutTheSecretIsRefused) {
   EXPECT_EQ(a.node->stats().served_objects, 0u);
 }
 
-TEST_F(PeerNodeTest, TheTierNeverStoresAndADetachedNodeNeitherPublishesNorServes) {
+TEST_F(PeerNodeTest, TheTierNeverStoresAndADetachedNodeLeavesTheDirectoryAndPublishesNothing) {
   Member a(redis_, "fleet"), b(redis_, "fleet");
   ASSERT_TRUE(a.status.ok() && b.status.ok());
   a.node->AddFormat(kModel, "", kModel, kObj);
@@ -199,9 +226,15 @@ TEST_F(PeerNodeTest, TheTierNeverStoresAndADetachedNodeNeitherPublishesNorServes
   auto stored = Wait([&](auto done) { a.node->tier()->Store({{KeyOf(7), src.data(), kObj}}, done); });
   EXPECT_EQ(stored[0].status.code(), StatusCode::kFailedPrecondition);
 
+  a.Store(10, 5);
+  ASSERT_TRUE(a.node->Flush().ok());
+  EXPECT_TRUE(Wait([&](auto done) { b.node->tier()->Exists({KeyOf(10)}, done); })[0].status.ok());
   a.node->Detach();
+  // A left the directory: its entries die at once, not with its heartbeat.
+  EXPECT_EQ(Wait([&](auto done) { b.node->tier()->Exists({KeyOf(10)}, done); })[0].status.code(),
+            StatusCode::kNotFound);
   a.Store(8, 4);  // L1 still works; the node no longer hears it
-  EXPECT_EQ(a.node->stats().published, 0u);
+  EXPECT_EQ(a.node->stats().published, 1u);  // chunk 10 only
   EXPECT_EQ(Wait([&](auto done) { b.node->tier()->Exists({KeyOf(8)}, done); })[0].status.code(),
             StatusCode::kNotFound);
   // A's own tier answers Unavailable once detached.
