@@ -132,7 +132,10 @@ Result<std::unique_ptr<p2p::PeerNode>> StartPeerNode(
   o.agent.self.url = config.p2p_advertise_url;
   auto node = p2p::PeerNode::Start(std::move(o));
   if (!node.ok()) {
-    return Status::Unavailable("P2P could not start: " + node.status().message());
+    return Status::Unavailable("P2P could not start (directory " + directory->host + ":" +
+                               std::to_string(directory->port) + ", listener " + listen->first +
+                               ":" + std::to_string(listen->second) + "): " +
+                               node.status().message());
   }
   spdlog::info("p2p: node {} (incarnation {:x}) listening on {}:{}, directory {}{}:{}{}",
                config.p2p_advertise_url, (*node)->self().incarnation, listen->first, listen->second,

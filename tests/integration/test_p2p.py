@@ -320,3 +320,23 @@ def test_directory_down_l1_keeps_serving_and_peer_lookups_miss(tmp_path):
         a.stop()
         b.stop()
         redis.close()
+
+
+def test_an_unreachable_directory_stops_kvd_at_startup_naming_it(tmp_path):
+    """Fail fast: a kvd whose fleet directory cannot be reached does not start, and says
+    which directory (and P2P listener) it tried."""
+    import subprocess  # noqa: PLC0415
+    from kvd_harness import DEFAULT_KVD_BIN  # noqa: PLC0415
+    secret = secret_file(tmp_path, "secret", "fleet-secret-6")
+    dead = free_port()
+    p2p = free_port(exclude={dead})
+    binary = os.environ.get("KVD_TEST_KVD_BIN", str(DEFAULT_KVD_BIN))
+    r = subprocess.run([binary, "server", "--l1-size-gb", "0.25", "--eviction-policy", "LRU",
+                        "--port", str(free_port(exclude={dead, p2p})), "--http-port", "0",
+                        "--p2p-advertise-url", f"127.0.0.1:{p2p}",
+                        "--p2p-directory", f"redis://127.0.0.1:{dead}",
+                        "--p2p-secret-file", str(secret), "--p2p-ucx-tls", "tcp"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0
+    assert f"directory 127.0.0.1:{dead}" in r.stdout + r.stderr, r.stdout + r.stderr
+
