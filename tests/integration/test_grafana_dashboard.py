@@ -1,6 +1,6 @@
 """docs/grafana/kvd-lmcache-dashboard.json queries only series that exist: every metric name
-in its expressions is in kvd's /metrics (kvd started with an fs tier, so the tier series are
-there; a labelled family without traffic yet, such as the lookup series, has no sample but is
+in its expressions is in kvd's /metrics (kvd started with an fs tier and P2P on, a real
+redis-server as its fleet directory, so the tier and P2P series are there; a labelled family without traffic yet, such as the lookup series, has no sample but is
 declared by its # TYPE line), and every lmcache_mp_* name is one lmcache 0.5.6 defines (its
 OpenTelemetry name, found in the lmcache package's source, with the unit and _total the
 Prometheus exporter appends)."""
@@ -17,6 +17,7 @@ from pathlib import Path
 import lmcache
 
 from kvd_harness import ServerProc, free_port
+from tiers_util import Redis
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "docs" / "grafana" / "kvd-lmcache-dashboard.json"
@@ -69,15 +70,22 @@ def test_every_dashboard_metric_exists_in_kvd_and_in_lmcache(tmp_path: Path):
 
     tier = tempfile.mkdtemp(prefix="kvd-grafana-")
     http = free_port()
+    redis = Redis().start()
+    secret = tmp_path / "p2p.secret"
+    secret.write_text("grafana-test\n")
     srv = ServerProc(kind="kvd", port=free_port(), l1_size_gb=0.05, log_path=tmp_path / "kvd.log",
                      extra_args=["--l2-adapter", json.dumps({"type": "fs", "base_path": tier}),
-                                 "--http-port", str(http)])
-    srv.start()
+                                 "--http-port", str(http),
+                                 "--p2p-advertise-url", f"127.0.0.1:{free_port()}",
+                                 "--p2p-directory", f"redis://127.0.0.1:{redis.port}",
+                                 "--p2p-secret-file", str(secret), "--p2p-ucx-tls", "tcp"])
     try:
+        srv.start()
         with urllib.request.urlopen(f"http://127.0.0.1:{http}/metrics", timeout=10) as r:
             text = r.read().decode()
     finally:
         srv.stop()
+        redis.close()
         shutil.rmtree(tier, ignore_errors=True)
     exported = {re.split(r"[{ ]", line, maxsplit=1)[0] for line in text.splitlines()
                 if line and not line.startswith("#")}
