@@ -149,7 +149,16 @@ Status P2pAgent::RegisterMemory(void* base, size_t length) {
   return st.ok() ? result : st;
 }
 
-Status P2pAgent::Leave() { return directory_->Leave(); }
+Status P2pAgent::Leave() {
+  {
+    MutexLock lock(&mu_);
+    left_ = true;
+  }
+  directory_wake_.NotifyAll();
+  // No heartbeat may follow the Leave (it would bring the node key back for a TTL).
+  if (directory_thread_.joinable()) directory_thread_.join();
+  return directory_->Leave();
+}
 
 Status P2pAgent::Forget(const std::string& key, const FleetDirectory::Owner& owner) {
   return directory_->Forget(key, owner);
@@ -216,8 +225,8 @@ Status P2pAgent::Flush() {
   MutexLock lock(&mu_);
   const uint64_t ticket = ++flush_asked_;
   directory_wake_.NotifyAll();
-  while (flush_done_ < ticket && !stop_) done_.WaitFor(&mu_, std::chrono::milliseconds(100));
-  if (flush_done_ < ticket) return Status::Unavailable("p2p: the agent is stopping");
+  while (flush_done_ < ticket && !stop_ && !left_) done_.WaitFor(&mu_, std::chrono::milliseconds(100));
+  if (flush_done_ < ticket) return Status::Unavailable("p2p: the agent is stopping or left the directory");
   return last_flush_;
 }
 
@@ -252,9 +261,9 @@ void P2pAgent::RunDirectory() {
     uint64_t ticket = 0;
     {
       MutexLock lock(&mu_);
-      if (stop_) return;
+      if (stop_ || left_) return;
       if (flush_asked_ == flush_done_) directory_wake_.WaitFor(&mu_, flush_every);
-      if (stop_) return;
+      if (stop_ || left_) return;
       ticket = flush_asked_;
       for (auto& u : updates_) batch.push_back(std::move(u));
       updates_.clear();
@@ -283,7 +292,7 @@ void P2pAgent::RunDirectory() {
     if (!status.ok()) {
       // The directory is down: wait a flush interval before the next try (not a busy loop).
       MutexLock lock(&mu_);
-      if (!stop_) directory_wake_.WaitFor(&mu_, flush_every);
+      if (!stop_ && !left_) directory_wake_.WaitFor(&mu_, flush_every);
     }
   }
 }

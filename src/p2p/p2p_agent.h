@@ -74,8 +74,10 @@ class P2pAgent {
   void Withdraw(std::vector<std::string> keys);
   // The directory's live owners of each key (FleetDirectory::Lookup).
   Result<std::vector<std::vector<FleetDirectory::Owner>>> Lookup(const std::vector<std::string>& keys);
-  // FleetDirectory::Leave, on the caller's thread: this node's entries die at once (a clean
-  // shutdown) instead of with its heartbeat.
+  // A clean shutdown's last word to the directory: stops the directory thread (no heartbeat
+  // or update is sent after this; queued ones are dropped), then FleetDirectory::Leave on the
+  // caller's thread, so this node's entries die at once instead of with its heartbeat. Reads
+  // and serving go on until the agent is destroyed. Call once, not from the directory thread.
   Status Leave();
   // FleetDirectory::Forget, on the caller's thread: `owner` no longer holds `key`.
   Status Forget(const std::string& key, const FleetDirectory::Owner& owner);
@@ -116,6 +118,7 @@ class P2pAgent {
   CondVar directory_wake_;  // a flush was asked for, or stop
   CondVar done_;            // a job finished, or a flush did
   bool stop_ KVD_GUARDED_BY(mu_) = false;
+  bool left_ KVD_GUARDED_BY(mu_) = false;  // Leave() ran: the directory thread is done
   std::deque<std::pair<uint64_t, std::function<void()>>> jobs_ KVD_GUARDED_BY(mu_);  // id, job
   uint64_t next_job_ KVD_GUARDED_BY(mu_) = 0;
   std::vector<Update> updates_ KVD_GUARDED_BY(mu_);

@@ -145,8 +145,9 @@ void PeerNode::Detach() {
   {
     MutexLock lock(&listen_mu_);
     if (!agent_) return;
-    // This node's entries die now, rather than when its heartbeat expires (one round trip;
-    // a directory that is down costs at most its timeouts, and the entries then expire).
+    // This node's entries die now, rather than when its heartbeat expires (one round trip
+    // after the directory thread stopped; a directory that is down costs at most its
+    // timeouts, and the entries then expire).
     if (Status st = agent_->Leave(); !st.ok()) spdlog::warn("p2p: leaving the directory: {}", st.message());
     last_agent_stats_ = agent_->stats();
     agent = std::move(agent_);

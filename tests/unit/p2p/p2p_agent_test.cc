@@ -64,6 +64,30 @@ class P2pAgentTest : public ::testing::Test {
   l2::testing::RedisProcess redis_;
 };
 
+// Leave: the node's entries die at once and stay dead, though the agent lives on (no
+// heartbeat follows to bring the node key back), and its later updates go nowhere.
+TEST_F(P2pAgentTest, LeaveStopsHeartbeatsAndTheNodesEntriesDieAtOnce) {
+  Node a(redis_, "node-a", 11, 2);
+  Node b(redis_, "node-b", 22, 2);
+  ASSERT_TRUE(a.status.ok() && b.status.ok());
+  a.agent->Publish({"left-0"});
+  ASSERT_TRUE(a.agent->Flush().ok());
+  auto owners = b.agent->Lookup({"left-0"});
+  ASSERT_TRUE(owners.ok());
+  ASSERT_EQ((*owners)[0].size(), 1u);
+  ASSERT_TRUE(a.agent->Leave().ok());
+  // Three heartbeat intervals (node_ttl_s 1: one every 0.33 s) pass with A still alive.
+  std::this_thread::sleep_for(1s);
+  owners = b.agent->Lookup({"left-0"});
+  ASSERT_TRUE(owners.ok());
+  EXPECT_TRUE((*owners)[0].empty());
+  a.agent->Publish({"left-1"});
+  EXPECT_EQ(a.agent->Flush().code(), StatusCode::kUnavailable);
+  owners = b.agent->Lookup({"left-1"});
+  ASSERT_TRUE(owners.ok());
+  EXPECT_TRUE((*owners)[0].empty());
+}
+
 TEST_F(P2pAgentTest, AChunkPublishedByOneNodeIsFoundAndReadByAnother) {
   Node a(redis_, "node-a", 11, 4);
   Node b(redis_, "node-b", 22, 4);
