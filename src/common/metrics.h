@@ -197,4 +197,29 @@ double ValueOf(const std::vector<FamilySnapshot>& families, const std::string& n
 const Series* FindSeries(const std::vector<FamilySnapshot>& families, const std::string& name,
                          const std::vector<std::string>& label_values);
 
+// One unlabelled family read from a snapshot of its owner's stats (`Stats`), for owners that
+// describe their families as a table (server/kv_events.cc, p2p/peer_node.cc).
+template <typename Stats>
+struct StatsFamily {
+  const char* name;
+  Kind kind;
+  const char* help;
+  double (*read)(const Stats&);
+};
+
+// Registers every family of `table`; each collection calls `snapshot` once per family. The
+// handles unregister them: keep them as the owner's last member.
+template <typename Stats, size_t N, typename Snapshot>
+std::vector<CollectorHandle> AddStatsFamilies(Registry& registry, const StatsFamily<Stats> (&table)[N],
+                                              Snapshot snapshot) {
+  std::vector<CollectorHandle> handles;
+  handles.reserve(N);
+  for (const StatsFamily<Stats>& f : table) {
+    handles.push_back(registry.AddCollected(
+        {f.name, f.help, f.kind, {}, {}},
+        [snapshot, read = f.read](SeriesSink& sink) { sink.Add(read(snapshot())); }));
+  }
+  return handles;
+}
+
 }  // namespace kvd::metrics

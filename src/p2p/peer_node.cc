@@ -396,13 +396,7 @@ std::vector<l2::ItemResult> PeerNode::LoadNow(const std::vector<l2::LoadItem>& i
 
 void PeerNode::RegisterMetrics(metrics::Registry& registry) {
   using metrics::Kind;
-  struct Family {
-    const char* name;
-    Kind kind;
-    const char* help;
-    double (*read)(const Stats&);
-  };
-  static constexpr Family kFamilies[] = {
+  static constexpr metrics::StatsFamily<Stats> kFamilies[] = {
       {"kvd_p2p_published_chunks_total", Kind::kCounter,
        "Chunks completed in L1 and queued for the fleet directory.",
        [](const Stats& s) { return static_cast<double>(s.published); }},
@@ -449,11 +443,7 @@ void PeerNode::RegisterMetrics(metrics::Registry& registry) {
       {"kvd_p2p_connected_peers", Kind::kGauge, "Connections peers hold to this node's P2P listener.",
        [](const Stats& s) { return static_cast<double>(s.agent.accepted_peers); }},
   };
-  for (const Family& f : kFamilies) {
-    metric_handles_.push_back(registry.AddCollected(
-        {f.name, f.help, f.kind, {}, {}},
-        [this, read = f.read](metrics::SeriesSink& sink) { sink.Add(read(stats())); }));
-  }
+  metric_handles_ = metrics::AddStatsFamilies(registry, kFamilies, [this] { return stats(); });
 }
 
 std::vector<l1::ChunkKey> PeerNode::WholeChunks(const std::vector<l2::LoadItem>& items,

@@ -251,13 +251,7 @@ KvEventLog::Stats KvEventLog::stats() const {
 
 void KvEventLog::RegisterMetrics(metrics::Registry& registry) {
   using metrics::Kind;
-  struct Family {
-    const char* name;
-    Kind kind;
-    const char* help;
-    double (*read)(const Stats&);
-  };
-  static constexpr Family kFamilies[] = {
+  static constexpr metrics::StatsFamily<Stats> kFamilies[] = {
       {"lmcache_mp_kv_events_log_depth", Kind::kGauge,
        "Cache-event records retained for subscribers and reconnects.",
        [](const Stats& s) { return static_cast<double>(s.log_depth); }},
@@ -280,10 +274,7 @@ void KvEventLog::RegisterMetrics(metrics::Registry& registry) {
       {"kvd_kv_events_removed_records_total", Kind::kCounter, "Removed records appended to the log.",
        [](const Stats& s) { return static_cast<double>(s.removed_records); }},
   };
-  for (const Family& f : kFamilies) {
-    metric_handles_.push_back(registry.AddCollected(
-        {f.name, f.help, f.kind, {}, {}}, [this, read = f.read](metrics::SeriesSink& sink) { sink.Add(read(stats())); }));
-  }
+  metric_handles_ = metrics::AddStatsFamilies(registry, kFamilies, [this] { return stats(); });
 }
 
 void KvEventLog::set_subscribers(size_t n) {
