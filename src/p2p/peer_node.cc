@@ -255,6 +255,16 @@ Result<ServedBytes> PeerNode::Serve(const ServeAsk& ask) {
   return out;
 }
 
+Result<std::vector<std::vector<FleetDirectory::Owner>>> PeerNode::LookupOwners(
+    const std::vector<std::string>& keys) {
+  auto owners = agent_->Lookup(keys);
+  MutexLock lock(&mu_);
+  stats_.lookups++;
+  stats_.lookup_keys += keys.size();
+  if (!owners.ok()) stats_.lookup_failures++;
+  return owners;
+}
+
 std::vector<l2::ItemResult> PeerNode::ExistsNow(const std::vector<l2::ObjectKey>& keys) {
   std::vector<l2::ItemResult> out(keys.size(), l2::ItemResult{Status::NotFound("not in a peer"), 0});
   std::vector<std::string> unique;
@@ -268,13 +278,7 @@ std::vector<l2::ItemResult> PeerNode::ExistsNow(const std::vector<l2::ObjectKey>
     key_at[i] = it->second;
   }
   if (unique.empty()) return out;
-  auto owners = agent_->Lookup(unique);
-  {
-    MutexLock lock(&mu_);
-    stats_.lookups++;
-    stats_.lookup_keys += unique.size();
-    if (!owners.ok()) stats_.lookup_failures++;
-  }
+  auto owners = LookupOwners(unique);
   if (!owners.ok()) {
     for (size_t i = 0; i < keys.size(); ++i) {
       if (key_at[i]) out[i].status = Status::Unavailable("p2p directory: " + owners.status().message());
@@ -322,16 +326,9 @@ std::vector<l2::ItemResult> PeerNode::LoadNow(const std::vector<l2::LoadItem>& i
     }
   }
   if (!missing.empty()) {
-    auto owners = agent_->Lookup(missing);
-    MutexLock lock(&mu_);
-    stats_.lookups++;
-    stats_.lookup_keys += missing.size();
-    if (!owners.ok()) {
-      stats_.lookup_failures++;
-    } else {
-      for (size_t u = 0; u < missing.size(); ++u) {
-        if (!(*owners)[u].empty()) owner_of[missing[u]] = (*owners)[u].front();
-      }
+    auto owners = LookupOwners(missing);
+    for (size_t u = 0; owners.ok() && u < missing.size(); ++u) {
+      if (!(*owners)[u].empty()) owner_of[missing[u]] = (*owners)[u].front();
     }
   }
   // One read per owner, in item order.
@@ -342,7 +339,7 @@ std::vector<l2::ItemResult> PeerNode::LoadNow(const std::vector<l2::LoadItem>& i
     if (it != owner_of.end()) by_url[it->second.url].push_back(i);
   }
   uint64_t forgotten = 0;
-  uint64_t asked = 0, loaded = 0, bytes = 0;
+  uint64_t loaded = 0, bytes = 0;
   const auto t0 = Clock::now();
   for (const auto& [url, index] : by_url) {
     std::vector<ReadItem> reads;
@@ -354,7 +351,6 @@ std::vector<l2::ItemResult> PeerNode::LoadNow(const std::vector<l2::LoadItem>& i
       r.dst = items[i].dst;
       reads.push_back(std::move(r));
     }
-    asked += reads.size();
     const ReadAnswer answer = agent_->Read(url, std::move(reads), After(options_.load_timeout_s));
     for (size_t j = 0; j < index.size(); ++j) {
       auto& r = out[index[j]];
@@ -390,7 +386,7 @@ std::vector<l2::ItemResult> PeerNode::LoadNow(const std::vector<l2::LoadItem>& i
   stats_.loaded_bytes += bytes;
   stats_.load_misses += items.size() - loaded;
   stats_.stale_entries_forgotten += forgotten;
-  if (asked > 0) stats_.load_seconds += secs;
+  if (!by_url.empty()) stats_.load_seconds += secs;
   return out;
 }
 

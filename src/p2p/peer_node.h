@@ -136,6 +136,8 @@ class PeerNode : public l1::L1Listener {
   // The directory key of `key`'s chunk; nullopt when its format is not registered here.
   std::optional<std::string> DirectoryKeyOf(const l2::ObjectKey& key) const;
   std::string DirectoryKeyOf(const l1::ChunkKey& key) const;
+  // The directory's owners of `keys` (P2pAgent::Lookup), counted in stats_.
+  Result<std::vector<std::vector<FleetDirectory::Owner>>> LookupOwners(const std::vector<std::string>& keys);
   // The tier's calls, on its workers.
   std::vector<l2::ItemResult> ExistsNow(const std::vector<l2::ObjectKey>& keys);
   std::vector<l2::ItemResult> LoadNow(const std::vector<l2::LoadItem>& items);
