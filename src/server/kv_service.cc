@@ -43,11 +43,9 @@ Result<std::unique_ptr<KvService>> KvService::Create(const ServerConfig& config,
     blend_index = std::move(index).value();
     blend_index->set_tiers(!config.l2_adapters.empty() || config.p2p());
   }
-  auto peers = StartPeerNode(config, events ? std::function<void(std::span<const l1::ChunkKey>)>(
-                                                  [log = events.get()](std::span<const l1::ChunkKey> keys) {
-                                                    log->OnLoadedFromPeer(keys);
-                                                  })
-                                            : nullptr);
+  std::function<void(std::span<const l1::ChunkKey>)> on_loaded;  // the log's "loaded" records
+  if (events) on_loaded = [log = events.get()](auto keys) { log->OnLoadedFromPeer(keys); };
+  auto peers = StartPeerNode(config, std::move(on_loaded));
   if (!peers.ok()) return peers.status();
   auto fanout = std::make_unique<L1ListenerFanOut>();
   if (events) fanout->Add(events.get());
