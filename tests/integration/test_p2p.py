@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from kvd_harness import ServerProc, TPCluster, free_port
-from tiers_util import Prompt, Redis, RedisCluster, wait_until
+from tiers_util import Prompt, Redis, RedisCluster, metric, wait_until
 
 MODEL = "org/P2p-Model-1"
 PREFIX = "{kvd-p2p}:"
@@ -75,19 +75,6 @@ class Node:
 
     def stop(self) -> None:
         self.srv.stop()
-
-
-def metric(text: str, name: str, **labels) -> float:
-    total = 0.0
-    for line in text.splitlines():
-        if not line.startswith(name):
-            continue
-        head, _, value = line.rpartition(" ")
-        if head != name and not head.startswith(name + "{"):
-            continue
-        if all(f'{k}="{v}"' in head for k, v in labels.items()):
-            total += float(value)
-    return total
 
 
 def chunk_entries(redis: Redis) -> list[str]:

@@ -33,7 +33,7 @@ import pytest
 
 from kvd_harness import ServerProc, TPCluster, free_port
 from mount_ns import private_mount_prefix
-from tiers_util import Prompt, Redis, RedisCluster, wait_until
+from tiers_util import Prompt, Redis, RedisCluster, metric, wait_until
 
 MODEL = "org/Tiered-Model-1"
 
@@ -74,19 +74,6 @@ def kvd_metrics(srv: ServerProc) -> str:
     port = srv._http_port  # set by start_kvd below
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
         return r.read().decode()
-
-
-def metric(text: str, name: str, **labels) -> float:
-    total = 0.0
-    for line in text.splitlines():
-        if not line.startswith(name):
-            continue
-        head, _, value = line.rpartition(" ")
-        if head != name and not head.startswith(name + "{"):
-            continue
-        if all(f'{k}="{v}"' in head for k, v in labels.items()):
-            total += float(value)
-    return total
 
 
 def start_kvd(adapter, tmp_path: Path, name: str, extra=(), prefix=()) -> ServerProc:

@@ -159,6 +159,20 @@ class RedisCluster:
         return per_node
 
 
+def metric(text: str, name: str, **labels) -> float:
+    """The sum of `name`'s samples in Prometheus text whose labels include `labels`."""
+    total = 0.0
+    for line in text.splitlines():
+        if not line.startswith(name):
+            continue
+        head, _, value = line.rpartition(" ")
+        if head != name and not head.startswith(name + "{"):
+            continue
+        if all(f'{k}="{v}"' in head for k, v in labels.items()):
+            total += float(value)
+    return total
+
+
 def wait_until(pred, timeout: float = 20.0, what: str = "condition") -> None:
     deadline = time.monotonic() + timeout
     while not pred():
