@@ -304,7 +304,7 @@ int RunServer(const CliConfig& cli) {
     std::atomic<int64_t> beat_ns{clock.NowNanos()};
     kvd::cli::ServiceStatsParts parts;
     parts.service = svc.get();
-    parts.request_metrics = &metrics;
+    parts.version = KVD_VERSION;
     parts.registry = &registry;
     parts.config = &cfg;
     {

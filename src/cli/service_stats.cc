@@ -2,10 +2,8 @@
 
 #include <spdlog/spdlog.h>
 
-#include <array>
 #include <chrono>
 #include <future>
-#include <optional>
 #include <utility>
 #include <vector>
 #include <zmq.hpp>
@@ -20,38 +18,24 @@
 namespace kvd::cli {
 namespace {
 
-// The lookup totals (every label set summed) for /status and the dashboard; the series per
-// model and salt, like the transfer and copy-throughput ones, are registry families
-// (ServiceCounters::RegisterMetrics). The overflow label set counts once it counted.
-void SumLookupCounters(const kvd::server::ServiceCounters& c, uint64_t chunk, kvd::http::Snapshot* s) {
-  using kvd::server::LookupValues;
-  auto load = [](const std::atomic<uint64_t>& a) { return a.load(std::memory_order_relaxed); };
-  auto lookup = [&](const std::array<std::string, 2>&, const LookupValues& v) {
-    auto& t = s->counters;
-    const uint64_t l1 = load(v.hit_l1_chunks) * chunk, l2 = load(v.hit_l2_chunks) * chunk;
-    t.lookups += load(v.lookups);
-    t.lookup_tokens += load(v.requested_chunks) * chunk;
-    t.hit_tokens += l1 + l2;
-    t.hit_l1_tokens += l1;
-    t.hit_l2_tokens += l2;
-  };
-  c.lookups.ForEach(lookup);
-  if (load(c.lookups.overflow().lookups) > 0) {
-    lookup(c.lookups.overflow_labels(), c.lookups.overflow());
-  }
-}
-
 class ServiceStatsImpl final : public ServiceStats {
  public:
   explicit ServiceStatsImpl(ServiceStatsParts parts)
       : svc_(parts.service),
-        metrics_(parts.request_metrics),
         registry_(parts.registry),
         cfg_(*parts.config),
         stopping_(parts.stopping),
         beat_ns_(parts.maintenance_beat_ns),
         started_(Now()),
-        probe_endpoint_(std::move(parts.probe_endpoint)) {}
+        probe_endpoint_(std::move(parts.probe_endpoint)) {
+    using kvd::metrics::Kind;
+    metric_handles_.push_back(registry_->AddCollected(
+        {"kvd_build_info", "kvd version (value is always 1).", Kind::kGauge, {"version", "lmcache_protocol"}, {}},
+        [version = std::move(parts.version)](kvd::metrics::SeriesSink& sink) { sink.Add({version, "0.5.6"}, 1); }));
+    metric_handles_.push_back(registry_->AddCollected(
+        {"kvd_uptime_seconds", "Seconds since kvd started.", Kind::kGauge, {}, {}},
+        [this](kvd::metrics::SeriesSink& sink) { sink.Add(static_cast<double>(Now() - started_) * 1e-9); }));
+  }
 
   kvd::http::Health CheckHealth() override {
     if (stopping_->load()) return {false, "shutting down"};
@@ -70,89 +54,16 @@ class ServiceStatsImpl final : public ServiceStats {
     return {};
   }
 
-  // Counters count from the last POST /metrics/reset (gauges and histograms are absolute).
+  // Counters count from the last POST /metrics/reset (the registry rebases them; gauges and
+  // histograms are absolute).
   kvd::http::Snapshot Collect() override {
-    kvd::http::Snapshot s = CollectRaw();
-    kvd::MutexLock lock(&baseline_mu_);
-    if (!baseline_) return s;
-    const kvd::http::Snapshot& b = *baseline_;
-    auto sub = [](uint64_t& v, uint64_t base) { v = v > base ? v - base : 0; };
-    auto& c = s.counters;
-    const auto& bc = b.counters;
-    sub(c.lookups, bc.lookups);
-    sub(c.lookup_tokens, bc.lookup_tokens);
-    sub(c.hit_tokens, bc.hit_tokens);
-    sub(c.hit_l1_tokens, bc.hit_l1_tokens);
-    sub(c.hit_l2_tokens, bc.hit_l2_tokens);
-    sub(c.stores, bc.stores);
-    sub(c.store_failures, bc.store_failures);
-    sub(c.stored_chunks, bc.stored_chunks);
-    sub(c.stored_bytes, bc.stored_bytes);
-    sub(c.retrieves, bc.retrieves);
-    sub(c.retrieve_failures, bc.retrieve_failures);
-    sub(c.retrieved_chunks, bc.retrieved_chunks);
-    sub(c.retrieved_bytes, bc.retrieved_bytes);
-    sub(s.l1.evictions, b.l1.evictions);
-    sub(s.l1.evicted_bytes, b.l1.evicted_bytes);
-    sub(s.unknown_ops, b.unknown_ops);
-    sub(s.chunk_key_memo_hits, b.chunk_key_memo_hits);
-    sub(s.chunk_key_memo_misses, b.chunk_key_memo_misses);
-    for (auto& o : s.ops) {
-      for (const auto& bo : b.ops) {
-        if (bo.name != o.name) continue;
-        sub(o.requests, bo.requests);
-        sub(o.refused, bo.refused);
-      }
-    }
-    return s;
-  }
-
-  kvd::http::Snapshot CollectRaw() {
     kvd::http::Snapshot s;
-    s.uptime_seconds = static_cast<double>(Now() - started_) * 1e-9;
     s.chunk_size = cfg_.chunk_size;
-    const kvd::l1::L1Stats l1 = svc_->l1_stats();
-    s.l1 = {l1.capacity_bytes, l1.used_bytes,      l1.entries,    l1.locked_entries,
-            l1.resident_objects, l1.staging_objects, l1.pinned_objects, l1.evictions,
-            l1.evicted_bytes, l1.populated_bytes, kvd::l1::PageKindName(svc_->l1().page_kind()),
-            l1.lookup_locks, l1.shed_lookup_locks};
-    const auto& c = svc_->counters();
-    SumLookupCounters(c, static_cast<uint64_t>(cfg_.chunk_size), &s);
-    s.counters.stores = c.stores.load();
-    s.counters.store_failures = c.store_failures.load();
-    s.counters.stored_chunks = c.stored_chunks.load();
-    s.counters.stored_bytes = c.stored_bytes.load();
-    s.counters.retrieves = c.retrieves.load();
-    s.counters.retrieve_failures = c.retrieve_failures.load();
-    s.counters.retrieved_chunks = c.retrieved_chunks.load();
-    s.counters.retrieved_bytes = c.retrieved_bytes.load();
-    kvd::server::ServiceStatus st = svc_->StatusSnapshot();
-    for (auto& i : st.instances) {
+    for (auto& i : svc_->StatusSnapshot().instances) {
       s.instances.push_back({i.instance_id, i.engine_driven, std::move(i.model_name), i.world_size,
                              std::move(i.layout), i.object_bytes, i.idle_seconds, i.pinged});
     }
-    s.sessions = st.sessions;
-    s.session_bytes = st.session_bytes;
-    s.sessions_evicted = st.sessions_evicted;
-    s.chunk_key_memo_hits = st.chunk_key_memo_hits;
-    s.chunk_key_memo_misses = st.chunk_key_memo_misses;
-    s.chunk_key_memo_bytes = st.chunk_key_memo_bytes;
-    s.pending_engine_stores = st.pending_engine_stores;
-    s.pending_engine_retrieves = st.pending_engine_retrieves;
-    const auto& metrics = *metrics_;
-    s.latency_bounds.assign(kvd::server::RequestMetrics::kLatencyBounds.begin(),
-                            kvd::server::RequestMetrics::kLatencyBounds.end());
-    for (auto& o : metrics.Snapshot()) {
-      std::vector<kvd::http::PhaseView> phases;
-      for (auto& p : o.phases) phases.push_back({std::move(p.name), std::move(p.buckets), p.sum_seconds});
-      s.ops.push_back({std::move(o.name), o.requests, o.in_flight, std::move(o.buckets),
-                       o.latency_sum_seconds, std::move(phases), o.refused});
-    }
-    s.unknown_ops = metrics.unknown_ops();
-    auto loop = metrics.Loop();
-    s.loop = {loop.iterations,       std::move(loop.buckets),      loop.sum_seconds,
-              loop.longest_seconds,  loop.longest_inline_seconds,  std::move(loop.longest_inline_op)};
-    s.families = registry_->Collect();  // counters already net of the registry's own reset
+    s.families = registry_->Collect();
     return s;
   }
 
@@ -192,12 +103,7 @@ class ServiceStatsImpl final : public ServiceStats {
     return {n.removed, n.busy, {}};
   }
 
-  void ResetMetrics() override {
-    registry_->ResetCounters();
-    kvd::http::Snapshot now = CollectRaw();
-    kvd::MutexLock lock(&baseline_mu_);
-    baseline_ = std::move(now);
-  }
+  void ResetMetrics() override { registry_->ResetCounters(); }
 
   std::vector<kvd::http::L2AdapterView> L2Adapters() override {
     std::vector<kvd::http::L2AdapterView> out;
@@ -307,20 +213,18 @@ class ServiceStatsImpl final : public ServiceStats {
   }
 
   kvd::server::KvService* const svc_;
-  const kvd::server::RequestMetrics* const metrics_;  // owned by RunServer
   kvd::metrics::Registry* const registry_;            // owned by RunServer
   const kvd::server::ServerConfig cfg_;
   const std::atomic<bool>* const stopping_;
   const std::atomic<int64_t>* const beat_ns_;
   const int64_t started_;
-  kvd::Mutex baseline_mu_;
-  std::optional<kvd::http::Snapshot> baseline_ KVD_GUARDED_BY(baseline_mu_);  // see ResetMetrics
   std::string probe_endpoint_;
   zmq::context_t ctx_{1};
   kvd::Mutex probe_mu_;
   int64_t probed_ns_ KVD_GUARDED_BY(probe_mu_) = 0;
   bool probe_ok_ KVD_GUARDED_BY(probe_mu_) = false;
   int64_t probe_uid_ KVD_GUARDED_BY(probe_mu_) = 0;
+  std::vector<kvd::metrics::CollectorHandle> metric_handles_;  // last: unregistered first
 };
 
 

@@ -1,7 +1,8 @@
 // ServiceStats: the HTTP module's view of this process, an http::StatsSource and AdminPort
 // over the running KvService, its L1 cache and tiers, the request metrics and the metrics
-// registry. Collect copies what the routes show into a plain http::Snapshot (counters net
-// of the last POST /metrics/reset; the registry rebases its own families); CheckHealth
+// registry. Collect hands the routes the registry's families (counters net of the last
+// POST /metrics/reset) and the registered workers; it registers kvd_build_info and
+// kvd_uptime_seconds itself. CheckHealth
 // proves the request loop answers by sending it a NOOP (at most once a second); the admin
 // routes (clear, quotas, object deletes, metrics reset) act on the service.
 //
@@ -19,15 +20,14 @@
 #include "http/stats_source.h"
 #include "server/config.h"
 #include "server/kv_service.h"
-#include "server/metrics.h"
 
 namespace kvd::cli {
 
 struct ServiceStatsParts {
   server::KvService* service = nullptr;
-  const server::RequestMetrics* request_metrics = nullptr;
   metrics::Registry* registry = nullptr;
   const server::ServerConfig* config = nullptr;
+  std::string version;                                  // kvd_build_info's version label
   std::string probe_endpoint;                           // the request socket (a NOOP is sent)
   const std::atomic<bool>* stopping = nullptr;          // true once shutdown began
   const std::atomic<int64_t>* maintenance_beat_ns = nullptr;  // the maintenance loop's last round

@@ -239,4 +239,12 @@ const Series* FindSeries(const std::vector<FamilySnapshot>& families, const std:
   return nullptr;
 }
 
+double SumOf(const std::vector<FamilySnapshot>& families, const std::string& name) {
+  const FamilySnapshot* f = FindFamily(families, name);
+  double sum = 0;
+  if (f == nullptr) return sum;
+  for (const auto& s : f->series) sum += s.value;
+  return sum;
+}
+
 }  // namespace kvd::metrics

@@ -192,6 +192,9 @@ class Registry {
 // lmcache-shaped /status key).
 const FamilySnapshot* FindFamily(const std::vector<FamilySnapshot>& families, const std::string& name);
 double ValueOf(const std::vector<FamilySnapshot>& families, const std::string& name, double fallback = 0);
+// The sum of every series of counter or gauge family `name` (0 when absent): a total over
+// label sets.
+double SumOf(const std::vector<FamilySnapshot>& families, const std::string& name);
 // The series of family `name` whose label values are exactly `label_values` (nullptr when
 // there is none).
 const Series* FindSeries(const std::vector<FamilySnapshot>& families, const std::string& name,

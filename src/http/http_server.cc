@@ -187,7 +187,7 @@ HttpServer::HttpServer(HttpOptions options, StatsSource* source, AdminPort* admi
       return;
     }
     NoStore(res);
-    res.set_content(RenderPrometheus(source_->Collect(), options_.version),
+    res.set_content(RenderPrometheus(source_->Collect()),
                     "text/plain; version=0.0.4; charset=utf-8");
   });
   AddQuotaRoutes(routes, source_, admin_);

@@ -15,11 +15,89 @@ namespace {
 // Model names come from clients: never let invalid UTF-8 throw while serialising.
 std::string Dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 
+uint64_t AsCount(double v) { return v > 0 ? static_cast<uint64_t>(std::llround(v)) : 0; }
+
 // A counter or gauge series as a JSON count (0 when absent).
 uint64_t Count(const std::vector<metrics::FamilySnapshot>& f, const std::string& name,
                const std::vector<std::string>& labels) {
   const metrics::Series* s = metrics::FindSeries(f, name, labels);
-  return s == nullptr || !(s->value > 0) ? 0 : static_cast<uint64_t>(std::llround(s->value));
+  return s == nullptr ? 0 : AsCount(s->value);
+}
+
+double Ratio(uint64_t part, uint64_t whole) {
+  return whole ? static_cast<double>(part) / static_cast<double>(whole) : 0.0;
+}
+
+// lmcache-shaped "l1" key, read from the L1 cache's families (l1/l1_metrics.h).
+json L1Json(const std::vector<metrics::FamilySnapshot>& f) {
+  auto v = [&](const char* family) { return Count(f, family, {}); };
+  std::string page_kind = "regular";
+  const metrics::FamilySnapshot* info = metrics::FindFamily(f, "kvd_l1_info");
+  if (info != nullptr && !info->series.empty() && info->series[0].label_values.size() == 1) {
+    page_kind = info->series[0].label_values[0];
+  }
+  const uint64_t used = v("lmcache_mp_l1_memory_usage_bytes"), total = v("kvd_l1_capacity_bytes");
+  return {{"used_bytes", used},
+          {"total_bytes", total},
+          {"usage_ratio", Ratio(used, total)},
+          {"entries", v("kvd_l1_entries")},
+          {"locked_entries", v("kvd_l1_locked_entries")},
+          {"resident_objects", v("kvd_l1_resident_objects")},
+          {"staging_objects", v("kvd_l1_staging_objects")},
+          {"pinned_objects", v("kvd_l1_pinned_objects")},
+          {"evictions", v("lmcache_mp_l1_evicted_chunks_total")},
+          {"evicted_bytes", v("kvd_l1_evicted_bytes_total")},
+          {"populated_bytes", v("kvd_l1_populated_bytes")},
+          {"page_kind", page_kind},
+          {"lookup_locks", v("kvd_l1_lookup_locks")},
+          {"shed_lookup_locks", v("kvd_l1_lookup_locks_shed_total")}};
+}
+
+// The request totals: lookups summed over their (cache_salt, model_name) series, the store
+// and retrieve counters, and every op's requests.
+json CountersJson(const std::vector<metrics::FamilySnapshot>& f) {
+  auto v = [&](const char* family) { return Count(f, family, {}); };
+  auto sum = [&](const char* family) { return AsCount(metrics::SumOf(f, family)); };
+  const uint64_t looked = sum("lmcache_mp_lookup_requested_tokens_total");
+  const uint64_t hits = sum("lmcache_mp_lookup_hit_tokens_total");
+  return {{"lookups", sum("lmcache_mp_lookups_requests_total")},
+          {"lookup_tokens", looked},
+          {"hit_tokens", hits},
+          {"hit_ratio", Ratio(hits, looked)},
+          {"stores", v("kvd_store_requests_total")},
+          {"store_failures", v("kvd_store_failures_total")},
+          {"stored_chunks", v("lmcache_mp_l1_write_chunks_total")},
+          {"stored_bytes", v("kvd_stored_bytes_total")},
+          {"retrieves", v("kvd_retrieve_requests_total")},
+          {"retrieve_failures", v("kvd_retrieve_failures_total")},
+          {"retrieved_chunks", v("lmcache_mp_l1_read_chunks_total")},
+          {"retrieved_bytes", v("kvd_retrieved_bytes_total")},
+          {"requests", sum("kvd_requests_total")},
+          {"unknown_ops", v("kvd_unknown_op_requests_total")}};
+}
+
+// Per op that has seen requests: count, in flight, mean and quantiles of its latency.
+json OpsJson(const std::vector<metrics::FamilySnapshot>& f) {
+  json ops = json::object();
+  const metrics::FamilySnapshot* requests = metrics::FindFamily(f, "kvd_requests_total");
+  const metrics::FamilySnapshot* latency = metrics::FindFamily(f, "kvd_request_duration_seconds");
+  if (requests == nullptr) return ops;
+  for (const auto& x : requests->series) {
+    if (x.label_values.size() != 1) continue;
+    const std::string& op = x.label_values[0];
+    const uint64_t n = AsCount(x.value);
+    const metrics::Series* h = metrics::FindSeries(f, "kvd_request_duration_seconds", {op});
+    const std::vector<double> no_bounds;
+    const std::vector<double>& bounds = latency ? latency->desc.bounds : no_bounds;
+    const std::vector<uint64_t> no_buckets;
+    const std::vector<uint64_t>& buckets = h ? h->buckets : no_buckets;
+    ops[op] = {{"requests", n},
+               {"in_flight", Count(f, "kvd_requests_in_flight", {op})},
+               {"mean_ms", n && h ? 1e3 * h->sum / static_cast<double>(n) : 0.0},
+               {"p50_ms", 1e3 * HistogramQuantile(bounds, buckets, 0.5)},
+               {"p99_ms", 1e3 * HistogramQuantile(bounds, buckets, 0.99)}};
+  }
+  return ops;
 }
 
 // The tiers behind L1, read from the families the tiers registered (l2/tier_metrics.h):
@@ -139,6 +217,7 @@ json FamiliesJson(const std::vector<metrics::FamilySnapshot>& families) {
 }  // namespace
 
 std::string StatusJson(const Snapshot& s, const Health& health, const std::string& version) {
+  const std::vector<metrics::FamilySnapshot>& f = s.families;
   json instances = json::array();
   for (const auto& i : s.instances) {
     instances.push_back({{"instance_id", i.instance_id},
@@ -152,72 +231,33 @@ std::string StatusJson(const Snapshot& s, const Health& health, const std::strin
                          {"idle_seconds", i.idle_seconds},
                          {"pinged", i.pinged}});
   }
-  json ops = json::object();
-  json in_flight = json::object();
-  for (const auto& o : s.ops) {
-    ops[o.name] = {
-        {"requests", o.requests},
-        {"in_flight", o.in_flight},
-        {"mean_ms", o.requests ? 1e3 * o.latency_sum_seconds / static_cast<double>(o.requests) : 0.0},
-        {"p50_ms", 1e3 * HistogramQuantile(s.latency_bounds, o.buckets, 0.5)},
-        {"p99_ms", 1e3 * HistogramQuantile(s.latency_bounds, o.buckets, 0.99)}};
-    if (o.in_flight > 0) in_flight[o.name] = o.in_flight;
-  }
-  const auto& l1 = s.l1;
-  const auto& c = s.counters;
   json j = {
       {"is_healthy", health.healthy},
       {"server", "kvd"},
       {"version", version},
-      {"uptime_seconds", s.uptime_seconds},
+      {"uptime_seconds", metrics::ValueOf(f, "kvd_uptime_seconds")},
       {"chunk_size", s.chunk_size},
-      {"l1",
-       {{"used_bytes", l1.used_bytes},
-        {"total_bytes", l1.capacity_bytes},
-        {"usage_ratio", l1.capacity_bytes ? static_cast<double>(l1.used_bytes) /
-                                                static_cast<double>(l1.capacity_bytes)
-                                          : 0.0},
-        {"entries", l1.entries},
-        {"locked_entries", l1.locked_entries},
-        {"resident_objects", l1.resident_objects},
-        {"staging_objects", l1.staging_objects},
-        {"pinned_objects", l1.pinned_objects},
-        {"evictions", l1.evictions},
-        {"evicted_bytes", l1.evicted_bytes},
-        {"populated_bytes", l1.populated_bytes},
-        {"page_kind", l1.page_kind},
-        {"lookup_locks", l1.lookup_locks},
-        {"shed_lookup_locks", l1.shed_lookup_locks}}},
+      {"l1", L1Json(f)},
       {"instances", std::move(instances)},
-      {"tiers", TiersJson(s.families)},
-      {"l2_policies", L2PoliciesJson(s.families)},
-      {"sessions", s.sessions},
-      {"session_bytes", s.session_bytes},
-      {"sessions_evicted", s.sessions_evicted},
-      {"pending_engine_driven", {{"stores", s.pending_engine_stores},
-                                 {"retrieves", s.pending_engine_retrieves}}},
-      {"counters",
-       {{"lookups", c.lookups},
-        {"lookup_tokens", c.lookup_tokens},
-        {"hit_tokens", c.hit_tokens},
-        {"hit_ratio", c.lookup_tokens ? static_cast<double>(c.hit_tokens) /
-                                            static_cast<double>(c.lookup_tokens)
-                                      : 0.0},
-        {"stores", c.stores},
-        {"store_failures", c.store_failures},
-        {"stored_chunks", c.stored_chunks},
-        {"stored_bytes", c.stored_bytes},
-        {"retrieves", c.retrieves},
-        {"retrieve_failures", c.retrieve_failures},
-        {"retrieved_chunks", c.retrieved_chunks},
-        {"retrieved_bytes", c.retrieved_bytes},
-        {"requests", s.total_requests()},
-        {"unknown_ops", s.unknown_ops}}},
-      {"ops", std::move(ops)},
-      {"kv_events", KvEventsJson(s.families)},
-      {"metrics", FamiliesJson(s.families)},
+      {"tiers", TiersJson(f)},
+      {"l2_policies", L2PoliciesJson(f)},
+      {"sessions", Count(f, "kvd_active_sessions", {})},
+      {"session_bytes", Count(f, "kvd_session_bytes", {})},
+      {"sessions_evicted", Count(f, "kvd_sessions_evicted_total", {})},
+      {"pending_engine_driven", {{"stores", Count(f, "kvd_engine_driven_pending_operations", {"store"})},
+                                 {"retrieves", Count(f, "kvd_engine_driven_pending_operations", {"retrieve"})}}},
+      {"counters", CountersJson(f)},
+      {"ops", OpsJson(f)},
+      {"kv_events", KvEventsJson(f)},
+      {"metrics", FamiliesJson(f)},
   };
   if (!health.healthy) j["unhealthy_reason"] = health.reason;
+  json in_flight = json::object();
+  if (const metrics::FamilySnapshot* fam = metrics::FindFamily(f, "kvd_requests_in_flight")) {
+    for (const auto& x : fam->series) {
+      if (x.label_values.size() == 1 && x.value > 0) in_flight[x.label_values[0]] = AsCount(x.value);
+    }
+  }
   if (!in_flight.empty()) j["in_flight"] = std::move(in_flight);
   return Dump(j);
 }

@@ -1,7 +1,8 @@
-// Prometheus text exposition (format 0.0.4) of a Snapshot. Pure functions: no state,
-// no threads. Metric names follow LMCache's `lmcache_mp_*` where LMCache 0.5.6 exports a
-// counterpart (so existing dashboards keep working); kvd-only series are `kvd_*`.
-// docs/operations.md lists every series.
+// Prometheus text exposition (format 0.0.4) of a Snapshot's registry families, whatever
+// their owners registered, in registration order. Pure functions: no state, no threads.
+// The owners name their families after LMCache's `lmcache_mp_*` where LMCache 0.5.6 exports
+// a counterpart (so existing dashboards keep working); kvd-only series are `kvd_*`.
+// docs/metrics.md lists every series.
 #pragma once
 
 #include <string>
@@ -12,7 +13,7 @@
 
 namespace kvd::http {
 
-std::string RenderPrometheus(const Snapshot& s, const std::string& version);
+std::string RenderPrometheus(const Snapshot& s);
 
 // A label value as the text format (0.0.4) needs it: backslash, double quote and line feed
 // escaped (\\, \", \n); bytes that are not well-formed UTF-8 replaced by U+FFFD.

@@ -1,6 +1,7 @@
 // The http module's only view of the server: StatsSource (what routes read) and AdminPort
-// (what the admin routes change), narrow interfaces the process (src/cli/main.cc) implements
-// over KvService, the L1 cache and the request metrics, and the plain-data Snapshot. The http module never includes server headers.
+// (what the admin routes change), narrow interfaces the process (src/cli/service_stats.cc)
+// implements over KvService and the metrics registry, and the plain-data Snapshot. The http
+// module never includes server headers.
 //
 // Threads: every method may be called concurrently from HTTP worker threads and from the
 // HttpServer's sampler thread; implementations must be thread-safe and should not block
@@ -24,39 +25,6 @@ struct Health {
   std::string reason;  // why not, when !healthy
 };
 
-struct L1View {
-  uint64_t capacity_bytes = 0;
-  uint64_t used_bytes = 0;
-  uint64_t entries = 0;           // chunk entries in the table
-  uint64_t locked_entries = 0;    // entries that cannot be evicted right now
-  uint64_t resident_objects = 0;
-  uint64_t staging_objects = 0;
-  uint64_t pinned_objects = 0;
-  uint64_t evictions = 0;         // entries evicted since start
-  uint64_t evicted_bytes = 0;
-  uint64_t populated_bytes = 0;   // pool bytes populated ahead of use (--l1-populate)
-  std::string page_kind = "regular";  // "regular", "hugetlb" or "thp" (--l1-use-hugepages)
-  uint64_t lookup_locks = 0;      // lookup requests holding read locks
-  uint64_t shed_lookup_locks = 0; // holds released early at the read-lock bound (since start)
-};
-
-// Monotonic counters since the process started (the lookup ones: every label set summed).
-struct CacheCounters {
-  uint64_t lookups = 0;           // LOOKUP requests
-  uint64_t lookup_tokens = 0;     // tokens of full chunks looked up
-  uint64_t hit_tokens = 0;        // of which hits
-  uint64_t hit_l1_tokens = 0;     // ... found in L1
-  uint64_t hit_l2_tokens = 0;     // ... brought into L1 from the tiers
-  uint64_t stores = 0;            // STORE / PREPARE_STORE requests
-  uint64_t store_failures = 0;
-  uint64_t stored_chunks = 0;
-  uint64_t stored_bytes = 0;
-  uint64_t retrieves = 0;         // RETRIEVE / PREPARE_RETRIEVE requests
-  uint64_t retrieve_failures = 0;
-  uint64_t retrieved_chunks = 0;
-  uint64_t retrieved_bytes = 0;
-};
-
 struct InstanceView {
   int64_t instance_id = 0;
   bool engine_driven = false;
@@ -68,58 +36,14 @@ struct InstanceView {
   bool pinged = false;
 };
 
-// Server time of one phase (decode, hash, index, copy) of an op's requests.
-struct PhaseView {
-  std::string name;
-  std::vector<uint64_t> buckets;  // per latency bucket, not cumulative; bounds in Snapshot
-  double sum_seconds = 0;
-};
-
-struct OpView {
-  std::string name;
-  uint64_t requests = 0;
-  uint64_t in_flight = 0;
-  std::vector<uint64_t> buckets;  // per latency bucket, not cumulative; bounds in Snapshot
-  double latency_sum_seconds = 0;
-  std::vector<PhaseView> phases;  // phases the op's requests went through
-  uint64_t refused = 0;           // answered with a failure unread (connection queue bound)
-};
-
-// The request loop's thread: how long each wake-up kept every client waiting.
-struct LoopView {
-  uint64_t iterations = 0;
-  std::vector<uint64_t> buckets;  // wall time per wake-up, per latency bucket, not cumulative
-  double sum_seconds = 0;
-  double longest_seconds = 0;
-  double longest_inline_seconds = 0;  // the longest request run on the loop's thread
-  std::string longest_inline_op;
-};
-
+// What the routes show: the registered workers, and every family of the metrics registry
+// (common/metrics.h), counters net of the last /metrics/reset. /metrics, /status, the
+// dashboard and its time series all read the families by name; the families belong to the
+// modules that own the numbers (L1, the service, the request loop, the tiers, ...).
 struct Snapshot {
-  double uptime_seconds = 0;
   int64_t chunk_size = 0;
-  L1View l1;
-  CacheCounters counters;
-  std::vector<InstanceView> instances;
-  uint64_t sessions = 0;
-  uint64_t session_bytes = 0;
-  uint64_t sessions_evicted = 0;
-  uint64_t chunk_key_memo_hits = 0, chunk_key_memo_misses = 0, chunk_key_memo_bytes = 0;
-  uint64_t pending_engine_stores = 0;
-  uint64_t pending_engine_retrieves = 0;
-  std::vector<double> latency_bounds;  // upper bounds (s) of OpView::buckets; +Inf implied
-  std::vector<OpView> ops;             // ops that have seen requests
-  uint64_t unknown_ops = 0;
-  LoopView loop;
-  // Every family of the metrics registry (common/metrics.h), counters net of the last
-  // /metrics/reset: rendered generically by /metrics, /status and the dashboard.
+  std::vector<InstanceView> instances;  // ordered by instance id
   std::vector<metrics::FamilySnapshot> families;
-
-  uint64_t total_requests() const {
-    uint64_t n = 0;
-    for (const auto& o : ops) n += o.requests;
-    return n;
-  }
 };
 
 // One cache salt's quota (the /quota routes; the IsolatedLRU policy enforces it).
@@ -192,7 +116,7 @@ class AdminPort {
   // keys count in neither field.
   virtual DeleteResult DeleteL1Objects(const std::vector<ObjectKeyRef>& keys, bool force) = 0;
   // POST /metrics/reset: counters of later snapshots start from zero again (gauges and
-  // latency histograms are not touched).
+  // histograms are not touched).
   virtual void ResetMetrics() = 0;
   // Deletes `keys` from tier `index` (waits, bounded): deleted = keys that were there.
   virtual Result<DeleteResult> DeleteL2Objects(size_t index, const std::vector<ObjectKeyRef>& keys) = 0;

@@ -8,21 +8,25 @@
 namespace kvd::http {
 
 Sample Sample::From(const Snapshot& s, int64_t unix_ms, double mono_seconds) {
+  const std::vector<metrics::FamilySnapshot>& f = s.families;
+  // Every value is a non-negative count; a family that is absent reads 0.
+  auto one = [&](const char* family) { return static_cast<uint64_t>(std::max(0.0, metrics::ValueOf(f, family))); };
+  auto sum = [&](const char* family) { return static_cast<uint64_t>(std::max(0.0, metrics::SumOf(f, family))); };
   Sample x;
   x.unix_ms = unix_ms;
   x.mono_seconds = mono_seconds;
-  x.l1_used_bytes = s.l1.used_bytes;
-  x.l1_capacity_bytes = s.l1.capacity_bytes;
-  x.l1_entries = s.l1.entries;
-  x.lookup_tokens = s.counters.lookup_tokens;
-  x.hit_tokens = s.counters.hit_tokens;
-  x.stored_bytes = s.counters.stored_bytes;
-  x.retrieved_bytes = s.counters.retrieved_bytes;
-  x.requests = s.total_requests();
-  x.lookups = s.counters.lookups;
-  x.stores = s.counters.stores;
-  x.retrieves = s.counters.retrieves;
-  x.evictions = s.l1.evictions;
+  x.l1_used_bytes = one("lmcache_mp_l1_memory_usage_bytes");
+  x.l1_capacity_bytes = one("kvd_l1_capacity_bytes");
+  x.l1_entries = one("kvd_l1_entries");
+  x.lookup_tokens = sum("lmcache_mp_lookup_requested_tokens_total");
+  x.hit_tokens = sum("lmcache_mp_lookup_hit_tokens_total");
+  x.stored_bytes = one("kvd_stored_bytes_total");
+  x.retrieved_bytes = one("kvd_retrieved_bytes_total");
+  x.requests = sum("kvd_requests_total");
+  x.lookups = sum("lmcache_mp_lookups_requests_total");
+  x.stores = one("kvd_store_requests_total");
+  x.retrieves = one("kvd_retrieve_requests_total");
+  x.evictions = one("lmcache_mp_l1_evicted_chunks_total");
   x.instances = s.instances.size();
   return x;
 }

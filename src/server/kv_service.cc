@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "l1/l1_metrics.h"
 #include "l2/tier_metrics.h"
 #include "server/peers.h"
 #include "server/tiers.h"
@@ -149,6 +150,8 @@ Status KvService::Unregister(int64_t instance_id) {
 
 void KvService::RegisterMetrics(metrics::Registry& registry) {
   metric_handles_ = counters_.RegisterMetrics(registry, config_.chunk_size);
+  for (auto& h : l1::RegisterL1Metrics(*l1_, registry)) metric_handles_.push_back(std::move(h));
+  for (auto& h : RegisterStatusMetrics(registry)) metric_handles_.push_back(std::move(h));
   if (tiers_) {
     for (auto& h : l2::RegisterTierMetrics(*tiers_, registry)) metric_handles_.push_back(std::move(h));
   }

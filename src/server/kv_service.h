@@ -148,6 +148,8 @@ class KvService {
   // Instances, sessions and half-done engine-driven operations, copied out under the
   // locks (briefly; never during a copy). Safe from any thread.
   ServiceStatus StatusSnapshot();
+  // The same without the instances (cheaper: what the collected families read).
+  ServiceStatus CountsSnapshot() const;
   const ServerConfig& config() const { return config_; }
 
   // The KV-event log (kv_events.h); null when --kv-event-log-size is 0 or observability is
@@ -163,8 +165,8 @@ class KvService {
   // GET_EXPERIMENTAL: the capabilities this server advertises ("kv_event_stream").
   std::vector<std::string> ExperimentalCapabilities() const;
 
-  // Registers the metric families of the service and its parts (the counters, both
-  // transfer modes, the KV-event log, blend). Call once; the registry must outlive the
+  // Registers the metric families of the service and its parts (the counters, L1, sessions
+  // and instances, the tiers, both transfer modes, the KV-event log, P2P, blend). Call once; the registry must outlive the
   // service (the service unregisters its own families when destroyed).
   void RegisterMetrics(metrics::Registry& registry);
 
@@ -174,6 +176,9 @@ class KvService {
             std::unique_ptr<p2p::PeerNode> peers,
             std::unique_ptr<l1::L1Cache> l1, transfer::ShmAccessPolicy shm_policy,
             std::unique_ptr<l2::TierSet> tiers);
+  // Sessions, the chunk-key memo, instances and pending engine-driven operations
+  // (kv_service_status.cc).
+  std::vector<metrics::CollectorHandle> RegisterStatusMetrics(metrics::Registry& registry) const;
   // What the parts are built from: the shared state above, and `store_hook` (empty: none).
   ServiceContext Context(StoreCommittedHook store_hook = {});
   // Blend's fingerprinting of committed stores (empty without blend). Needs blend_ built.

@@ -168,8 +168,66 @@ std::vector<RequestMetrics::OpSnapshot> RequestMetrics::Snapshot() const {
   return out;
 }
 
+void RequestMetrics::RegisterRequestFamilies(metrics::Registry& registry) {
+  using metrics::Kind;
+  const std::vector<double> bounds(kLatencyBounds.begin(), kLatencyBounds.end());
+  // One family per op-wide value; each collection reads the ops that have seen requests.
+  auto per_op = [&](metrics::FamilyDesc desc, auto add) {
+    metric_handles_.push_back(registry.AddCollected(std::move(desc), [this, add](metrics::SeriesSink& sink) {
+      for (const OpSnapshot& o : Snapshot()) add(sink, o);
+    }));
+  };
+  metric_handles_.push_back(registry.AddCollected(
+      {"kvd_unknown_op_requests_total", "Requests whose op kvd does not know.", Kind::kCounter, {}, {}},
+      [this](metrics::SeriesSink& sink) { sink.Add(static_cast<double>(unknown_ops())); }));
+  per_op({"kvd_requests_total", "Requests completed, per operation.", Kind::kCounter, {"op"}, {}},
+         [](metrics::SeriesSink& sink, const OpSnapshot& o) { sink.Add({o.name}, static_cast<double>(o.requests)); });
+  per_op({"kvd_requests_in_flight", "Requests received and not yet answered.", Kind::kGauge, {"op"}, {}},
+         [](metrics::SeriesSink& sink, const OpSnapshot& o) { sink.Add({o.name}, static_cast<double>(o.in_flight)); });
+  per_op({"kvd_request_duration_seconds",
+          "Time from receiving a request to its reply being ready, per operation.", Kind::kHistogram, {"op"},
+          bounds},
+         [](metrics::SeriesSink& sink, const OpSnapshot& o) {
+           sink.AddHistogram({o.name}, o.buckets, o.latency_sum_seconds);
+         });
+  per_op({"kvd_request_phase_seconds",
+          "Server time per request in each phase (queue, decode, hash, index, copy, reply), per operation.",
+          Kind::kHistogram, {"op", "phase"}, bounds},
+         [](metrics::SeriesSink& sink, const OpSnapshot& o) {
+           for (const PhaseSnapshot& p : o.phases) sink.AddHistogram({o.name, p.name}, p.buckets, p.sum_seconds);
+         });
+  per_op({"kvd_requests_refused_total",
+          "Requests answered with a failure without running: their connection had too many bytes of "
+          "requests queued.",
+          Kind::kCounter, {"op"}, {}},
+         [](metrics::SeriesSink& sink, const OpSnapshot& o) { sink.Add({o.name}, static_cast<double>(o.refused)); });
+  metric_handles_.push_back(registry.AddCollected(
+      {"kvd_request_loop_wakeup_seconds",
+       "Wall time of one wake-up of the request loop's thread (reading, inline requests, sending replies): "
+       "how long it kept every client waiting.",
+       Kind::kHistogram, {}, bounds},
+      [this](metrics::SeriesSink& sink) {
+        LoopSnapshot l = Loop();
+        sink.AddHistogram({}, std::move(l.buckets), l.sum_seconds);
+      }));
+  metric_handles_.push_back(registry.AddCollected(
+      {"kvd_request_loop_longest_wakeup_seconds",
+       "Longest wake-up of the request loop's thread since start (wall clock).", Kind::kGauge, {}, {}},
+      [this](metrics::SeriesSink& sink) { sink.Add(Loop().longest_seconds); }));
+  metric_handles_.push_back(registry.AddCollected(
+      {"kvd_request_loop_longest_inline_seconds",
+       "Longest single request the request loop's thread ran itself since start (every other client "
+       "waited that long; wall clock), and its operation.",
+       Kind::kGauge, {"op"}, {}},
+      [this](metrics::SeriesSink& sink) {
+        LoopSnapshot l = Loop();
+        sink.Add({std::move(l.longest_inline_op)}, l.longest_inline_seconds);
+      }));
+}
+
 void RequestMetrics::RegisterMetrics(metrics::Registry& registry) {
   using metrics::Kind;
+  RegisterRequestFamilies(registry);
   struct Family {
     const char* name;
     Kind kind;

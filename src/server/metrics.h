@@ -100,11 +100,16 @@ class RequestMetrics {
   void SetTransport(const TransportSnapshot& t);
   TransportSnapshot Transport() const;
 
-  // Registers the connection families (kvd_zmtp_*) with `registry`, which must outlive this
-  // object; they are removed when it is destroyed. Call once.
+  // Registers the request families (kvd_requests_total, kvd_requests_in_flight,
+  // kvd_requests_refused_total and kvd_request_duration_seconds per op,
+  // kvd_request_phase_seconds per op and phase, kvd_unknown_op_requests_total, the
+  // kvd_request_loop_* families) and the connection families (kvd_zmtp_*) with `registry`,
+  // which must outlive this object; they are removed when it is destroyed. Call once. An op
+  // shows once it has seen a request.
   void RegisterMetrics(metrics::Registry& registry);
 
  private:
+  void RegisterRequestFamilies(metrics::Registry& registry);
   struct Histogram {
     std::atomic<uint64_t> count{0};
     std::atomic<uint64_t> sum_ns{0};

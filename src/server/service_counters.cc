@@ -124,6 +124,28 @@ std::vector<metrics::CollectorHandle> ServiceCounters::RegisterMetrics(metrics::
   h.push_back(ThroughputFamily(registry, *this, "lmcache_mp_l0_l1_load_throughput_GB_per_second",
                                "Copy throughput (GB/s) of RETRIEVEs, L1 to worker KV, per request.",
                                &ThroughputValues::load));
+  // Every STORE and RETRIEVE, both transfer modes: lmcache's two L1 chunk counters and kvd's
+  // request, failure and byte counters.
+  struct Plain {
+    const char* name;
+    const char* help;
+    const std::atomic<uint64_t> ServiceCounters::*value;
+  };
+  static constexpr Plain kPlain[] = {
+      {"lmcache_mp_l1_write_chunks_total", "Chunk objects written into L1.", &ServiceCounters::stored_chunks},
+      {"lmcache_mp_l1_read_chunks_total", "Chunk objects read from L1.", &ServiceCounters::retrieved_chunks},
+      {"kvd_store_requests_total", "STORE and PREPARE_STORE requests.", &ServiceCounters::stores},
+      {"kvd_retrieve_requests_total", "RETRIEVE and PREPARE_RETRIEVE requests.", &ServiceCounters::retrieves},
+      {"kvd_stored_bytes_total", "Bytes written into L1 by stores.", &ServiceCounters::stored_bytes},
+      {"kvd_retrieved_bytes_total", "Bytes read from L1 by retrieves.", &ServiceCounters::retrieved_bytes},
+      {"kvd_store_failures_total", "Store requests that failed.", &ServiceCounters::store_failures},
+      {"kvd_retrieve_failures_total", "Retrieve requests that failed.", &ServiceCounters::retrieve_failures},
+  };
+  for (const Plain& f : kPlain) {
+    const std::atomic<uint64_t>* v = &(this->*f.value);
+    h.push_back(registry.AddCollected({f.name, f.help, metrics::Kind::kCounter, {}, {}},
+                                      [v](metrics::SeriesSink& sink) { sink.Add(static_cast<double>(Load(*v))); }));
+  }
   // The three tables' sizes and refusals: {family, kept label sets, refused label sets}.
   auto tables = [this](auto per_table) {
     per_table("lookup", lookups.size(), lookups.refused());

@@ -103,7 +103,8 @@ struct ServiceCounters {
   // reason once one happened), its transfer counters per device
   // (lmcache_mp_num_{submitted,finished}_{stores,retrieves}_total), its copy-throughput
   // histograms (lmcache_mp_l0_l1_{store,load}_throughput_GB_per_second, a series once it has
-  // a sample) and kvd_metric_label_sets{,_refused_total} per table. The overflow label set
+  // a sample), kvd_metric_label_sets{,_refused_total} per table, and the store/retrieve
+  // request, failure, chunk and byte counters above. The overflow label set
   // shows once something was counted under it. The handles must not outlive this object.
   std::vector<metrics::CollectorHandle> RegisterMetrics(metrics::Registry& registry,
                                                         int64_t chunk_size) const;

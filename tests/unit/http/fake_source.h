@@ -9,6 +9,48 @@
 
 namespace kvd::http {
 
+// Sets series `label_values` of family `name` (created with `label_names` when absent).
+inline void SetValue(Snapshot& s, const std::string& name, metrics::Kind kind, double value,
+                     std::vector<std::string> label_names = {}, std::vector<std::string> label_values = {}) {
+  metrics::FamilySnapshot* f = nullptr;
+  for (auto& x : s.families) {
+    if (x.desc.name == name) f = &x;
+  }
+  if (f == nullptr) {
+    f = &s.families.emplace_back();
+    f->desc = {name, name, kind, std::move(label_names), {}};
+  }
+  for (auto& series : f->series) {
+    if (series.label_values == label_values) {
+      series.value = value;
+      return;
+    }
+  }
+  metrics::Series series;
+  series.label_values = std::move(label_values);
+  series.value = value;
+  f->series.push_back(std::move(series));
+}
+
+// Adds one histogram series (per-bucket counts, not cumulative) to family `name`.
+inline void AddHistogram(Snapshot& s, const std::string& name, std::vector<std::string> label_names,
+                         std::vector<std::string> label_values, std::vector<double> bounds,
+                         std::vector<uint64_t> buckets, double sum) {
+  metrics::FamilySnapshot* f = nullptr;
+  for (auto& x : s.families) {
+    if (x.desc.name == name) f = &x;
+  }
+  if (f == nullptr) {
+    f = &s.families.emplace_back();
+    f->desc = {name, name, metrics::Kind::kHistogram, std::move(label_names), std::move(bounds)};
+  }
+  metrics::Series series;
+  series.label_values = std::move(label_values);
+  series.buckets = std::move(buckets);
+  series.sum = sum;
+  f->series.push_back(std::move(series));
+}
+
 class FakeSource : public StatsSource, public AdminPort {
  public:
   Health CheckHealth() override {
@@ -23,9 +65,9 @@ class FakeSource : public StatsSource, public AdminPort {
   uint64_t ClearCache() override {
     clears++;
     std::lock_guard<std::mutex> lock(mu_);
-    uint64_t n = snapshot.l1.entries;
-    snapshot.l1.entries = 0;
-    snapshot.l1.used_bytes = 0;
+    const auto n = static_cast<uint64_t>(metrics::ValueOf(snapshot.families, "kvd_l1_entries"));
+    SetValue(snapshot, "kvd_l1_entries", metrics::Kind::kGauge, 0);
+    SetValue(snapshot, "lmcache_mp_l1_memory_usage_bytes", metrics::Kind::kGauge, 0);
     return n;
   }
   Status SetQuota(const std::string& salt, uint64_t limit_bytes) override {
@@ -74,7 +116,10 @@ class FakeSource : public StatsSource, public AdminPort {
   void ResetMetrics() override {
     resets++;
     std::lock_guard<std::mutex> lock(mu_);
-    snapshot.counters = {};
+    for (auto& f : snapshot.families) {
+      if (f.desc.kind != metrics::Kind::kCounter) continue;
+      for (auto& series : f.series) series.value = 0;
+    }
   }
   std::vector<L2AdapterView> L2Adapters() override {
     std::lock_guard<std::mutex> lock(mu_);
@@ -145,36 +190,47 @@ class FakeSource : public StatsSource, public AdminPort {
   int l2_delete_tier = -1;  // the tier the last DeleteL2Objects addressed
 };
 
-// A snapshot with some of everything.
+// A snapshot with some of everything, under the names the owners register.
 inline Snapshot SampleSnapshot() {
+  using metrics::Kind;
   Snapshot s;
-  s.uptime_seconds = 42.5;
   s.chunk_size = 256;
-  s.l1.capacity_bytes = 1000;
-  s.l1.used_bytes = 250;
-  s.l1.entries = 7;
-  s.l1.locked_entries = 2;
-  s.l1.evictions = 3;
-  s.l1.evicted_bytes = 300;
-  s.counters.lookups = 4;
-  s.counters.lookup_tokens = 2048;
-  s.counters.hit_tokens = 512;
-  s.counters.hit_l1_tokens = 256;
-  s.counters.hit_l2_tokens = 256;
-  s.counters.stores = 10;
-  s.counters.store_failures = 1;
-  s.counters.stored_chunks = 12;
-  s.counters.stored_bytes = 12 << 20;
-  s.counters.retrieves = 5;
-  s.counters.retrieved_chunks = 2;
-  s.counters.retrieved_bytes = 2 << 20;
+  SetValue(s, "kvd_uptime_seconds", Kind::kGauge, 42.5);
+  SetValue(s, "kvd_build_info", Kind::kGauge, 1, {"version", "lmcache_protocol"}, {"1.2.3", "0.5.6"});
+  SetValue(s, "kvd_l1_capacity_bytes", Kind::kGauge, 1000);
+  SetValue(s, "lmcache_mp_l1_memory_usage_bytes", Kind::kGauge, 250);
+  SetValue(s, "kvd_l1_entries", Kind::kGauge, 7);
+  SetValue(s, "kvd_l1_locked_entries", Kind::kGauge, 2);
+  SetValue(s, "lmcache_mp_l1_evicted_chunks_total", Kind::kCounter, 3);
+  SetValue(s, "kvd_l1_evicted_bytes_total", Kind::kCounter, 300);
+  SetValue(s, "kvd_l1_info", Kind::kGauge, 1, {"page_kind"}, {"thp"});
+  // Two (cache_salt, model_name) series: /status sums them.
+  for (const char* salt : {"", "tenant"}) {
+    SetValue(s, "lmcache_mp_lookups_requests_total", Kind::kCounter, 2, {"cache_salt", "model_name"}, {salt, "m"});
+    SetValue(s, "lmcache_mp_lookup_requested_tokens_total", Kind::kCounter, 1024, {"cache_salt", "model_name"},
+             {salt, "m"});
+    SetValue(s, "lmcache_mp_lookup_hit_tokens_total", Kind::kCounter, 256, {"cache_salt", "model_name"}, {salt, "m"});
+  }
+  SetValue(s, "kvd_store_requests_total", Kind::kCounter, 10);
+  SetValue(s, "kvd_store_failures_total", Kind::kCounter, 1);
+  SetValue(s, "lmcache_mp_l1_write_chunks_total", Kind::kCounter, 12);
+  SetValue(s, "kvd_stored_bytes_total", Kind::kCounter, 12 << 20);
+  SetValue(s, "kvd_retrieve_requests_total", Kind::kCounter, 5);
+  SetValue(s, "lmcache_mp_l1_read_chunks_total", Kind::kCounter, 2);
+  SetValue(s, "kvd_retrieved_bytes_total", Kind::kCounter, 2 << 20);
   s.instances.push_back({17, false, "llama\"3", 2, "2 groups: ...", 1 << 20, 1.5, true});
-  s.sessions = 3;
-  s.latency_bounds = {0.001, 0.01, 0.1};
-  s.ops.push_back({"store", 10, 1, {6, 3, 1, 0}, 0.02,
-                   {{"decode", {10, 0, 0, 0}, 0.001}, {"copy", {2, 7, 1, 0}, 0.015}}, 2});
-  s.ops.push_back({"lookup", 4, 0, {0, 0, 0, 4}, 1.0, {}, 0});
-  s.loop = {50, {45, 4, 1, 0}, 0.03, 0.02, 0.0005, "lookup"};
+  SetValue(s, "kvd_registered_instances", Kind::kGauge, 1);
+  SetValue(s, "kvd_active_sessions", Kind::kGauge, 3);
+  SetValue(s, "kvd_engine_driven_pending_operations", Kind::kGauge, 4, {"op"}, {"store"});
+  SetValue(s, "kvd_requests_total", Kind::kCounter, 10, {"op"}, {"store"});
+  SetValue(s, "kvd_requests_total", Kind::kCounter, 4, {"op"}, {"lookup"});
+  SetValue(s, "kvd_requests_in_flight", Kind::kGauge, 1, {"op"}, {"store"});
+  SetValue(s, "kvd_requests_in_flight", Kind::kGauge, 0, {"op"}, {"lookup"});
+  const std::vector<double> bounds = {0.001, 0.01, 0.1};
+  AddHistogram(s, "kvd_request_duration_seconds", {"op"}, {"store"}, bounds, {6, 3, 1, 0}, 0.02);
+  AddHistogram(s, "kvd_request_duration_seconds", {"op"}, {"lookup"}, bounds, {0, 0, 0, 4}, 1.0);
+  AddHistogram(s, "kvd_request_phase_seconds", {"op", "phase"}, {"store", "decode"}, bounds, {10, 0, 0, 0}, 0.001);
+  AddHistogram(s, "kvd_request_phase_seconds", {"op", "phase"}, {"store", "copy"}, bounds, {2, 7, 1, 0}, 0.015);
   return s;
 }
 

@@ -864,3 +864,46 @@ TEST(ThroughputHistogram, BucketsFollowPrometheusLeAndSkipEmptyCopies) {
 
 }  // namespace
 }  // namespace kvd::server
+
+namespace kvd::server {
+namespace {
+
+// The families /status, /metrics and the dashboard read are registered by the service and
+// follow its requests: stores and retrieves, L1, sessions and instances.
+TEST_F(KvServiceTest, RegisteredFamiliesFollowStoresRetrievesAndL1) {
+  metrics::Registry registry;
+  svc_->RegisterMetrics(registry);
+  auto value = [&](const char* name) { return metrics::ValueOf(registry.Collect(), name, -1); };
+  EXPECT_EQ(value("kvd_registered_instances"), 0);
+  EXPECT_EQ(value("kvd_store_requests_total"), 0);
+  FakeWorker w("/kvd_test_wm");
+  w.Fill(5);
+  ASSERT_TRUE(svc_->RegisterKvCache(w.Registration(70, 1)).ok());
+  const int64_t bpc = kChunk / kBlock;
+  ASSERT_TRUE(svc_->Store(wire::TransferRequest{Key(0, 512, 0, 512, 1, "m1"), 70, Blocks(0, 2 * bpc), "", 0}).ok());
+  ASSERT_TRUE(svc_->Retrieve(wire::TransferRequest{Key(0, 512, 0, 512, 1, "m1"), 70, Blocks(0, 2 * bpc), "", 0}).ok());
+  const l1::L1Stats l1 = svc_->l1_stats();
+  EXPECT_EQ(value("kvd_registered_instances"), 1);
+  EXPECT_EQ(value("kvd_store_requests_total"), 1);
+  EXPECT_EQ(value("kvd_retrieve_requests_total"), 1);
+  EXPECT_EQ(value("lmcache_mp_l1_write_chunks_total"), 2);
+  EXPECT_EQ(value("lmcache_mp_l1_read_chunks_total"), 2);
+  EXPECT_EQ(value("kvd_stored_bytes_total"), static_cast<double>(l1.used_bytes));
+  EXPECT_EQ(value("kvd_retrieved_bytes_total"), static_cast<double>(l1.used_bytes));
+  EXPECT_EQ(value("kvd_l1_entries"), 2);
+  EXPECT_EQ(value("lmcache_mp_l1_memory_usage_bytes"), static_cast<double>(l1.used_bytes));
+  EXPECT_EQ(value("kvd_active_sessions"), static_cast<double>(svc_->CountsSnapshot().sessions));
+  EXPECT_EQ(value("kvd_chunk_key_memo_misses_total"), static_cast<double>(svc_->CountsSnapshot().chunk_key_memo_misses));
+  ASSERT_NE(metrics::FindSeries(registry.Collect(), "kvd_engine_driven_pending_operations", {"store"}), nullptr);
+  // /metrics/reset rebases the counters, not the gauges.
+  registry.ResetCounters();
+  EXPECT_EQ(value("kvd_stored_bytes_total"), 0);
+  EXPECT_EQ(value("lmcache_mp_l1_write_chunks_total"), 0);
+  EXPECT_EQ(value("kvd_l1_entries"), 2);
+  svc_.reset();  // unregisters its families before the registry goes
+  EXPECT_FALSE(registry.Has("kvd_l1_entries"));
+  EXPECT_FALSE(registry.Has("kvd_store_requests_total"));
+}
+
+}  // namespace
+}  // namespace kvd::server
