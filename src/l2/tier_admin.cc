@@ -2,7 +2,6 @@
 #include <spdlog/spdlog.h>
 
 #include "l2/tier_set.h"
-#include "l2/tier_set_internal.h"
 
 namespace kvd::l2 {
 
@@ -16,10 +15,10 @@ void TierSet::ListObjects(size_t index, Tier::ScanDone done) {
     return;
   }
   TierState& t = *tiers_[index];
-  calls_in_flight_++;
+  calls_.Begin();
   t.spec.tier->Scan([this, done = std::move(done)](Result<std::vector<ScannedObject>> r) {
     done(std::move(r));
-    calls_in_flight_--;
+    calls_.End();
   });
 }
 
@@ -33,7 +32,7 @@ void TierSet::DeleteObjects(size_t index, std::vector<ObjectKey> keys, Tier::Don
   auto ids = std::make_shared<std::vector<std::string>>();
   ids->reserve(keys.size());
   for (const auto& k : keys) ids->push_back(RespKey(k));
-  calls_in_flight_++;
+  calls_.Begin();
   t.spec.tier->Delete(std::move(keys), [this, &t, ids, done = std::move(done)](
                                            std::vector<ItemResult> results) {
     uint64_t n = 0;
@@ -50,7 +49,7 @@ void TierSet::DeleteObjects(size_t index, std::vector<ObjectKey> keys, Tier::Don
     }
     spdlog::info("l2 {}: {} object(s) deleted on request", t.name, n);
     done(std::move(results));
-    calls_in_flight_--;
+    calls_.End();
   });
 }
 

@@ -1,27 +1,34 @@
-// TierSet accounting and eviction: the object index of capacity tiers (l2/tier_index.h, filled
-// at startup by a scan, so objects of earlier runs count) and the eviction round.
+// A tier's accounting and eviction (TierState, tier_state.h): the object index of capacity
+// tiers (l2/tier_index.h, filled at startup by a scan, so objects of earlier runs count) and
+// the eviction round.
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
 
-#include "l2/tier_set.h"
-#include "l2/tier_set_internal.h"
+#include "l2/tier_state.h"
 
 namespace kvd::l2 {
 
-void TierSet::TierState::AccountLocked(const ObjectKey& key, uint64_t bytes) {
+void TierState::AccountLocked(const ObjectKey& key, uint64_t bytes) {
   if (capacity == 0) return;  // no declared capacity: usage only, no index
   index.Account(RespKey(key), bytes);
 }
 
-void TierSet::TierState::BusyLocked(const ObjectKey& key, int busy_delta) {
+void TierState::BusyLocked(const ObjectKey& key, int busy_delta) {
   if (capacity == 0) return;
   index.Busy(RespKey(key), busy_delta);
 }
 
-void TierSet::ScanTier(TierState& t) {
-  calls_in_flight_++;
-  t.spec.tier->Scan([this, &t](Result<std::vector<ScannedObject>> r) {
+void TierState::NoteError(const std::string& what, bool operational) {
+  last_error = what;
+  last_error_count++;
+  if (operational) failures_in_a_row++;
+}
+
+void TierState::ScanEarlierRuns(TierCalls& calls) {
+  TierState& t = *this;
+  calls.Begin();
+  t.spec.tier->Scan([&t, &calls](Result<std::vector<ScannedObject>> r) {
     if (!r.ok()) {
       spdlog::warn("l2 {}: could not list the objects of earlier runs ({}); only objects this "
                    "run touches are accounted", t.name, r.status().message());
@@ -41,11 +48,12 @@ void TierSet::ScanTier(TierState& t) {
                    t.name, objs.size(), static_cast<double>(bytes) / (1ull << 30),
                    static_cast<double>(t.capacity) / (1ull << 30));
     }
-    calls_in_flight_--;
+    calls.End();
   });
 }
 
-void TierSet::EvictTier(TierState& t) {
+void TierState::Evict(TierCalls& calls) {
+  TierState& t = *this;
   if (!t.eviction || t.eviction->policy == "noop" || t.capacity == 0) return;
   std::vector<ObjectKey> victims;
   {
@@ -62,9 +70,9 @@ void TierSet::EvictTier(TierState& t) {
     if (victims.empty()) return;
     t.evicting = true;
   }
-  calls_in_flight_++;
+  calls.Begin();
   auto keys = std::make_shared<std::vector<ObjectKey>>(victims);
-  t.spec.tier->Delete(std::move(victims), [this, &t, keys](std::vector<ItemResult> results) {
+  t.spec.tier->Delete(std::move(victims), [&t, &calls, keys](std::vector<ItemResult> results) {
     uint64_t n = 0, bytes = 0;
     {
       MutexLock lock(&t.mu);
@@ -85,8 +93,8 @@ void TierSet::EvictTier(TierState& t) {
       t.st.evicted_bytes += bytes;
       t.evicting = false;
     }
-  spdlog::info("l2 {}: evicted {} object(s), {:.1f} MiB", t.name, n, static_cast<double>(bytes) / (1 << 20));
-    calls_in_flight_--;
+    spdlog::info("l2 {}: evicted {} object(s), {:.1f} MiB", t.name, n, static_cast<double>(bytes) / (1 << 20));
+    calls.End();
   });
 }
 

@@ -1,29 +1,69 @@
-// TierSet prefetch: ask every tier, plan each object from the lowest-index tier that has it,
+// Prefetcher: ask every tier, plan each object from the lowest-index tier that has it,
 // reserve L1 slots, load straight into them, commit the chunks that arrived whole.
+#include "l2/prefetcher.h"
+
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
 
-#include "l2/tier_set.h"
-#include "l2/tier_set_internal.h"
-
 namespace kvd::l2 {
 
-void TierSet::Prefetch(PrefetchRequest request, std::function<void(size_t)> done) {
-  PrefetchWithAnswer(std::move(request),
-                     [done = std::move(done)](PrefetchAnswer a) { done(a.chunks); });
-}
+// One prefetch: the request, what each tier answered, the plan, the reservations and loads.
+struct Prefetcher::Job {
+  PrefetchRequest req;
+  std::function<void(PrefetchAnswer)> done;
+  std::atomic<bool> answered{false};
+  int64_t deadline_ns = 0;
+  size_t chunks = 0;
+  uint32_t ranks = 0;
+  std::vector<ObjectKey> keys;                 // chunk c, rank r at c * ranks + r
+  std::vector<std::vector<uint8_t>> found;     // per tier, per object: kPresent, kAbsent, kUnknown
+  std::vector<uint64_t> found_bytes;           // per object: size a tier reported (0: unknown)
+  std::atomic<int> pending{0};                 // tier calls not answered
+  std::vector<int> source;                     // per object: tier, kInL1, or kNone
+  std::vector<l1::WriteReservation> res;       // per object (empty when not loaded)
+  std::vector<std::vector<uint8_t>> staging;   // per object, for serdes that transform
+  std::vector<Status> load_status;             // per object
+  std::vector<uint64_t> load_bytes;            // per object: stored size the tier read
+  size_t planned = 0;                          // chunks planned for loading
+  // The chunk the plan stopped at because one of its objects is neither in L1 nor in any
+  // tier (every tier answered kAbsent); SIZE_MAX when the plan stopped for another reason.
+  size_t in_no_tier = SIZE_MAX;
+  // Guards the writes of found / load_status by concurrent tier callbacks; they are read
+  // without it once `pending` reached 0, so not KVD_GUARDED_BY.
+  Mutex mu;
+  // Its own loads done and committed (OnLoaded): per planned chunk, whether its own objects
+  // arrived (objects it waits for from other jobs are checked in Finish).
+  std::vector<uint8_t> chunk_loaded;
+  // Chunks another job was loading when this one planned (source kFollow): this job answers
+  // only once those jobs' loads are committed. following = jobs followed and not done + 1
+  // (this job's own loads); Finish runs when it drops to 0.
+  std::atomic<int> following{1};
+  std::vector<const Job*> followed;            // planning thread only
+  // Guarded by Prefetcher::loading_mu_ (a comment, not KVD_GUARDED_BY: the lock is the
+  // Prefetcher's and a job has no pointer to it the analysis could name):
+  std::vector<l1::ChunkKey> loading;           // chunks registered in Prefetcher::loading_
+  std::vector<std::shared_ptr<Job>> followers;  // jobs waiting for this one's loads
+  bool loads_done = false;                     // set with the followers taken
+  // found[tier][object]: the tier's answer to the existence check.
+  static constexpr uint8_t kAbsent = 0;        // "not found"
+  static constexpr uint8_t kPresent = 1;
+  static constexpr uint8_t kUnknown = 2;       // an error, or no answer for the object
+  static constexpr int kInL1 = -2;
+  static constexpr int kNone = -1;
+  static constexpr int kFollow = -3;           // being loaded into L1 by another job
+};
 
-void TierSet::PrefetchWithAnswer(PrefetchRequest request, std::function<void(PrefetchAnswer)> done) {
+void Prefetcher::Prefetch(PrefetchRequest request, std::function<void(PrefetchAnswer)> done) {
   if (tiers_.empty() || request.chunks.empty() || request.world_size == 0 ||
       request.hashes.size() != request.chunks.size() || request.format.object_bytes == 0) {
     done({});
     return;
   }
-  auto job = std::make_shared<PrefetchJob>();
+  auto job = std::make_shared<Job>();
   job->chunks = request.chunks.size();
   job->ranks = request.world_size;
-  job->deadline_ns = options_.clock->NowNanos() + static_cast<int64_t>(options_.prefetch_timeout_s * 1e9);
+  job->deadline_ns = options_.clock->NowNanos() + static_cast<int64_t>(options_.timeout_s * 1e9);
   job->keys.reserve(job->chunks * job->ranks);
   for (size_t c = 0; c < job->chunks; ++c) {
     for (uint32_t r = 0; r < job->ranks; ++r) {
@@ -39,11 +79,11 @@ void TierSet::PrefetchWithAnswer(PrefetchRequest request, std::function<void(Pre
   }
   job->req = std::move(request);
   job->done = std::move(done);
-  prefetch_requests_++;
+  requests_++;
   StartOrQueue(std::move(job));
 }
 
-void TierSet::StartOrQueue(std::shared_ptr<PrefetchJob> job) {
+void Prefetcher::StartOrQueue(std::shared_ptr<Job> job) {
   {
     MutexLock lock(&jobs_mu_);
     if (closed_) {
@@ -51,7 +91,7 @@ void TierSet::StartOrQueue(std::shared_ptr<PrefetchJob> job) {
       job->done({});
       return;
     }
-    if (active_jobs_ >= options_.prefetch_max_in_flight) {
+    if (active_jobs_ >= options_.max_in_flight) {
       queued_.push_back(std::move(job));
       return;
     }
@@ -61,12 +101,12 @@ void TierSet::StartOrQueue(std::shared_ptr<PrefetchJob> job) {
   RunJob(job);
 }
 
-void TierSet::JobFinished() {
-  std::shared_ptr<PrefetchJob> next;
+void Prefetcher::JobFinished() {
+  std::shared_ptr<Job> next;
   {
     MutexLock lock(&jobs_mu_);
     active_jobs_--;
-    std::erase_if(running_, [](const std::weak_ptr<PrefetchJob>& w) { return w.expired(); });
+    std::erase_if(running_, [](const std::weak_ptr<Job>& w) { return w.expired(); });
     while (!queued_.empty() && !next) {
       next = std::move(queued_.front());
       queued_.pop_front();
@@ -80,14 +120,14 @@ void TierSet::JobFinished() {
   if (next) RunJob(next);
 }
 
-void TierSet::Answer(const std::shared_ptr<PrefetchJob>& job, PrefetchAnswer answer) {
+void Prefetcher::Answer(const std::shared_ptr<Job>& job, PrefetchAnswer answer) {
   if (job->answered.exchange(true)) return;
   job->done(answer);
 }
 
-void TierSet::CheckTimeouts() {
+void Prefetcher::CheckTimeouts() {
   const int64_t now = options_.clock->NowNanos();
-  std::vector<std::shared_ptr<PrefetchJob>> late;
+  std::vector<std::shared_ptr<Job>> late;
   {
     MutexLock lock(&jobs_mu_);
     for (auto& w : running_) {
@@ -100,9 +140,9 @@ void TierSet::CheckTimeouts() {
   }
   for (auto& j : late) {
     if (!j->answered.load()) {
-      prefetch_timeouts_++;
+      timeouts_++;
       spdlog::warn("l2: a prefetch of {} chunk(s) did not finish in {:.1f} s; answering from L1",
-                   j->chunks, options_.prefetch_timeout_s);
+                   j->chunks, options_.timeout_s);
     }
     Answer(j, {});
   }
@@ -110,12 +150,12 @@ void TierSet::CheckTimeouts() {
   // Answered jobs still waiting for a turn leave the queue now (a hung tier may never give
   // them one); JobFinished would skip them anyway.
   MutexLock lock(&jobs_mu_);
-  std::erase_if(queued_, [](const std::shared_ptr<PrefetchJob>& j) { return j->answered.load(); });
+  std::erase_if(queued_, [](const std::shared_ptr<Job>& j) { return j->answered.load(); });
 }
 
-void TierSet::RunJob(const std::shared_ptr<PrefetchJob>& job) {
+void Prefetcher::RunJob(const std::shared_ptr<Job>& job) {
   const size_t n = job->keys.size();
-  job->found.assign(tiers_.size(), std::vector<uint8_t>(n, PrefetchJob::kUnknown));
+  job->found.assign(tiers_.size(), std::vector<uint8_t>(n, Job::kUnknown));
   job->found_bytes.assign(n, 0);
   job->pending.store(static_cast<int>(tiers_.size()));
   for (size_t ti = 0; ti < tiers_.size(); ++ti) {
@@ -124,18 +164,18 @@ void TierSet::RunJob(const std::shared_ptr<PrefetchJob>& job) {
       MutexLock lock(&t.mu);
       t.st.prefetch_lookup_objects += n;
     }
-    calls_in_flight_++;
+    calls_->Begin();
     t.spec.tier->Exists(job->keys, [this, job, ti, &t](std::vector<ItemResult> results) {
       uint64_t found = 0, errors = 0;
       {
         MutexLock jl(&job->mu);
         for (size_t i = 0; i < results.size() && i < job->keys.size(); ++i) {
           if (results[i].status.ok()) {
-            job->found[ti][i] = PrefetchJob::kPresent;
+            job->found[ti][i] = Job::kPresent;
             if (results[i].bytes) job->found_bytes[i] = results[i].bytes;
             found++;
           } else if (results[i].status.code() == StatusCode::kNotFound) {
-            job->found[ti][i] = PrefetchJob::kAbsent;
+            job->found[ti][i] = Job::kAbsent;
           } else {
             errors++;
           }
@@ -161,16 +201,16 @@ void TierSet::RunJob(const std::shared_ptr<PrefetchJob>& job) {
         }
       }
       if (job->pending.fetch_sub(1) == 1) OnExists(job);
-      calls_in_flight_--;
+      calls_->End();
     });
   }
 }
 
-void TierSet::OnExists(const std::shared_ptr<PrefetchJob>& job) {
+void Prefetcher::OnExists(const std::shared_ptr<Job>& job) {
   const uint32_t W = job->ranks;
   const uint64_t size = job->req.format.object_bytes;
   const size_t n = job->keys.size();
-  job->source.assign(n, PrefetchJob::kNone);
+  job->source.assign(n, Job::kNone);
   job->res.resize(n);
   job->load_status.assign(n, Status::Ok());
   job->load_bytes.assign(n, 0);
@@ -182,18 +222,18 @@ void TierSet::OnExists(const std::shared_ptr<PrefetchJob>& job) {
     for (uint32_t r = 0; r < W && whole; ++r) {
       const size_t i = c * W + r;
       if (l1_->IsResident(job->req.chunks[c], r)) {
-        job->source[i] = PrefetchJob::kInL1;
+        job->source[i] = Job::kInL1;
         continue;
       }
       for (size_t ti = 0; ti < tiers_.size(); ++ti) {
-        if (job->found[ti][i] == PrefetchJob::kPresent) {
+        if (job->found[ti][i] == Job::kPresent) {
           job->source[i] = static_cast<int>(ti);
           break;
         }
       }
-      whole = job->source[i] != PrefetchJob::kNone;
+      whole = job->source[i] != Job::kNone;
       if (!whole && std::all_of(job->found.begin(), job->found.end(), [i](const auto& per_tier) {
-            return per_tier[i] == PrefetchJob::kAbsent;
+            return per_tier[i] == Job::kAbsent;
           })) {
         job->in_no_tier = c;
       }
@@ -260,7 +300,7 @@ void TierSet::OnExists(const std::shared_ptr<PrefetchJob>& job) {
       t.st.inflight_load_objects += count;
       for (size_t i : index[ti]) t.BusyLocked(job->keys[i], +1);
     }
-    calls_in_flight_++;
+    calls_->Begin();
     auto idx = std::make_shared<std::vector<size_t>>(std::move(index[ti]));
     t.spec.tier->Load(std::move(items[ti]), [this, job, idx, &t, now, count](std::vector<ItemResult> results) {
       const int64_t end = options_.clock->NowNanos();
@@ -296,12 +336,12 @@ void TierSet::OnExists(const std::shared_ptr<PrefetchJob>& job) {
         }
       }
       if (job->pending.fetch_sub(1) == 1) OnLoaded(job);
-      calls_in_flight_--;
+      calls_->End();
     });
   }
 }
 
-bool TierSet::ReserveChunk(const std::shared_ptr<PrefetchJob>& job, size_t c) {
+bool Prefetcher::ReserveChunk(const std::shared_ptr<Job>& job, size_t c) {
   const uint32_t W = job->ranks;
   const l1::ChunkKey& chunk = job->req.chunks[c];
   bool reserved = false;
@@ -316,15 +356,15 @@ bool TierSet::ReserveChunk(const std::shared_ptr<PrefetchJob>& job, size_t c) {
     }
     if (res.status().code() != StatusCode::kAlreadyExists) return false;  // no room
     if (l1_->IsResident(chunk, r)) {
-      job->source[i] = PrefetchJob::kInL1;
+      job->source[i] = Job::kInL1;
       continue;
     }
     // Another writer has the slot. A prefetch still loading it: wait for its loads. Anyone
     // else (a STORE in progress): the prefix ends here, as it would for its LOOKUP.
     auto it = loading_.find(chunk);
     if (it == loading_.end() || it->second == job.get() || it->second->loads_done) return false;
-    PrefetchJob* owner = it->second;
-    job->source[i] = PrefetchJob::kFollow;
+    Job* owner = it->second;
+    job->source[i] = Job::kFollow;
     if (std::find(job->followed.begin(), job->followed.end(), owner) == job->followed.end()) {
       job->followed.push_back(owner);
       owner->followers.push_back(job);
@@ -335,7 +375,7 @@ bool TierSet::ReserveChunk(const std::shared_ptr<PrefetchJob>& job, size_t c) {
   return true;
 }
 
-void TierSet::OnLoaded(const std::shared_ptr<PrefetchJob>& job) {
+void Prefetcher::OnLoaded(const std::shared_ptr<Job>& job) {
   const uint32_t W = job->ranks;
   bool broken = false;
   std::vector<l1::ChunkKey> committed;
@@ -372,14 +412,10 @@ void TierSet::OnLoaded(const std::shared_ptr<PrefetchJob>& job) {
   }
   job->res.clear();
   job->staging.clear();
-  prefetch_hit_chunks_ += committed.size();
-  if (options_.prefetch_policy == "default" && !committed.empty()) {
-    const int64_t now = options_.clock->NowNanos();
-    MutexLock lock(&temp_mu_);
-    for (const auto& k : committed) temporary_.insert_or_assign(k, now);
-  }
+  hit_chunks_ += committed.size();
+  if (prefetched_ != nullptr) prefetched_->Add(committed);
   // Its chunks are in L1 (or not coming): release the jobs that waited for them.
-  std::vector<std::shared_ptr<PrefetchJob>> followers;
+  std::vector<std::shared_ptr<Job>> followers;
   {
     MutexLock lock(&loading_mu_);
     for (const auto& k : job->loading) {
@@ -396,20 +432,42 @@ void TierSet::OnLoaded(const std::shared_ptr<PrefetchJob>& job) {
   if (job->following.fetch_sub(1) == 1) Finish(job);
 }
 
-void TierSet::Finish(const std::shared_ptr<PrefetchJob>& job) {
+void Prefetcher::Finish(const std::shared_ptr<Job>& job) {
   const uint32_t W = job->ranks;
   size_t arrived = 0;
   for (size_t c = 0; c < job->planned; ++c) {
     bool ok = job->chunk_loaded[c] != 0;
     for (uint32_t r = 0; r < W && ok; ++r) {
-      if (job->source[c * W + r] == PrefetchJob::kFollow) ok = l1_->IsResident(job->req.chunks[c], r);
+      if (job->source[c * W + r] == Job::kFollow) ok = l1_->IsResident(job->req.chunks[c], r);
     }
     if (!ok) break;
     arrived = c + 1;
   }
-  if (arrived < job->planned) prefetch_failed_chunks_ += job->planned - arrived;
+  if (arrived < job->planned) failed_chunks_ += job->planned - arrived;
   Answer(job, {arrived, arrived == job->planned && job->in_no_tier == job->planned});
   JobFinished();
+}
+
+void Prefetcher::Close() {
+  std::deque<std::shared_ptr<Job>> queued;
+  {
+    MutexLock lock(&jobs_mu_);
+    closed_ = true;
+    queued.swap(queued_);
+  }
+  for (auto& j : queued) Answer(j, {});
+}
+
+Prefetcher::Stats Prefetcher::stats() const {
+  Stats s;
+  s.requests = requests_.load();
+  s.hit_chunks = hit_chunks_.load();
+  s.failed_chunks = failed_chunks_.load();
+  s.timeouts = timeouts_.load();
+  MutexLock lock(&jobs_mu_);
+  s.active = static_cast<uint64_t>(active_jobs_);
+  s.queued = queued_.size();
+  return s;
 }
 
 }  // namespace kvd::l2
