@@ -1,6 +1,8 @@
 // Mutex, MutexLock and CondVar: std::mutex and std::condition_variable with the Clang
 // thread-safety annotations (common/thread_annotations.h) that std:: types lack, so that
-// fields can say which lock guards them and the clang build can check it.
+// fields can say which lock guards them and the clang build can check it. SharedMutex with
+// ReaderMutexLock / WriterMutexLock: the same for std::shared_mutex (a field guarded by one is
+// read under either lock and written under the writer's).
 //
 // Mutex is not recursive. MutexLock holds it for one scope. CondVar::Wait must be called with
 // the mutex held, releases it while waiting and holds it again when it returns.
@@ -9,6 +11,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
+#include <shared_mutex>
 
 #include "common/thread_annotations.h"
 
@@ -65,6 +68,43 @@ class KVD_SCOPED_CAPABILITY ReleasableMutexLock {
  private:
   Mutex* const mu_;
   bool held_ = true;
+};
+
+class KVD_CAPABILITY("mutex") SharedMutex {
+ public:
+  SharedMutex() = default;
+  SharedMutex(const SharedMutex&) = delete;
+  SharedMutex& operator=(const SharedMutex&) = delete;
+
+  void Lock() KVD_ACQUIRE() { mu_.lock(); }
+  void Unlock() KVD_RELEASE() { mu_.unlock(); }
+  void LockShared() KVD_ACQUIRE_SHARED() { mu_.lock_shared(); }
+  void UnlockShared() KVD_RELEASE_SHARED() { mu_.unlock_shared(); }
+
+ private:
+  std::shared_mutex mu_;
+};
+
+class KVD_SCOPED_CAPABILITY ReaderMutexLock {
+ public:
+  explicit ReaderMutexLock(SharedMutex* mu) KVD_ACQUIRE_SHARED(mu) : mu_(mu) { mu_->LockShared(); }
+  ~ReaderMutexLock() KVD_RELEASE() { mu_->UnlockShared(); }
+  ReaderMutexLock(const ReaderMutexLock&) = delete;
+  ReaderMutexLock& operator=(const ReaderMutexLock&) = delete;
+
+ private:
+  SharedMutex* const mu_;
+};
+
+class KVD_SCOPED_CAPABILITY WriterMutexLock {
+ public:
+  explicit WriterMutexLock(SharedMutex* mu) KVD_ACQUIRE(mu) : mu_(mu) { mu_->Lock(); }
+  ~WriterMutexLock() KVD_RELEASE() { mu_->Unlock(); }
+  WriterMutexLock(const WriterMutexLock&) = delete;
+  WriterMutexLock& operator=(const WriterMutexLock&) = delete;
+
+ private:
+  SharedMutex* const mu_;
 };
 
 class CondVar {

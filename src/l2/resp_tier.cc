@@ -67,7 +67,7 @@ Result<std::unique_ptr<RespTier>> RespTier::Create(const RespTierOptions& option
       [self](Worker& w) {
         if (self->options_.cluster) {
           self->RefreshMap(w, true);
-          std::shared_lock<std::shared_mutex> lock(self->map_mu_);
+          ReaderMutexLock lock(&self->map_mu_);
           if (self->have_map_) {
             spdlog::info("{}: cluster of {} master(s), {} of {} slots served", self->Describe(),
                          self->map_.masters.size(), kClusterSlots - self->map_.uncovered(), kClusterSlots);

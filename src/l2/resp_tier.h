@@ -45,7 +45,6 @@
 #include <map>
 #include <memory>
 #include <optional>
-#include <shared_mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -148,12 +147,11 @@ class RespTier final : public Tier {
   std::atomic<bool> abandon_{false};
   std::atomic<uint64_t> abandoned_{0};
 
-  // A reader/writer lock (routing reads it on every command, a map refresh writes it):
-  // common/mutex.h has no annotated shared mutex yet, so these fields are checked by no one.
-  mutable std::shared_mutex map_mu_;
-  SlotMap map_;                   // guarded by map_mu_
-  bool have_map_ = false;         // guarded by map_mu_
-  int64_t map_read_ns_ = 0;       // guarded by map_mu_
+  // A reader/writer lock: routing reads the map on every command, a refresh writes it.
+  mutable SharedMutex map_mu_;
+  SlotMap map_ KVD_GUARDED_BY(map_mu_);
+  bool have_map_ KVD_GUARDED_BY(map_mu_) = false;
+  int64_t map_read_ns_ KVD_GUARDED_BY(map_mu_) = 0;
 
   Mutex backoff_mu_;
   struct Backoff {

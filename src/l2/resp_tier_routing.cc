@@ -49,7 +49,7 @@ TierHealth RespTier::Health() const {
   MutexLock lock(&health_mu_);
   h.healthy = last_ok_.load();
   if (options_.cluster) {
-    std::shared_lock<std::shared_mutex> mlock(map_mu_);
+    ReaderMutexLock mlock(&map_mu_);
     if (have_map_) {
       h.detail = std::to_string(map_.masters.size()) + " master(s), " +
                  std::to_string(kClusterSlots - map_.uncovered()) + " slots served";
@@ -129,13 +129,13 @@ void RespTier::DropConn(Worker& w, const RespEndpoint& ep, const Status& why) {
 
 std::vector<RespEndpoint> RespTier::Masters() {
   if (!options_.cluster) return {options_.seeds[0]};
-  std::shared_lock<std::shared_mutex> lock(map_mu_);
+  ReaderMutexLock lock(&map_mu_);
   return map_.masters;
 }
 
 std::optional<RespEndpoint> RespTier::Route(std::string_view key) {
   if (!options_.cluster) return options_.seeds[0];
-  std::shared_lock<std::shared_mutex> lock(map_mu_);
+  ReaderMutexLock lock(&map_mu_);
   if (!have_map_) return std::nullopt;
   const RespEndpoint* m = map_.MasterOf(KeySlot(key));
   if (!m) return std::nullopt;
@@ -147,7 +147,7 @@ void RespTier::RefreshMap(Worker& w, bool force) {
   const int64_t now = NowNs();
   std::vector<RespEndpoint> candidates;
   {
-    std::shared_lock<std::shared_mutex> lock(map_mu_);
+    ReaderMutexLock lock(&map_mu_);
     if (!force && now - map_read_ns_ < kMapRefreshMinNs) return;
     candidates = map_.masters;
   }
@@ -183,7 +183,7 @@ void RespTier::RefreshMap(Worker& w, bool force) {
       continue;
     }
     map_refreshes_++;
-    std::unique_lock<std::shared_mutex> lock(map_mu_);
+    WriterMutexLock lock(&map_mu_);
     const bool changed = !have_map_ || map_.masters != map->masters || map_.owner != map->owner;
     if (changed && have_map_) {
       spdlog::info("{}: slot map changed: {} master(s), {} slots unserved", Describe(),
@@ -194,7 +194,7 @@ void RespTier::RefreshMap(Worker& w, bool force) {
     map_read_ns_ = NowNs();
     return;
   }
-  std::unique_lock<std::shared_mutex> lock(map_mu_);
+  WriterMutexLock lock(&map_mu_);
   map_read_ns_ = NowNs();
 }
 
@@ -251,7 +251,7 @@ Result<ReplyPtr> RespTier::Run(Worker& w, std::string_view key, const std::vecto
           asking = true;
         } else {
           {
-            std::unique_lock<std::shared_mutex> lock(map_mu_);
+            WriterMutexLock lock(&map_mu_);
             map_.Assign(red->slot, red->to);
           }
           asking = false;
