@@ -56,7 +56,8 @@ TEST(L1MetricsTest, FamiliesFollowTheCacheAndCountersRebaseOnReset) {
   EXPECT_EQ(Value(registry, "kvd_l1_evicted_bytes_total"), 0);
   EXPECT_EQ(Value(registry, "kvd_l1_entries"), static_cast<double>(cache.stats().entries));
 
-  const metrics::Series* info = metrics::FindSeries(registry.Collect(), "kvd_l1_info", {"regular"});
+  const std::vector<metrics::FamilySnapshot> families = registry.Collect();
+  const metrics::Series* info = metrics::FindSeries(families, "kvd_l1_info", {"regular"});
   ASSERT_NE(info, nullptr);
   EXPECT_EQ(info->value, 1);
 
