@@ -330,7 +330,7 @@ Result<std::optional<wire::CbUnifiedLookupResult>> BlendOps::UnifiedLookup(
     }
     if (Status st = lookups_->Lookup(req); !st.ok()) return st;
   }
-  if (lookups_->PrefetchRunning(rid)) {
+  if (lookups_->results().Running(rid)) {
     MutexLock lock(&req_mu_);
     prefix_loading_[rid] = clock_->NowNanos();
     return std::optional<wire::CbUnifiedLookupResult>();
@@ -355,7 +355,7 @@ Result<std::optional<wire::CbUnifiedLookupResult>> BlendOps::UnifiedLookup(
   std::vector<l1::ChunkKey> missing;  // chunks to ask the tiers for (ask_tiers)
   std::unordered_set<l1::ChunkKey, l1::ChunkKeyHash> missing_set;
   const int64_t prefix_chunks =
-      asked_prefix_chunks ? *asked_prefix_chunks : lookups_->QueryPrefetchStatus(rid).value_or(0);
+      asked_prefix_chunks ? *asked_prefix_chunks : lookups_->results().Take(rid).value_or(0);
   const int64_t prefix_tokens = prefix_chunks * c;
 
   wire::CbUnifiedLookupResult out;

@@ -73,15 +73,12 @@ class KvService {
   // LOOKUP, QUERY_PREFETCH_STATUS, FREE_LOOKUP_LOCKS, END_SESSION (see Lookups).
   Status Lookup(const wire::LookupRequest& req) { return lookups_.Lookup(req); }
   std::optional<int64_t> QueryPrefetchStatus(std::string_view request_id) {
-    return lookups_.QueryPrefetchStatus(request_id);
+    return lookups_.results().Take(request_id);
   }
-  // WAIT_PREFETCH_STATUS is parked by the socket loop while this is true (prefetch_waits.h);
-  // it re-checks when prefetch_changes() moves; the wakeup runs when a prefetch ends.
-  bool PrefetchRunning(std::string_view request_id) { return lookups_.PrefetchRunning(request_id); }
-  uint64_t prefetch_changes() const { return lookups_.prefetch_changes(); }
-  void SetPrefetchWakeup(std::function<void()> wakeup) {
-    lookups_.SetPrefetchWakeup(std::move(wakeup));
-  }
+  // The requests' lookup results: WAIT_PREFETCH_STATUS is parked by the socket loop while one
+  // is running (prefetch_waits.h); it re-checks when changes() moves, and the wakeup runs
+  // when a prefetch ends.
+  LookupResults& lookup_results() { return lookups_.results(); }
   Status FreeLookupLocks(const wire::LookupRequest& req) { return lookups_.FreeLookupLocks(req); }
   void EndSession(std::string_view request_id) {
     lookups_.EndSession(request_id);

@@ -18,7 +18,8 @@ Lookups::Lookups(const ServiceContext& context)
       registry_(context.registry),
       counters_(context.counters),
       tiers_(context.tiers),
-      pending_(context.pending_commits) {}
+      pending_(context.pending_commits),
+      results_(context.sessions) {}
 
 uint32_t Lookups::ReadLocksPerSlot(const wire::CacheKey& key, int64_t tp_size) {
   // Each reader's RETRIEVE releases one lock on its own object. 0.5.6 clients say how many
@@ -26,10 +27,6 @@ uint32_t Lookups::ReadLocksPerSlot(const wire::CacheKey& key, int64_t tp_size) {
   int64_t n = key.num_kv_readers > 0 ? key.num_kv_readers
                                      : (key.world_size == 1 ? std::max<int64_t>(1, tp_size) : 1);
   return static_cast<uint32_t>(std::clamp<int64_t>(n, 1, l1::EntryLocks::kMax));
-}
-
-Mutex& Lookups::RequestMutex(std::string_view request_id) {
-  return request_mu_[std::hash<std::string_view>{}(request_id) % request_mu_.size()];
 }
 
 namespace {
@@ -50,7 +47,7 @@ Status Lookups::Lookup(const wire::LookupRequest& req) {
   // A lookup's locking and registration, and a prefetch completion of the same request, run
   // one at a time: a completion never sees itself current while a newer lookup of the
   // request is between taking its locks and registering (it would replace those locks).
-  ReleasableMutexLock serial(&RequestMutex(key.request_id));
+  ReleasableMutexLock serial(&results_.RequestMutex(key.request_id));
   const auto ns = registry_->KeyNamespace(key.model_name, key.world_size);
   if (!ns.registered || !ns.agreed) {
     // No worker of this model has registered: nothing can be retrieved, so 0 hits. Or its
@@ -58,7 +55,7 @@ Status Lookups::Lookup(const wire::LookupRequest& req) {
     // scheduler's key does not say which one its workers read, so 0 hits, never wrong KV.
     early_exit(ns.registered ? EarlyExit::kMixedLayouts : EarlyExit::kNoGpuContext);
     l1_->ReleaseAllLocks(key.request_id);  // a new lookup replaces the request's old locks
-    Answer(key.request_id, 0);
+    results_.Set(key.request_id, 0);
     return Status::Ok();
   }
   // Without tiers only L1 can hit: hashing stops after the first chunk L1 lacks (the
@@ -76,7 +73,7 @@ Status Lookups::Lookup(const wire::LookupRequest& req) {
                              /*create_namespace=*/true, ns.key_namespace);
   if (!chunks.ok()) {
     l1_->ReleaseAllLocks(key.request_id);
-    Answer(key.request_id, 0);
+    results_.Set(key.request_id, 0);
     return chunks.status();
   }
   if (pending_ && pending_->any()) {
@@ -92,7 +89,7 @@ Status Lookups::Lookup(const wire::LookupRequest& req) {
   if (requested == 0) early_exit(EarlyExit::kEmptyChunkHashes);  // under one chunk: no probe
   // With tiers the lookup is registered (superseding any earlier one of the request) before
   // it takes locks; SetLookupResult below supersedes it again when nothing is prefetched.
-  const uint64_t generation = tiers_ ? sessions_->BeginLookup(key.request_id) : 0;
+  const uint64_t generation = tiers_ ? results_.Begin(key.request_id) : 0;
   // The locks belong to this request: only its own RETRIEVEs, FREE_LOOKUP_LOCKS, next LOOKUP
   // or the read TTL release them.
   const uint32_t world = static_cast<uint32_t>(key.world_size);
@@ -108,7 +105,7 @@ Status Lookups::Lookup(const wire::LookupRequest& req) {
   std::optional<l2::ObjectFormat> format;
   if (tiers_ && hits < chunks->keys.size()) format = TierFormatFor(key.model_name, key.world_size);
   if (!format) {
-    Answer(key.request_id, static_cast<int64_t>(hits));
+    results_.Set(key.request_id, static_cast<int64_t>(hits));
     return Status::Ok();
   }
   // The L1 prefix stays read-locked (for this request) while the tiers load the rest; then
@@ -140,17 +137,17 @@ void Lookups::OnPrefetched(const Prefetching& p, size_t loaded) {
   // However it ends (superseded, session gone, finished): a parked WAIT re-checks then.
   struct Ended {
     Lookups* self;
-    ~Ended() { self->PrefetchEnded(); }
+    ~Ended() { self->results_.PrefetchEnded(); }
   } ended{this};
-  MutexLock serial(&RequestMutex(p.request_id));
+  MutexLock serial(&results_.RequestMutex(p.request_id));
   // A later LOOKUP of the request (or its end) supersedes this one: its locks are not ours.
-  if (!sessions_->LookupCurrent(p.request_id, p.generation)) return;
+  if (!results_.Current(p.request_id, p.generation)) return;
   size_t total = p.l1_hits;
   if (loaded > 0) {
     std::span<const l1::ChunkKey> prefix(p.chunks->keys.data(), p.l1_hits + loaded);
     total = l1_->LookupAndLock(p.request_id, p.chunks->first_chunk, prefix, p.world, p.readers);
   }
-  if (!sessions_->FinishLookup(p.request_id, p.generation, static_cast<int64_t>(total))) {
+  if (!results_.Finish(p.request_id, p.generation, static_cast<int64_t>(total))) {
     // The session ended meanwhile: nobody will read this result, and the request's locks
     // are this lookup's (no newer lookup of it ran: see RequestMutex).
     l1_->ReleaseAllLocks(p.request_id);
@@ -159,11 +156,6 @@ void Lookups::OnPrefetched(const Prefetching& p, size_t loaded) {
   const size_t more = total > p.l1_hits ? total - p.l1_hits : 0;
   Add(p.counts->hit_l2_chunks, more);
   Add(p.counts->hit_l2_keys, more * p.world);
-}
-
-void Lookups::Answer(const std::string& request_id, int64_t hits) {
-  sessions_->SetLookupResult(request_id, hits);
-  prefetch_changes_.fetch_add(1, std::memory_order_acq_rel);
 }
 
 std::vector<l1::ChunkKey> Lookups::PendingInPrefix(const RequestChunks& chunks) const {
@@ -187,22 +179,6 @@ std::optional<l2::ObjectFormat> Lookups::TierFormatFor(const std::string& model,
     }
   }
   return std::nullopt;
-}
-
-void Lookups::SetPrefetchWakeup(std::function<void()> wakeup) {
-  MutexLock lock(&wakeup_mu_);
-  wakeup_ = std::move(wakeup);
-}
-
-void Lookups::PrefetchEnded() {
-  prefetch_changes_.fetch_add(1, std::memory_order_acq_rel);
-  MutexLock lock(&wakeup_mu_);
-  if (wakeup_) wakeup_();
-}
-
-std::optional<int64_t> Lookups::QueryPrefetchStatus(std::string_view request_id) {
-  if (sessions_->LookupRunning(request_id)) return std::nullopt;
-  return sessions_->TakeLookupResult(request_id).value_or(0);
 }
 
 Result<RequestChunks> Lookups::ChunkKeys(const wire::CacheKey& key) {
@@ -234,7 +210,7 @@ void Lookups::EndSession(std::string_view request_id) {
   // The request's read locks stay until its RETRIEVEs, FREE_LOOKUP_LOCKS or the read TTL, as
   // in lmcache: a worker's RETRIEVE may still be on its way when the scheduler ends the session.
   auto [identity, hashes] = sessions_->End(request_id);
-  prefetch_changes_.fetch_add(1, std::memory_order_acq_rel);  // its waiter answers 0 now
+  results_.SessionEnded();  // its waiter answers 0 now
   if (hashes.empty()) return;
   ScopedPhase index(Phase::kIndex);
   // The model name and keys are built in this thread's scratch: ending sessions allocates

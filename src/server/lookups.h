@@ -18,9 +18,9 @@
 // STORE's event complete finds its chunks. A commit that fails or is still not done by then
 // is a miss, as before. ZmqServer runs LOOKUPs on the pool while any commit is pending.
 //
-// Thread-safe (SessionTable and L1Cache are). A lookup and a prefetch completion of the same
-// request are serialized by a striped per-request mutex (RequestMutex); wakeup_mu_ guards only
-// the prefetch wakeup.
+// Thread-safe (SessionTable, L1Cache and LookupResults are). A lookup and a prefetch
+// completion of the same request are serialized by the request's mutex
+// (LookupResults::RequestMutex).
 #pragma once
 
 #include <array>
@@ -36,6 +36,7 @@
 #include "l2/tier_set.h"
 #include "server/config.h"
 #include "server/instance_registry.h"
+#include "server/lookup_results.h"
 #include "server/pending_commits.h"
 #include "server/service_context.h"
 #include "server/chunk_keys.h"
@@ -55,17 +56,9 @@ class Lookups {
   // LOOKUP: hit prefix (in chunks), read-locked, recorded for QueryPrefetchStatus. A model
   // no worker registered has 0 hits.
   Status Lookup(const wire::LookupRequest& req);
-  // The recorded result, taken once (0 when none is pending); nullopt while a prefetch for
-  // the request is still running.
-  std::optional<int64_t> QueryPrefetchStatus(std::string_view request_id);
-  // True while the request's lookup still loads its prefix from the tiers (does not take the
-  // result). WAIT_PREFETCH_STATUS is parked meanwhile (server/prefetch_waits.h).
-  bool PrefetchRunning(std::string_view request_id) { return sessions_->LookupRunning(request_id); }
-  // Counts the events after which a running prefetch may have ended: lookups answered,
-  // prefetches finished (or dropped), sessions ended. A waiter re-checks when it moved.
-  uint64_t prefetch_changes() const { return prefetch_changes_.load(std::memory_order_acquire); }
-  // Called (from a tiers thread) each time a prefetch ends; null: none. Replaces the last.
-  void SetPrefetchWakeup(std::function<void()> wakeup);
+  // The requests' lookup results (QUERY_PREFETCH_STATUS takes one, WAIT_PREFETCH_STATUS
+  // watches its changes), their change counter and the request loop's wakeup.
+  LookupResults& results() { return results_; }
   // The L1 keys of every full chunk of `key` [start, end) in the namespace its model's workers
   // registered (the request's session caches the hashes, as a LOOKUP's), or nothing
   // (namespace_known false) when no worker of the model registered or the namespace is
@@ -83,11 +76,6 @@ class Lookups {
   std::optional<l2::ObjectFormat> TierFormatFor(const std::string& model, int64_t world_size) const;
 
  private:
-  // A prefetch's callback is done with the request: counts a change, calls the wakeup.
-  void PrefetchEnded();
-  // The lookup's answer now: `hits` recorded (superseding a running prefetch of the request)
-  // and a change counted, so a parked WAIT_PREFETCH_STATUS looks again.
-  void Answer(const std::string& request_id, int64_t hits);
   // The chunks of the hit prefix whose asynchronous STORE commit is still in flight: up to the
   // first chunk that is neither pending nor resident (the prefix ends there whatever commits).
   std::vector<l1::ChunkKey> PendingInPrefix(const RequestChunks& chunks) const;
@@ -112,15 +100,8 @@ class Lookups {
   ServiceCounters* const counters_;
   l2::TierSet* const tiers_;
   const std::shared_ptr<PendingCommits> pending_;
-  std::atomic<uint64_t> prefetch_changes_{0};
-  Mutex wakeup_mu_;
-  std::function<void()> wakeup_ KVD_GUARDED_BY(wakeup_mu_);
-  // One of request_mu_, by request id: held while a LOOKUP locks and registers, and while a
-  // prefetch completion checks, locks and records; never across a tier call.
-  // They guard no field (the order of a request's lookup steps), so nothing here is
-  // KVD_GUARDED_BY them; the annotation checks that each is released on every path.
-  Mutex& RequestMutex(std::string_view request_id);
-  std::array<Mutex, 64> request_mu_;
+  // Results, changes, wakeup and the per-request mutexes (lookup_results.h).
+  LookupResults results_;
 };
 
 }  // namespace kvd::server

@@ -116,7 +116,7 @@ struct ZmqServer::Impl {
   SteadyClock clock;
   std::unique_ptr<KvEventStreams> streams;  // subscribe_kv_events (kv_event_streams.h)
   PrefetchWaits<ParkedWait> waits;           // parked WAIT_PREFETCH_STATUS requests
-  uint64_t prefetch_changes_seen = 0;        // service->prefetch_changes() at the last check
+  uint64_t prefetch_changes_seen = 0;        // service->lookup_results().changes() at the last check
   net::ZmtpRouter::Stats published;          // the router's counters as last published
 
   // Publishes the router's connection counters to the metrics when they moved.
@@ -154,7 +154,7 @@ struct ZmqServer::Impl {
         (void)!write(fd, &one, sizeof(one));
       });
     }
-    s->SetPrefetchWakeup([fd = wake_fd] {  // a prefetch ended: let the loop answer its waits
+    s->lookup_results().SetWakeup([fd = wake_fd] {  // a prefetch ended: let the loop answer its waits
       uint64_t one = 1;
       (void)!write(fd, &one, sizeof(one));
     });
@@ -172,7 +172,7 @@ struct ZmqServer::Impl {
   // only once no callback runs or will run (kv_events.h), pool.reset() joins the workers.
   ~Impl() {
     if (KvEventLog* log = service->kv_events()) log->SetWakeup(nullptr);
-    service->SetPrefetchWakeup(nullptr);
+    service->lookup_results().SetWakeup(nullptr);
     pool.reset();
     if (wake_fd >= 0) close(wake_fd);
     wake_fd = -1;
@@ -290,7 +290,7 @@ struct ZmqServer::Impl {
     if (!req.ok()) return false;
     const int64_t now = WallNs();
     const int64_t deadline = PrefetchWaits<ParkedWait>::DeadlineNs(now, req->second);
-    if (deadline <= now || !service->PrefetchRunning(req->first)) return false;
+    if (deadline <= now || !service->lookup_results().Running(req->first)) return false;
     std::string connection(View(frames[0]));
     std::string request_id(req->first);
     // Untimed (ready_ns 0): AnswerWaits records a parked wait's duration itself.
@@ -316,12 +316,12 @@ struct ZmqServer::Impl {
   // whose deadline passed. Looks at them only when something changed or a deadline is due.
   void AnswerWaits(bool all = false) {
     if (waits.empty()) return;
-    const uint64_t changes = service->prefetch_changes();
+    const uint64_t changes = service->lookup_results().changes();
     const int64_t now = all ? INT64_MAX : WallNs();
     if (changes == prefetch_changes_seen && now < waits.NextDeadlineNs()) return;
     prefetch_changes_seen = changes;
     waits.AnswerReady(
-        now, [this](std::string_view id) { return service->PrefetchRunning(id); },
+        now, [this](std::string_view id) { return service->lookup_results().Running(id); },
         [this](std::string_view id, ParkedWait w) {
           auto hits = service->QueryPrefetchStatus(id);  // nullopt: still running (timed out)
           const std::string body = hits ? wire::EncodeInt(*hits) : wire::EncodeNil();

@@ -201,7 +201,7 @@ TEST_F(LookupsTest, PrefetchCompletingInsideTheLookupIsRecorded) {
   auto a = Chunks(1, 2 * kChunk);
   WriteL1(a[0]);  // chunk 1 is in the tier only
   ASSERT_TRUE(lookups_->Lookup({Key("r", 1, 2 * kChunk), 1}).ok());
-  EXPECT_EQ(lookups_->QueryPrefetchStatus("r"), std::optional<int64_t>(2));
+  EXPECT_EQ(lookups_->results().Take("r"), std::optional<int64_t>(2));
   EXPECT_EQ(ReadLocks(a[0]), 1u);
   EXPECT_EQ(ReadLocks(a[1]), 1u);
 }
@@ -213,7 +213,7 @@ TEST_F(LookupsTest, HitsAreSplitBetweenL1AndTheTiersPerModelAndSalt) {
   auto a = Chunks(1, 2 * kChunk);
   WriteL1(a[0]);  // chunk 1 is in the tier only
   ASSERT_TRUE(lookups_->Lookup({Key("r", 1, 2 * kChunk), 1}).ok());
-  EXPECT_EQ(lookups_->QueryPrefetchStatus("r"), std::optional<int64_t>(2));
+  EXPECT_EQ(lookups_->results().Take("r"), std::optional<int64_t>(2));
   const LookupValues& v = counters_.lookups.Get({"m", ""});
   EXPECT_EQ(v.lookups.load(), 1u);
   EXPECT_EQ(v.requested_chunks.load(), 2u);
@@ -252,7 +252,7 @@ TEST_F(LookupsTest, PrefetchCallbackRaceLeavesTheLastLookupsLocks) {
   ASSERT_TRUE(lookups_->Lookup({Key("r", 1, 2 * kChunk), 1}).ok());
   ASSERT_TRUE(lookups_->Lookup({Key("r", 2, 2 * kChunk), 1}).ok());
   std::optional<int64_t> hits;
-  for (int i = 0; i < 2000 && !(hits = lookups_->QueryPrefetchStatus("r")); ++i) {
+  for (int i = 0; i < 2000 && !(hits = lookups_->results().Take("r")); ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   ASSERT_TRUE(tiers_->WaitIdle(10));
