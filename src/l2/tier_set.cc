@@ -26,7 +26,7 @@ Result<std::unique_ptr<TierSet>> TierSet::Create(const TierSetOptions& options,
   if (options.prefetch_max_in_flight < 1) {
     return Status::InvalidArgument("--l2-prefetch-max-in-flight must be at least 1");
   }
-  auto set = std::unique_ptr<TierSet>(new TierSet(options, l1));
+  auto set = std::unique_ptr<TierSet>(new TierSet(options));
   std::map<std::string, int> per_type;
   for (const auto& t : tiers) per_type[t.config.type]++;
   for (auto& spec : tiers) {
@@ -64,7 +64,7 @@ Result<std::unique_ptr<TierSet>> TierSet::Create(const TierSetOptions& options,
   return set;
 }
 
-TierSet::TierSet(const TierSetOptions& options, l1::L1Cache* l1) : options_(options), l1_(l1) {}
+TierSet::TierSet(const TierSetOptions& options) : options_(options) {}
 
 TierSet::~TierSet() { Close(); }
 

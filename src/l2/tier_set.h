@@ -119,16 +119,16 @@ class TierSet {
   void DeleteObjects(size_t index, std::vector<ObjectKey> keys, Tier::Done done);
   // The configuration of tier `index` (< size()).
   const AdapterConfig& adapter_config(size_t index) const;
-  // Waits until no store-behind write is in flight (tests, benchmarks, shutdown).
+  // Waits until no tier call is in flight: writes, existence checks, loads, deletes, scans
+  // (tests, benchmarks, shutdown).
   bool WaitIdle(double timeout_s);
   void Close() KVD_EXCLUDES(control_mu_);
 
  private:
-  TierSet(const TierSetOptions& options, l1::L1Cache* l1);
+  explicit TierSet(const TierSetOptions& options);
   void ControlLoop(int64_t start_ns) KVD_EXCLUDES(control_mu_);  // once-a-second work from start_ns + 1 s
 
   const TierSetOptions options_;
-  l1::L1Cache* const l1_;
   std::vector<std::unique_ptr<TierState>> tiers_;
   TierCalls calls_;  // every part's tier calls: Close waits for them
   // The parts, built once the tiers are (Create); they borrow tiers_ and calls_.
