@@ -16,6 +16,7 @@ from __future__ import annotations
 import gc
 import itertools
 import os
+import random
 import shlex
 import signal
 import socket
@@ -47,18 +48,35 @@ BLOCK_SIZE = 16
 # the probing socket is closed, so two calls could give one port to a server's ZMQ and
 # HTTP listeners (seen: "cannot listen for HTTP ... address already in use").
 _handed_out: set[int] = set()
+_port_rng = random.Random()
+
+
+def _ephemeral_start() -> int:
+    """First port of the kernel's ephemeral range (where outgoing connections get theirs)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 def free_port(exclude: set[int] | frozenset[int] = frozenset()) -> int:
     """A currently free TCP port on 127.0.0.1, not in `exclude` and not handed out before by
-    this process."""
+    this process. It lies below the kernel's ephemeral range: a port from that range that was
+    free when probed could be given to some outgoing connection (a client's, or a UCX peer's)
+    before the server binds it (seen: a P2P listener that could not start)."""
+    high = _ephemeral_start()
+    low = max(1024, high - 12000)
     while True:
+        port = _port_rng.randrange(low, high)
+        if port in exclude or port in _handed_out:
+            continue
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port not in exclude and port not in _handed_out:
-            _handed_out.add(port)
-            return port
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
 
 
 def shm_lmcache_entries() -> set[str]:
@@ -169,6 +187,10 @@ class ServerProc:
                 logf.close()
         try:
             wait_until_answers(self.url, ready_timeout, self.proc)
+        except RuntimeError as e:
+            self.stop()
+            tail = self.log_tail()
+            raise RuntimeError(f"{e}; its log ends:\n{tail}" if tail else str(e)) from e
         except BaseException:
             self.stop()
             raise

@@ -13,13 +13,14 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import kvd_harness
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 KVD_BIN = Path(os.environ.get("KVD_TEST_KVD_BIN", REPO_ROOT / "build" / "kvd"))
@@ -30,20 +31,9 @@ os.environ.setdefault("DO_NOT_TRACK", "1")
 os.environ.setdefault("PYTHONWARNINGS", "ignore")
 
 
-# Ports free_port has handed out in this process: the kernel may return a port again once the
-# probing socket is closed, and a Kvd's two listeners must not get the same one.
-_handed_out: set[int] = set()
-
-
 def free_port() -> int:
-    """A currently free TCP port on 127.0.0.1 that this process has not handed out before."""
-    while True:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port not in _handed_out:
-            _handed_out.add(port)
-            return port
+    """A free port no test of this process was given before (kvd_harness.free_port)."""
+    return kvd_harness.free_port()
 
 
 def http(method: str, url: str, timeout: float = 5.0) -> tuple[int, str, str]:

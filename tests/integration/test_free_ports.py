@@ -5,7 +5,8 @@ return the same port to a later probe. `make test` failed once on it: a Kvd of
 ops_fixtures got one port for both its ZMQ and HTTP listeners and exited with "cannot listen
 for HTTP on 127.0.0.1:51459: address already in use". 1,000 probes of the ephemeral range
 (about 28,000 ports here) repeat one with near certainty, so the helpers must remember what
-they handed out.
+they handed out. (The helpers now draw from the 12,000 ports below that range, where no
+outgoing connection takes one; ops_fixtures' helper is kvd_harness'.)
 """
 
 from __future__ import annotations

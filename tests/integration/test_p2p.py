@@ -44,30 +44,19 @@ class Node:
     def __init__(self, tmp_path: Path, name: str, redis: Redis | str, secret: Path,
                  p2p_port: int | None = None, extra=()) -> None:
         directory = redis if isinstance(redis, str) else f"redis://127.0.0.1:{redis.port}"
-        # A port free_port() saw free can be taken before kvd binds it (the other nodes' UCX
-        # connections use ephemeral ports): such a start is retried on new ports. A port the
-        # test chose (p2p_port) is not.
-        for attempt in range(3):
-            self.p2p_port = p2p_port or free_port()
-            self.http_port = free_port()
-            self.srv = ServerProc(
-                kind="kvd", port=free_port(exclude={self.p2p_port, self.http_port}),
-                l1_size_gb=0.25, log_path=tmp_path / f"{name}.log",
-                extra_args=["--http-port", str(self.http_port),
-                            "--p2p-advertise-url", f"127.0.0.1:{self.p2p_port}",
-                            "--p2p-directory", directory,
-                            "--p2p-secret-file", str(secret),
-                            "--p2p-ucx-tls", "tcp",
-                            "--p2p-lookup-timeout", "2", "--p2p-load-timeout", "5",
-                            *extra])
-            try:
-                self.srv.start()
-                return
-            except RuntimeError as e:
-                log = self.srv.log_tail()
-                if p2p_port is None and attempt < 2 and "Address already in use" in log:
-                    continue
-                raise RuntimeError(f"{e}; its log ends:\n{log}") from e
+        self.p2p_port = p2p_port or free_port()
+        self.http_port = free_port()
+        self.srv = ServerProc(
+            kind="kvd", port=free_port(exclude={self.p2p_port, self.http_port}),
+            l1_size_gb=0.25, log_path=tmp_path / f"{name}.log",
+            extra_args=["--http-port", str(self.http_port),
+                        "--p2p-advertise-url", f"127.0.0.1:{self.p2p_port}",
+                        "--p2p-directory", directory,
+                        "--p2p-secret-file", str(secret),
+                        "--p2p-ucx-tls", "tcp",
+                        "--p2p-lookup-timeout", "2", "--p2p-load-timeout", "5",
+                        *extra])
+        self.srv.start()
 
     @property
     def url(self) -> str:
