@@ -86,16 +86,13 @@ json OpsJson(const std::vector<metrics::FamilySnapshot>& f) {
     if (x.label_values.size() != 1) continue;
     const std::string& op = x.label_values[0];
     const uint64_t n = AsCount(x.value);
-    const metrics::Series* h = metrics::FindSeries(f, "kvd_request_duration_seconds", {op});
-    const std::vector<double> no_bounds;
-    const std::vector<double>& bounds = latency ? latency->desc.bounds : no_bounds;
-    const std::vector<uint64_t> no_buckets;
-    const std::vector<uint64_t>& buckets = h ? h->buckets : no_buckets;
+    const metrics::Series* h = latency ? metrics::FindSeries(f, latency->desc.name, {op}) : nullptr;
+    auto ms = [&](double q) { return h ? 1e3 * HistogramQuantile(latency->desc.bounds, h->buckets, q) : 0.0; };
     ops[op] = {{"requests", n},
                {"in_flight", Count(f, "kvd_requests_in_flight", {op})},
                {"mean_ms", n && h ? 1e3 * h->sum / static_cast<double>(n) : 0.0},
-               {"p50_ms", 1e3 * HistogramQuantile(bounds, buckets, 0.5)},
-               {"p99_ms", 1e3 * HistogramQuantile(bounds, buckets, 0.99)}};
+               {"p50_ms", ms(0.5)},
+               {"p99_ms", ms(0.99)}};
   }
   return ops;
 }

@@ -23,10 +23,8 @@
 // (LookupResults::RequestMutex).
 #pragma once
 
-#include <array>
 #include <atomic>
 #include <cstdint>
-#include <functional>
 #include <optional>
 #include <string>
 
