@@ -199,6 +199,7 @@ KvService::DeleteCounts KvService::DeleteL1Entries(std::span<const L1EntryName> 
 
 void KvService::Maintain() {
   sessions_.Expire();
+  lookups_.results().Expire();
   worker_copy_.ExpirePending();
   if (blend_) blend_->Maintain();
   kvd_copy_.CancelOverdueCopies();

@@ -58,6 +58,17 @@ std::vector<metrics::CollectorHandle> KvService::RegisterStatusMetrics(metrics::
   std::vector<metrics::CollectorHandle> handles =
       metrics::AddStatsFamilies(registry, kFamilies, [this] { return CountsSnapshot(); });
   handles.push_back(registry.AddCollected(
+      {"kvd_lookup_results", "LOOKUP results held until QUERY_PREFETCH_STATUS takes them (or running).",
+       Kind::kGauge, {}, {}},
+      [this](metrics::SeriesSink& sink) { sink.Add(static_cast<double>(lookups_.results().size())); }));
+  handles.push_back(registry.AddCollected(
+      {"kvd_lookup_results_evicted_total",
+       "LOOKUP results dropped untaken to stay within --max-sessions / --max-session-memory-mb.",
+       Kind::kCounter, {}, {}},
+      [this](metrics::SeriesSink& sink) {
+        sink.Add(static_cast<double>(lookups_.results().evicted()));
+      }));
+  handles.push_back(registry.AddCollected(
       {"kvd_registered_instances", "Registered worker instances.", Kind::kGauge, {}, {}},
       [this](metrics::SeriesSink& sink) { sink.Add(static_cast<double>(registry_.size())); }));
   handles.push_back(registry.AddCollected(

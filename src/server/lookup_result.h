@@ -1,19 +1,22 @@
 // LookupResult: the state of one request's LOOKUP result, from the lookup to the
-// QUERY_PREFETCH_STATUS that takes it. A value kept per session (sessions.h, under the
-// session's lock); not thread-safe on its own.
+// QUERY_PREFETCH_STATUS that takes it. A value kept per request by LookupResults (under its
+// lock); not thread-safe on its own.
 //
-//              Begin() -> g                   Finish(g, hits)
+//              Begin(g)                       Finish(g, hits)
 //    none ────────────────────▶ running(g) ─────────────────────▶ ready(hits)
 //     ▲ │                        │    ▲                               │
-//     │ │                        └────┘ Begin() -> g+1 (a late        │
+//     │ │                        └────┘ Begin(g') (a late             │
 //     │ │                               Finish(g) is then ignored)    │
-//     │ └──── Set(hits), from any state ──────────────────────▶ ready(hits)
+//     │ └──── Set(g', hits), from any state ──────────────────▶ ready(hits)
 //     └───────────────────────────── Take() -> hits ──────────────────┘
 //
 //   Take() in none or running answers nullopt and changes nothing.
 //
+//   * Generations are drawn by the owner (LookupResults) from one counter for all requests,
+//     so no two lookups ever share one: a completion from before the request's result was
+//     dropped (END_SESSION, expiry, eviction) can never pass for a later lookup's.
 //   * Begin: a lookup whose prefix still loads from the tiers (its answer comes later, from
-//     the prefetch's completion, as Finish with the generation Begin returned).
+//     the prefetch's completion, as Finish with the same generation).
 //   * Set: a lookup answered at once (no tiers, or nothing to load); it supersedes a running
 //     one (whose Finish is then ignored).
 //   * Take: QUERY_PREFETCH_STATUS takes a ready result once; while running it answers "still
@@ -27,22 +30,22 @@ namespace kvd::server {
 
 class LookupResult {
  public:
-  // A lookup answered now with `hit_chunks`.
-  void Set(int64_t hit_chunks) {
+  // Lookup `generation` answered now with `hit_chunks`.
+  void Set(uint64_t generation, int64_t hit_chunks) {
     hits_ = hit_chunks;
-    ++generation_;
+    generation_ = generation;
     running_ = false;
   }
-  // A lookup whose answer comes later: returns the generation Finish must name.
-  uint64_t Begin() {
+  // Lookup `generation`, whose answer comes later (Finish with the same generation).
+  void Begin(uint64_t generation) {
     hits_.reset();
     running_ = true;
-    return ++generation_;
+    generation_ = generation;
   }
-  // The answer of lookup `generation`; false (nothing recorded) when a later Begin or Set
-  // superseded it.
+  // The answer of lookup `generation`; false (nothing recorded) when it is not the running
+  // lookup (a later Begin or Set superseded it, or it finished).
   bool Finish(uint64_t generation, int64_t hit_chunks) {
-    if (generation != generation_) return false;
+    if (!Current(generation)) return false;
     hits_ = hit_chunks;
     running_ = false;
     return true;

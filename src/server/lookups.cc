@@ -19,7 +19,9 @@ Lookups::Lookups(const ServiceContext& context)
       counters_(context.counters),
       tiers_(context.tiers),
       pending_(context.pending_commits),
-      results_(context.sessions) {}
+      results_(context.clock, LookupResults::Limits{context.config->max_sessions,
+                                                    context.config->max_session_bytes,
+                                                    context.config->session_ttl_seconds}) {}
 
 uint32_t Lookups::ReadLocksPerSlot(const wire::CacheKey& key, int64_t tp_size) {
   // Each reader's RETRIEVE releases one lock on its own object. 0.5.6 clients say how many
@@ -140,7 +142,8 @@ void Lookups::OnPrefetched(const Prefetching& p, size_t loaded) {
     ~Ended() { self->results_.PrefetchEnded(); }
   } ended{this};
   MutexLock serial(&results_.RequestMutex(p.request_id));
-  // A later LOOKUP of the request (or its end) supersedes this one: its locks are not ours.
+  // A later LOOKUP of the request (or its end, expiry or eviction) supersedes this one: its
+  // locks are not ours.
   if (!results_.Current(p.request_id, p.generation)) return;
   size_t total = p.l1_hits;
   if (loaded > 0) {
@@ -148,8 +151,9 @@ void Lookups::OnPrefetched(const Prefetching& p, size_t loaded) {
     total = l1_->LookupAndLock(p.request_id, p.chunks->first_chunk, prefix, p.world, p.readers);
   }
   if (!results_.Finish(p.request_id, p.generation, static_cast<int64_t>(total))) {
-    // The session ended meanwhile: nobody will read this result, and the request's locks
-    // are this lookup's (no newer lookup of it ran: see RequestMutex).
+    // Unreachable while the request mutex is held and Current held, unless the entry went
+    // meanwhile (END_SESSION, expiry, eviction): nobody will read this result, and the
+    // request's locks are this lookup's (no newer lookup of it ran: see RequestMutex).
     l1_->ReleaseAllLocks(p.request_id);
     return;
   }
@@ -210,7 +214,7 @@ void Lookups::EndSession(std::string_view request_id) {
   // The request's read locks stay until its RETRIEVEs, FREE_LOOKUP_LOCKS or the read TTL, as
   // in lmcache: a worker's RETRIEVE may still be on its way when the scheduler ends the session.
   auto [identity, hashes] = sessions_->End(request_id);
-  results_.SessionEnded();  // its waiter answers 0 now
+  results_.SessionEnded(request_id);  // its waiter answers 0 now
   if (hashes.empty()) return;
   ScopedPhase index(Phase::kIndex);
   // The model name and keys are built in this thread's scratch: ending sessions allocates

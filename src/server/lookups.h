@@ -46,7 +46,7 @@ namespace kvd::server {
 
 class Lookups {
  public:
-  // Borrows the context's config, L1, sessions, registry, counters, tiers (a lookup
+  // Borrows the context's config, clock, L1, sessions, registry, counters, tiers (a lookup
   // prefetches from them; null: none) and pending commits (a lookup waits for them); all
   // must outlive this object.
   explicit Lookups(const ServiceContext& context);
@@ -57,6 +57,7 @@ class Lookups {
   // The requests' lookup results (QUERY_PREFETCH_STATUS takes one, WAIT_PREFETCH_STATUS
   // watches its changes), their change counter and the request loop's wakeup.
   LookupResults& results() { return results_; }
+  const LookupResults& results() const { return results_; }
   // The L1 keys of every full chunk of `key` [start, end) in the namespace its model's workers
   // registered (the request's session caches the hashes, as a LOOKUP's), or nothing
   // (namespace_known false) when no worker of the model registered or the namespace is
@@ -88,7 +89,7 @@ class Lookups {
   };
   // The tiers loaded the next `loaded` chunks of `p` into L1 (the prefetch's completion, on a
   // tiers thread): the whole prefix locked again and recorded, unless a later lookup of the
-  // request (or its end) superseded it.
+  // request (or the end of its entry) superseded it.
   void OnPrefetched(const Prefetching& p, size_t loaded);
 
   const ServerConfig& config_;

@@ -178,47 +178,6 @@ Result<std::vector<keys::Hash32>> SessionTable::Hashes(std::string_view request_
   return out;
 }
 
-void SessionTable::SetLookupResult(std::string_view request_id, int64_t hit_chunks) {
-  auto s = Get(request_id, true);
-  MutexLock lock(&s->mu);
-  s->lookup.Set(hit_chunks);
-}
-
-uint64_t SessionTable::BeginLookup(std::string_view request_id) {
-  auto s = Get(request_id, true);
-  MutexLock lock(&s->mu);
-  return s->lookup.Begin();
-}
-
-bool SessionTable::FinishLookup(std::string_view request_id, uint64_t generation,
-                                int64_t hit_chunks) {
-  auto s = Get(request_id, false);
-  if (!s) return false;  // ended meanwhile
-  MutexLock lock(&s->mu);
-  return s->lookup.Finish(generation, hit_chunks);
-}
-
-bool SessionTable::LookupCurrent(std::string_view request_id, uint64_t generation) {
-  auto s = Get(request_id, false);
-  if (!s) return false;
-  MutexLock lock(&s->mu);
-  return s->lookup.Current(generation);
-}
-
-bool SessionTable::LookupRunning(std::string_view request_id) {
-  auto s = Get(request_id, false);
-  if (!s) return false;
-  MutexLock lock(&s->mu);
-  return s->lookup.running();
-}
-
-std::optional<int64_t> SessionTable::TakeLookupResult(std::string_view request_id) {
-  auto s = Get(request_id, false);
-  if (!s) return std::nullopt;
-  MutexLock lock(&s->mu);
-  return s->lookup.Take();
-}
-
 std::pair<SessionIdentity, std::vector<keys::Hash32>> SessionTable::End(
     std::string_view request_id) {
   SessionPtr s;

@@ -1,13 +1,14 @@
 // SessionTable: per-request state shared by the scheduler's LOOKUP and the workers'
 // STORE/RETRIEVE of one vLLM request (keyed by request_id): the chained chunk hashes
-// computed so far (so each chunk is hashed once per request, not once per TP worker)
-// and the lookup result waiting to be polled. Sessions idle longer than the TTL expire.
+// computed so far (so each chunk is hashed once per request, not once per TP worker).
+// Sessions idle longer than the TTL expire. The request's LOOKUP result is kept apart, with
+// bounds of its own (lookup_results.h).
 //
 // Bounded (issue 11, finding 8): at most SessionLimits::max_sessions sessions holding at most
 // SessionLimits::max_bytes (tokens, hashes, identity, bookkeeping) in all. Creating one more,
 // or growing one past the byte bound, evicts the least recently used others; a session that
 // alone would exceed the bound keeps nothing (its hashes are computed and returned, not
-// cached). Only LOOKUP and the lookup result create a session (SessionUse::kCreate): STORE,
+// cached). Only LOOKUP creates a session (SessionUse::kCreate): STORE,
 // RETRIEVE and the engine-driven ops use one if it exists (kIfExists), so a late store after
 // END_SESSION cannot bring a session back for another TTL.
 //
@@ -33,7 +34,6 @@
 #include "common/status.h"
 #include "keys/chunk_hasher.h"
 #include "keys/chunk_key_memo.h"
-#include "server/lookup_result.h"
 #include "wire/messages.h"
 
 namespace kvd::server {
@@ -97,22 +97,6 @@ class SessionTable {
   // InvalidArgument when there are too few, or one is outside [0, 2^32).
   static Status CheckTokens(const wire::TokenIds& tokens, size_t num_chunks, uint32_t chunk_size);
 
-  // Lookup results (the states are drawn in lookup_result.h): set by LOOKUP, taken (once) by
-  // QUERY_PREFETCH_STATUS.
-  void SetLookupResult(std::string_view request_id, int64_t hit_chunks);
-  // A lookup whose prefix is still being loaded from the tiers: until FinishLookup with the
-  // returned generation, the request's result is "running". A later BeginLookup or
-  // SetLookupResult for the request supersedes it (its FinishLookup is then ignored).
-  uint64_t BeginLookup(std::string_view request_id);
-  // False (and nothing recorded) when superseded or the session ended.
-  bool FinishLookup(std::string_view request_id, uint64_t generation, int64_t hit_chunks);
-  // True while `generation` is the request's latest lookup and it has not finished.
-  bool LookupCurrent(std::string_view request_id, uint64_t generation);
-  // True while a BeginLookup has not finished.
-  bool LookupRunning(std::string_view request_id);
-  // nullopt: no result pending for this request (the caller answers 0).
-  std::optional<int64_t> TakeLookupResult(std::string_view request_id);
-
   // Removes the session; returns its identity and hashes (for touching them in L1).
   std::pair<SessionIdentity, std::vector<keys::Hash32>> End(std::string_view request_id);
 
@@ -136,7 +120,6 @@ class SessionTable {
     Mutex mu;
     std::vector<uint32_t> tokens KVD_GUARDED_BY(mu);  // what `hashes` cover (all < 2^32)
     std::vector<keys::Hash32> hashes KVD_GUARDED_BY(mu);
-    LookupResult lookup KVD_GUARDED_BY(mu);  // the request's LOOKUP result (lookup_result.h)
     SessionIdentity identity KVD_GUARDED_BY(mu);
     // Guarded by the table's mu_ (SessionTable::mu_, a lock of the enclosing object, which a
     // nested struct's KVD_GUARDED_BY cannot name); the *Locked helpers that touch them

@@ -896,6 +896,13 @@ TEST_F(KvServiceTest, RegisteredFamiliesFollowStoresRetrievesAndL1) {
   EXPECT_EQ(value("kvd_chunk_key_memo_misses_total"), static_cast<double>(svc_->CountsSnapshot().chunk_key_memo_misses));
   const std::vector<metrics::FamilySnapshot> families = registry.Collect();
   EXPECT_NE(metrics::FindSeries(families, "kvd_engine_driven_pending_operations", {"store"}), nullptr);
+  // A LOOKUP's result is held until QUERY_PREFETCH_STATUS takes it.
+  EXPECT_EQ(value("kvd_lookup_results"), 0);
+  ASSERT_TRUE(svc_->Lookup({Key(std::nullopt, 512, 0, 512, 1, "m1"), 1}).ok());
+  EXPECT_EQ(value("kvd_lookup_results"), 1);
+  EXPECT_EQ(svc_->QueryPrefetchStatus("m1"), std::optional<int64_t>(2));
+  EXPECT_EQ(value("kvd_lookup_results"), 0);
+  EXPECT_EQ(value("kvd_lookup_results_evicted_total"), 0);
   // /metrics/reset rebases the counters, not the gauges.
   registry.ResetCounters();
   EXPECT_EQ(value("kvd_stored_bytes_total"), 0);

@@ -1,9 +1,11 @@
-// LookupResults: a request's result goes through the states of lookup_result.h, and every
-// event a parked WAIT_PREFETCH_STATUS must see moves the change counter (a prefetch's end
-// also runs the wakeup).
+// LookupResults: a request's result goes through the states of lookup_result.h, every event a
+// parked WAIT_PREFETCH_STATUS must see moves the change counter (a prefetch's end also runs
+// the wakeup), and the entries keep to their own bounds (count, bytes, TTL).
 #include "server/lookup_results.h"
 
 #include <gtest/gtest.h>
+
+#include <string>
 
 #include "common/clock.h"
 
@@ -12,8 +14,7 @@ namespace {
 
 TEST(LookupResultsTest, StatesChangesAndWakeup) {
   FakeClock clock;
-  SessionTable sessions(&clock, 256, 60);
-  LookupResults r(&sessions);
+  LookupResults r(&clock, {});
   int wakeups = 0;
   r.SetWakeup([&] { ++wakeups; });
   EXPECT_EQ(r.Take("a"), std::optional<int64_t>(0));  // nothing pending: 0
@@ -23,6 +24,7 @@ TEST(LookupResultsTest, StatesChangesAndWakeup) {
   EXPECT_GT(r.changes(), seen);
   EXPECT_EQ(r.Take("a"), std::optional<int64_t>(3));
   EXPECT_EQ(r.Take("a"), std::optional<int64_t>(0));  // taken once
+  EXPECT_EQ(r.size(), 0u);                            // and the entry went with it
 
   const uint64_t g = r.Begin("a");
   EXPECT_TRUE(r.Running("a"));
@@ -30,6 +32,7 @@ TEST(LookupResultsTest, StatesChangesAndWakeup) {
   EXPECT_EQ(r.Take("a"), std::nullopt);  // still running
   seen = r.changes();
   EXPECT_TRUE(r.Finish("a", g, 5));
+  EXPECT_FALSE(r.Finish("a", g, 6));  // finished once
   r.PrefetchEnded();
   EXPECT_GT(r.changes(), seen);
   EXPECT_EQ(wakeups, 1);
@@ -46,15 +49,91 @@ TEST(LookupResultsTest, StatesChangesAndWakeup) {
   // The session's end is a change (its waiter answers), and the result goes with it.
   const uint64_t g2 = r.Begin("a");
   seen = r.changes();
-  sessions.End("a");
-  r.SessionEnded();
+  r.SessionEnded("a");
   EXPECT_GT(r.changes(), seen);
+  EXPECT_FALSE(r.Running("a"));
   EXPECT_FALSE(r.Finish("a", g2, 2));
   EXPECT_EQ(r.Take("a"), std::optional<int64_t>(0));
 
   r.SetWakeup(nullptr);
   r.PrefetchEnded();
   EXPECT_EQ(wakeups, 1);
+}
+
+// A generation is never drawn twice, even for a request id whose entry went and came back:
+// a completion of the lookup before END_SESSION cannot finish the one after it (the
+// Lookups-level regression is LookupsTest.StalePrefetchAfterEndSessionLeavesTheNextLookupAlone).
+TEST(LookupResultsTest, AReusedRequestIdGetsNewGenerations) {
+  FakeClock clock;
+  LookupResults r(&clock, {});
+  const uint64_t before = r.Begin("b");
+  r.SessionEnded("b");
+  const uint64_t after = r.Begin("b");
+  EXPECT_NE(before, after);
+  EXPECT_FALSE(r.Current("b", before));
+  EXPECT_FALSE(r.Finish("b", before, 9));
+  EXPECT_TRUE(r.Running("b"));
+  EXPECT_TRUE(r.Finish("b", after, 1));
+  EXPECT_EQ(r.Take("b"), std::optional<int64_t>(1));
+}
+
+// At most max_results entries: a new request beyond drops the least recently used other
+// (a running one too: its Finish then records nothing), counts it and wakes its waiter.
+TEST(LookupResultsTest, TheCountBoundDropsTheLeastRecentlyUsed) {
+  FakeClock clock;
+  LookupResults r(&clock, {.max_results = 2});
+  const uint64_t g = r.Begin("old");
+  r.Set("mid", 1);
+  ASSERT_TRUE(r.Current("old", g));
+  ASSERT_TRUE(r.Finish("old", g, 4));  // "old" is now the most recently used
+  const uint64_t seen = r.changes();
+  r.Set("new", 2);
+  EXPECT_GT(r.changes(), seen);
+  EXPECT_EQ(r.size(), 2u);
+  EXPECT_EQ(r.evicted(), 1u);
+  EXPECT_EQ(r.Take("mid"), std::optional<int64_t>(0));  // dropped
+  EXPECT_EQ(r.Take("old"), std::optional<int64_t>(4));
+  EXPECT_EQ(r.Take("new"), std::optional<int64_t>(2));
+
+  const uint64_t running = r.Begin("x");
+  r.Set("y", 1);
+  r.Set("z", 1);  // drops "x" while it runs
+  EXPECT_FALSE(r.Running("x"));
+  EXPECT_FALSE(r.Finish("x", running, 3));
+  EXPECT_EQ(r.evicted(), 2u);
+}
+
+// At most max_bytes: a long request id counts its length.
+TEST(LookupResultsTest, TheByteBoundCountsTheRequestIds) {
+  FakeClock clock;
+  LookupResults r(&clock, {.max_bytes = 4096});
+  const std::string long_id(1000, 'x');
+  for (char c = 'a'; c <= 'h'; ++c) r.Set(std::string(1, c) + long_id, 1);
+  EXPECT_LE(r.bytes(), 4096u);
+  EXPECT_GE(r.size(), 3u);
+  EXPECT_LT(r.size(), 8u);
+  EXPECT_EQ(r.evicted(), 8u - r.size());
+  EXPECT_EQ(r.Take("h" + long_id), std::optional<int64_t>(1));  // the newest is kept
+  EXPECT_EQ(r.Take("a" + long_id), std::optional<int64_t>(0));  // the oldest is not
+}
+
+// An entry untouched for the TTL expires (a running one too); a touch keeps it.
+TEST(LookupResultsTest, IdleEntriesExpire) {
+  FakeClock clock;
+  LookupResults r(&clock, {.ttl_seconds = 60});
+  r.Set("idle", 1);
+  const uint64_t g = r.Begin("running");
+  clock.AdvanceSeconds(40);
+  r.Set("kept", 2);
+  clock.AdvanceSeconds(30);
+  const uint64_t seen = r.changes();
+  EXPECT_EQ(r.Expire(), 2u);
+  EXPECT_GT(r.changes(), seen);
+  EXPECT_EQ(r.size(), 1u);
+  EXPECT_FALSE(r.Finish("running", g, 5));
+  EXPECT_EQ(r.Take("idle"), std::optional<int64_t>(0));
+  EXPECT_EQ(r.Take("kept"), std::optional<int64_t>(2));
+  EXPECT_EQ(r.evicted(), 0u);  // expiry is not eviction
 }
 
 }  // namespace

@@ -49,6 +49,7 @@ class InstantTier final : public l2::Tier {
     done(std::move(r));
   }
   void Load(std::vector<l2::LoadItem> items, Done done) override {
+    ++loads_;
     std::vector<l2::ItemResult> r;
     for (auto& it : items) {
       std::memset(it.dst, 0x5a, it.size);
@@ -61,6 +62,8 @@ class InstantTier final : public l2::Tier {
   }
   void Scan(ScanDone done) override { done(std::vector<l2::ScannedObject>{}); }
   l2::TierHealth Health() const override { return {}; }
+  // Load calls so far.
+  int loads() const { return loads_.load(); }
   void Close() override {
     stop_ = true;
     if (thread_.joinable()) thread_.join();
@@ -103,6 +106,7 @@ class InstantTier final : public l2::Tier {
   const std::vector<keys::Hash32> absent_;
   const std::function<bool()> gate_;
   std::atomic<bool> stop_{false};
+  std::atomic<int> loads_{0};
   std::mutex mu_;
   std::deque<std::pair<std::vector<l2::ItemResult>, Done>> queue_;  // guarded by mu_
   std::thread thread_;
@@ -134,7 +138,8 @@ class LookupsTest : public ::testing::Test {
     }
     l2::TierSpec spec;
     spec.config.type = "instant";
-    spec.tier = std::make_shared<InstantTier>(inline_answers, std::move(absent), std::move(gate));
+    tier_ = std::make_shared<InstantTier>(inline_answers, std::move(absent), std::move(gate));
+    spec.tier = tier_;
     spec.serde = std::move(l2::MakeSerde(nullptr)).value();
     l2::TierSetOptions to;
     to.clock = &clock_;
@@ -191,6 +196,7 @@ class LookupsTest : public ::testing::Test {
   std::unique_ptr<SessionTable> sessions_;
   std::unique_ptr<InstanceRegistry> registry_;
   std::unique_ptr<Lookups> lookups_;
+  std::shared_ptr<InstantTier> tier_;
   std::unique_ptr<l2::TierSet> tiers_;
 };
 
@@ -264,6 +270,44 @@ TEST_F(LookupsTest, PrefetchCallbackRaceLeavesTheLastLookupsLocks) {
   EXPECT_EQ(ReadLocks(a[0]), 0u);
   EXPECT_EQ(ReadLocks(a[1]), 0u);
   EXPECT_EQ(tiers_->stats().prefetch_hit_chunks, 1u);  // lookup 1's chunk did arrive
+}
+
+// Regression (stale prefetch after END_SESSION): a request's lookup generations restarted
+// with its session, so a prefetch that outlived END_SESSION passed for the first lookup of the
+// same request id after it, replaced that lookup's read locks with its own prompt's and
+// recorded its own hit count. Forced here: lookup 1 (prompt A) waits for its tier load, the
+// session ends, lookup 2 (prompt B) of the same id waits for its own; then the tier answers
+// both, A's first. The result and the locks must be lookup 2's.
+TEST_F(LookupsTest, StalePrefetchAfterEndSessionLeavesTheNextLookupAlone) {
+  std::atomic<bool> release{false};
+  Make(false, {}, [&] { return release.load(); });
+  auto a = Chunks(1, 3 * kChunk);  // chunk 0 in L1, chunks 1 and 2 in the tier
+  auto b = Chunks(2, 2 * kChunk);  // chunk 0 in L1, chunk 1 in the tier
+  WriteL1(a[0]);
+  WriteL1(b[0]);
+  auto wait_loads = [&](int n) {
+    for (int i = 0; i < 5000 && tier_->loads() < n; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    ASSERT_EQ(tier_->loads(), n);
+  };
+  ASSERT_TRUE(lookups_->Lookup({Key("r", 1, 3 * kChunk), 1}).ok());
+  wait_loads(1);
+  lookups_->EndSession("r");
+  ASSERT_TRUE(lookups_->Lookup({Key("r", 2, 2 * kChunk), 1}).ok());
+  wait_loads(2);
+  release = true;
+  std::optional<int64_t> hits;
+  for (int i = 0; i < 5000 && !(hits = lookups_->results().Take("r")); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ASSERT_TRUE(tiers_->WaitIdle(10));
+  EXPECT_EQ(hits, std::optional<int64_t>(2));  // B's two chunks, not A's three
+  EXPECT_EQ(ReadLocks(b[0]), 1u);
+  EXPECT_EQ(ReadLocks(b[1]), 1u);
+  EXPECT_EQ(ReadLocks(a[0]), 0u);
+  EXPECT_EQ(ReadLocks(a[1]), 0u);
+  EXPECT_EQ(ReadLocks(a[2]), 0u);
 }
 
 }  // namespace

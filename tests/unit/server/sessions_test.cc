@@ -142,15 +142,6 @@ TEST(SessionTable, TooFewTokensAndOutOfRangeTokensAreErrors) {
   EXPECT_FALSE(s.ChunkHashes("s", Tokens(512, 1, 3, int64_t{good[3]} + (int64_t{1} << 32)), 2).ok());
 }
 
-TEST(SessionTable, LookupResultIsTakenOnce) {
-  FakeClock clock;
-  SessionTable s(&clock, 256, 600);
-  EXPECT_FALSE(s.TakeLookupResult("r").has_value());
-  s.SetLookupResult("r", 3);
-  EXPECT_EQ(s.TakeLookupResult("r"), 3);
-  EXPECT_FALSE(s.TakeLookupResult("r").has_value());
-}
-
 TEST(SessionTable, IdleSessionsExpireAndEndReturnsIdentityAndHashes) {
   FakeClock clock;
   SessionTable s(&clock, 256, 600);
