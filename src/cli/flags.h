@@ -1,4 +1,4 @@
-// The `kvd server` command line: one table (flags_table.cc) lists every flag of
+// The `kvd server` command line: one table (ServerFlags(), flags_table.cc) lists every flag of
 // `lmcache server` 0.5.6, the environment variables it reads, and kvd's own flags, each with
 // what kvd does with it. The parser, `--help`, the startup summary, `--list-flags` (which
 // tests/integration/test_cli_flags.py and docs/cli.md follow) are all driven by that table.

@@ -1,7 +1,7 @@
 """Every flag of the real `lmcache server` 0.5.6 against kvd's flags table.
 
 The reference flags are read from lmcache's own parser (lmcache_server_flags.py), so a flag
-that lmcache adds, renames or hides fails here until kvd's table (src/cli/flags_table.cc)
+that lmcache adds, renames or hides fails here until kvd's table (src/cli/flags_table_lmcache.cc)
 says what kvd does with it. For every flag and every value worth trying (each choice, both
 forms of a boolean, the default, a sample) kvd is run with `--check-config`, and its answer
 must match what its table claims: implemented and accepted values start (accepted ones are
