@@ -37,6 +37,7 @@
 #include <sstream>
 #include <thread>
 
+#include "common/mutex.h"
 #include "transfer/copy_engine.h"
 #include "transfer/cuda/copy_kernels.h"
 #include "transfer/cuda/cuda_runtime.h"
@@ -73,15 +74,15 @@ class CudaCopyEngine final : public CopyEngine {
   Status Open(const std::vector<layout::TensorDescriptor>& tensors, const HostPool& pool);
 
   const EngineCaps& caps() const override { return caps_; }
-  Result<Submitted> Submit(CopyPlan plan) override;
+  Result<Submitted> Submit(CopyPlan plan) override KVD_EXCLUDES(mu_);
   Result<bool> Poll(Ticket t) override { return book_->Poll(t); }
   Status Wait(Ticket t, std::chrono::milliseconds timeout) override { return book_->Wait(t, timeout); }
   std::string Describe() const override { return describe_; }
-  void Cancel() override;
+  void Cancel() override KVD_EXCLUDES(mu_);
 
  private:
   // Enqueues the per-chunk work; returns the first CUDA error (later chunks not enqueued).
-  Status EnqueueChunks(const CopyPlan& plan);
+  Status EnqueueChunks(const CopyPlan& plan) KVD_REQUIRES(mu_);
 
   CudaRuntime* const rt_;
   const layout::KvLayout layout_;
@@ -105,25 +106,25 @@ class CudaCopyEngine final : public CopyEngine {
   cudaEvent_t filled_[kSlots] = {}, free_[kSlots] = {}, join_ = nullptr;
   uint64_t timeline_slot_ = UINT64_MAX;
 
-  std::mutex mu_;              // serialises Submit (stream order = request order)
-  unsigned next_slot_ = 0;     // guarded by mu_
-  ChunkKernelArgs args_;       // guarded by mu_ (scratch; too large for the stack habitually)
-  std::map<IpcHandle, std::shared_ptr<IpcAllocation>> client_semaphores_;  // guarded by mu_
+  Mutex mu_;  // serialises Submit (stream order = request order) and Cancel
+  unsigned next_slot_ KVD_GUARDED_BY(mu_) = 0;
+  ChunkKernelArgs args_ KVD_GUARDED_BY(mu_);  // scratch; too large for the stack habitually
+  std::map<IpcHandle, std::shared_ptr<IpcAllocation>> client_semaphores_ KVD_GUARDED_BY(mu_);
   // Timeline-semaphore waits of copies not yet known to be complete: what Cancel writes.
   struct TimelineWait {
     std::shared_ptr<IpcAllocation> semaphore;
     uint64_t slot_offset = 0;
     uint64_t sequence = 0;
   };
-  std::map<Ticket, TimelineWait> timeline_waits_;  // guarded by mu_
-  bool cancelled_ = false;                         // guarded by mu_
+  std::map<Ticket, TimelineWait> timeline_waits_ KVD_GUARDED_BY(mu_);
+  bool cancelled_ KVD_GUARDED_BY(mu_) = false;
   // Read by completions (on the runtime's thread): once set, every completion reports the
   // cancellation instead of success, so nothing gathered after a released wait is committed.
   std::shared_ptr<std::atomic<bool>> cancel_flag_ = std::make_shared<std::atomic<bool>>(false);
 };
 
 void CudaCopyEngine::Cancel() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (cancelled_) return;
   cancelled_ = true;
   cancel_flag_->store(true);
@@ -339,7 +340,7 @@ Status CudaCopyEngine::EnqueueChunks(const CopyPlan& plan) {
 }
 
 Result<Submitted> CudaCopyEngine::Submit(CopyPlan plan) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (cancelled_) return Status::Unavailable("the copy engine was cancelled");
   std::erase_if(timeline_waits_, [&](const auto& kv) {
     auto done = book_->Poll(kv.first);

@@ -43,25 +43,25 @@ HostRegistration::~HostRegistration() = default;
 // ---- TicketBook ------------------------------------------------------------------------
 
 Ticket TicketBook::Issue() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   outstanding_.insert(++last_);
   return last_;
 }
 
 void TicketBook::Complete(Ticket t, const Status& st) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     outstanding_.erase(t);
     if (!st.ok()) {
       failures_[t] = st;
       while (failures_.size() > kMaxFailures) failures_.erase(failures_.begin());
     }
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
 }
 
 Result<bool> TicketBook::Poll(Ticket t) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (t == 0 || t > last_) return Status::InvalidArgument("unknown ticket " + std::to_string(t));
   if (outstanding_.count(t)) return false;
   auto it = failures_.find(t);
@@ -70,31 +70,42 @@ Result<bool> TicketBook::Poll(Ticket t) const {
 }
 
 Status TicketBook::Wait(Ticket t, std::chrono::milliseconds timeout) const {
-  std::unique_lock<std::mutex> lock(mu_);
+  const auto deadline = Clock::now() + timeout;
+  MutexLock lock(&mu_);
   if (t == 0 || t > last_) return Status::InvalidArgument("unknown ticket " + std::to_string(t));
-  if (!cv_.wait_for(lock, timeout, [&] { return outstanding_.count(t) == 0; })) {
-    return Status::Unavailable("copy " + std::to_string(t) + " still running");
+  while (outstanding_.count(t) != 0) {
+    const auto now = Clock::now();
+    if (now >= deadline) return Status::Unavailable("copy " + std::to_string(t) + " still running");
+    cv_.WaitFor(&mu_, deadline - now);
   }
   auto it = failures_.find(t);
   return it == failures_.end() ? Status::Ok() : it->second;
 }
 
 bool TicketBook::Drain(std::chrono::milliseconds timeout) const {
-  std::unique_lock<std::mutex> lock(mu_);
-  return cv_.wait_for(lock, timeout, [&] { return outstanding_.empty(); });
+  const auto deadline = Clock::now() + timeout;
+  MutexLock lock(&mu_);
+  while (!outstanding_.empty()) {
+    const auto now = Clock::now();
+    if (now >= deadline) return false;
+    cv_.WaitFor(&mu_, deadline - now);
+  }
+  return true;
 }
 
 size_t TicketBook::outstanding() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return outstanding_.size();
 }
 
 // ---- CudaRuntime -------------------------------------------------------------------------
 
 Result<CudaRuntime*> CudaRuntime::Get() {
-  static std::mutex init_mu;
+  // init_mu guards `instance` (a function's static cannot be KVD_GUARDED_BY; it is read and
+  // written only here, under the lock).
+  static Mutex init_mu;
   static CudaRuntime* instance = nullptr;
-  std::lock_guard<std::mutex> lock(init_mu);
+  MutexLock lock(&init_mu);
   if (instance) return instance;
   auto* rt = new CudaRuntime();
   Status st = rt->Init();
@@ -138,10 +149,13 @@ Status CudaRuntime::Init() {
   get_range_ = DriverEntry("cuMemGetAddressRange", 12000);
   wait_value64_ = DriverEntry("cuStreamWaitValue64", 12000);
   write_value64_ = DriverEntry("cuStreamWriteValue64", 12000);
-  retained_.resize(n);
-  free_export_.resize(n);
-  free_marker_.resize(n);
-  timelines_.resize(n);
+  {
+    MutexLock lock(&mu_);  // no other thread sees the runtime yet; the lock is for the analysis
+    retained_.resize(n);
+    free_export_.resize(n);
+    free_marker_.resize(n);
+    timelines_.resize(n);
+  }
   completion_ = std::thread([this] { CompletionLoop(); });
   completion_.detach();  // the runtime lives for the whole process
   std::string devices;
@@ -156,7 +170,7 @@ Status CudaRuntime::Init() {
 
 Result<std::shared_ptr<IpcAllocation>> CudaRuntime::OpenAllocation(int device,
                                                                    const IpcHandle& handle) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto key = std::make_pair(device, handle);
   if (auto it = allocations_.find(key); it != allocations_.end()) {
     if (auto live = it->second.lock()) return live;
@@ -189,7 +203,7 @@ Result<std::shared_ptr<IpcAllocation>> CudaRuntime::OpenAllocation(int device,
   // live mapping or runs after the close.
   std::shared_ptr<IpcAllocation> a(new IpcAllocation{device, handle, static_cast<uint8_t*>(ptr), bytes},
                                    [this](IpcAllocation* p) {
-                                     std::lock_guard<std::mutex> l(mu_);
+                                     MutexLock l(&mu_);
                                      auto it = allocations_.find({p->device, p->handle});
                                      if (it != allocations_.end() && it->second.expired()) allocations_.erase(it);
                                      cudaSetDevice(p->device);
@@ -204,7 +218,7 @@ Result<std::shared_ptr<IpcAllocation>> CudaRuntime::OpenAllocation(int device,
 }
 
 std::shared_ptr<HostRegistration> CudaRuntime::RegisterHost(uint8_t* base, uint64_t bytes) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (auto it = host_.find(base); it != host_.end()) {
     if (auto live = it->second.lock()) return live;
   }
@@ -221,7 +235,7 @@ std::shared_ptr<HostRegistration> CudaRuntime::RegisterHost(uint8_t* base, uint6
   }
   std::shared_ptr<HostRegistration> r(new HostRegistration{base, bytes, pinned},
                                       [this](HostRegistration* p) {
-                                        std::lock_guard<std::mutex> l(mu_);
+                                        MutexLock l(&mu_);
                                         auto it = host_.find(p->base);
                                         if (it != host_.end() && it->second.expired()) host_.erase(it);
                                         if (p->pinned) {
@@ -237,7 +251,7 @@ std::shared_ptr<HostRegistration> CudaRuntime::RegisterHost(uint8_t* base, uint6
 }
 
 Result<cudaEvent_t> CudaRuntime::AcquireExportEvent(int device) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto& ring = retained_[device];
   const double now = NowSeconds();
   // Recycle the oldest retained event once it completed and is old enough.
@@ -266,7 +280,7 @@ Result<cudaEvent_t> CudaRuntime::AcquireExportEvent(int device) {
 Result<std::string> CudaRuntime::ExportEvent(int device, cudaEvent_t event) {
   cudaIpcEventHandle_t h;
   cudaError_t err = cudaIpcGetEventHandle(&h, event);
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (err != cudaSuccess) {
     free_export_[device].push_back(event);
     return Status::Internal(CudaErrorText("cudaIpcGetEventHandle", err));
@@ -278,7 +292,7 @@ Result<std::string> CudaRuntime::ExportEvent(int device, cudaEvent_t event) {
 
 Result<cudaEvent_t> CudaRuntime::AcquireMarker(int device) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     auto& pool = free_marker_[device];
     if (!pool.empty()) {
       cudaEvent_t ev = pool.back();
@@ -323,7 +337,7 @@ Result<uint64_t> CudaRuntime::AllocateTimelineSlot(int device) {
         "timeline-semaphore events (lmcache isolated IPC) need cuStreamWriteValue64, which this "
         "CUDA driver does not provide");
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   Timeline& t = timelines_[device];
   constexpr uint64_t kSlots = 4096;
   if (t.base == nullptr) {
@@ -350,13 +364,13 @@ Result<uint64_t> CudaRuntime::AllocateTimelineSlot(int device) {
 }
 
 void CudaRuntime::ReleaseTimelineSlot(int device, uint64_t slot_offset) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   timelines_[device].free_slots.push_back(slot_offset);  // its sequence keeps counting up
 }
 
 Result<std::string> CudaRuntime::RecordTimeline(int device, cudaStream_t stream,
                                                 uint64_t slot_offset) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   Timeline& t = timelines_[device];
   const uint64_t seq = ++t.sequence[slot_offset];
   auto addr = reinterpret_cast<CUdeviceptr>(t.base + slot_offset);
@@ -380,10 +394,10 @@ void CUDART_CB CudaRuntime::HostWakeup(void* p) {
   // Runs on a CUDA driver thread: no CUDA calls here.
   auto* rt = static_cast<CudaRuntime*>(p);
   {
-    std::lock_guard<std::mutex> lock(rt->done_mu_);
+    MutexLock lock(&rt->done_mu_);
     ++rt->wakeups_;
   }
-  rt->done_cv_.notify_one();
+  rt->done_cv_.NotifyOne();
 }
 
 cudaError_t CudaRuntime::LaunchWakeup(cudaStream_t stream) {
@@ -392,10 +406,10 @@ cudaError_t CudaRuntime::LaunchWakeup(cudaStream_t stream) {
 
 void CudaRuntime::Track(std::unique_ptr<PendingCopy> copy) {
   {
-    std::lock_guard<std::mutex> lock(done_mu_);
+    MutexLock lock(&done_mu_);
     pending_.push_back(std::move(copy));
   }
-  done_cv_.notify_one();
+  done_cv_.NotifyOne();
 }
 
 void CudaRuntime::Finish(PendingCopy& c, const Status& st) {
@@ -417,7 +431,7 @@ void CudaRuntime::Finish(PendingCopy& c, const Status& st) {
   for (cudaEvent_t ev : {c.marker, c.started}) {
     if (!ev) continue;
     if (st.ok()) {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       free_marker_[c.device].push_back(ev);
     } else {
       cudaEventDestroy(ev);
@@ -433,11 +447,13 @@ void CudaRuntime::CompletionLoop() {
   std::deque<std::unique_ptr<PendingCopy>> work;
   while (true) {
     {
-      std::unique_lock<std::mutex> lock(done_mu_);
+      MutexLock lock(&done_mu_);
       if (pending_.empty() && work.empty()) {
-        done_cv_.wait(lock, [&] { return !pending_.empty(); });
-      } else {
-        done_cv_.wait_for(lock, kPoll, [&] { return wakeups_ != seen; });
+        while (pending_.empty()) done_cv_.Wait(&done_mu_);
+      } else if (wakeups_ == seen) {
+        // Woken by a host function or a new copy, or after kPoll at most (a spurious wakeup
+        // only costs one more pass over `work`).
+        done_cv_.WaitFor(&done_mu_, kPoll);
       }
       seen = wakeups_;
       while (!pending_.empty()) {

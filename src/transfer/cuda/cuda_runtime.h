@@ -20,23 +20,24 @@
 //     its per-copy CUDA resources. Host functions themselves never call CUDA.
 //
 // Threads: every method is thread-safe. Methods that make CUDA calls set the device they
-// need themselves.
+// need themselves. Locks: mu_ (the maps, pools and timelines below; a CUDA call may run under
+// it) and done_mu_ (the completion queue; never held across a CUDA call); neither is held
+// while the other is taken. Each field names its lock (KVD_GUARDED_BY).
 #pragma once
 
 #include <cuda_runtime_api.h>
 
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "common/mutex.h"
 #include "common/status.h"
 #include "transfer/copy_engine.h"
 #include "transfer/cuda/ipc_handles.h"
@@ -76,11 +77,11 @@ class TicketBook {
 
  private:
   static constexpr size_t kMaxFailures = 256;
-  mutable std::mutex mu_;
-  mutable std::condition_variable cv_;
-  Ticket last_ = 0;                   // guarded by mu_
-  std::set<Ticket> outstanding_;      // guarded by mu_
-  std::map<Ticket, Status> failures_; // guarded by mu_ (the newest kMaxFailures)
+  mutable Mutex mu_;
+  mutable CondVar cv_;  // signalled (under no lock) when a ticket completes
+  Ticket last_ KVD_GUARDED_BY(mu_) = 0;
+  std::set<Ticket> outstanding_ KVD_GUARDED_BY(mu_);
+  std::map<Ticket, Status> failures_ KVD_GUARDED_BY(mu_);  // the newest kMaxFailures
 };
 
 // One submitted copy as the completion thread sees it.
@@ -143,8 +144,8 @@ class CudaRuntime {
  private:
   CudaRuntime() = default;
   Status Init();
-  void CompletionLoop();
-  void Finish(PendingCopy& copy, const Status& st);
+  void CompletionLoop() KVD_EXCLUDES(done_mu_);
+  void Finish(PendingCopy& copy, const Status& st) KVD_EXCLUDES(mu_, done_mu_);
   static void CUDART_CB HostWakeup(void* runtime);
 
   std::vector<DeviceUuid> uuids_;
@@ -155,18 +156,19 @@ class CudaRuntime {
   void* wait_value64_ = nullptr;
   void* write_value64_ = nullptr;
 
-  std::mutex mu_;
-  std::map<std::pair<int, IpcHandle>, std::weak_ptr<IpcAllocation>> allocations_;  // mu_
-  std::map<uint8_t*, std::weak_ptr<HostRegistration>> host_;                        // mu_
+  Mutex mu_;
+  std::map<std::pair<int, IpcHandle>, std::weak_ptr<IpcAllocation>> allocations_
+      KVD_GUARDED_BY(mu_);
+  std::map<uint8_t*, std::weak_ptr<HostRegistration>> host_ KVD_GUARDED_BY(mu_);
   struct Retained {
     cudaEvent_t event;
     uint64_t serial;
     double exported_at;
   };
-  std::vector<std::deque<Retained>> retained_;        // per device, guarded by mu_
-  std::vector<std::vector<cudaEvent_t>> free_export_; // per device, guarded by mu_
-  std::vector<std::vector<cudaEvent_t>> free_marker_; // per device, guarded by mu_
-  uint64_t export_serial_ = 0;                        // guarded by mu_
+  std::vector<std::deque<Retained>> retained_ KVD_GUARDED_BY(mu_);         // per device
+  std::vector<std::vector<cudaEvent_t>> free_export_ KVD_GUARDED_BY(mu_);  // per device
+  std::vector<std::vector<cudaEvent_t>> free_marker_ KVD_GUARDED_BY(mu_);  // per device
+  uint64_t export_serial_ KVD_GUARDED_BY(mu_) = 0;
   struct Timeline {
     uint8_t* base = nullptr;
     IpcHandle handle{};
@@ -174,12 +176,12 @@ class CudaRuntime {
     std::vector<uint64_t> free_slots;       // offsets of released slots
     std::map<uint64_t, uint64_t> sequence;  // slot offset → last sequence written
   };
-  std::vector<Timeline> timelines_;  // per device, guarded by mu_
+  std::vector<Timeline> timelines_ KVD_GUARDED_BY(mu_);  // per device
 
-  std::mutex done_mu_;
-  std::condition_variable done_cv_;
-  std::deque<std::unique_ptr<PendingCopy>> pending_;  // guarded by done_mu_
-  uint64_t wakeups_ = 0;                              // guarded by done_mu_
+  Mutex done_mu_;
+  CondVar done_cv_;  // signalled (under no lock) on a new copy or a host wakeup
+  std::deque<std::unique_ptr<PendingCopy>> pending_ KVD_GUARDED_BY(done_mu_);
+  uint64_t wakeups_ KVD_GUARDED_BY(done_mu_) = 0;
   std::thread completion_;
 };
 
