@@ -58,9 +58,13 @@ SAN_FLAGS = -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="
 
 .PHONY: fuzz fuzz-build test-asan test-tsan soak reliability-ci
 
+# CUDA's headers for the clang check of the CUDA engine's lock annotations (CMakeLists.txt):
+# those NVIDIA's runtime wheel installs in the venv (torch's dependency), when it exists.
+CUDA_HEADERS = $(patsubst %/cuda.h,%,$(firstword $(wildcard $(VENV)/lib/python3*/site-packages/nvidia/*/include/cuda.h)))
+
 fuzz-build: deps
 	@CC=clang CXX=clang++ cmake -S . -B $(FUZZ_DIR) $(SAN_FLAGS) -DKVD_FUZZ=ON \
-	  -DKVD_BUILD_TESTS=OFF >/dev/null
+	  -DKVD_BUILD_TESTS=OFF -DKVD_CUDA_HEADERS="$(CUDA_HEADERS)" >/dev/null
 	@cmake --build $(FUZZ_DIR) -j$(JOBS) --target kvd_fuzzers
 
 fuzz: fuzz-build
