@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Regenerates the flags table in docs/cli.md from the kvd binary's own table
-# (src/cli/flags_table.cc), between the "flags table" markers.
+# (src/cli/flags_table_lmcache.cc and flags_table_kvd.cc), between the "flags table" markers.
 # Usage: scripts/update-cli-doc.sh [path/to/kvd]        (default: build/kvd)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."

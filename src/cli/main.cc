@@ -1,6 +1,6 @@
 // kvd command line: `kvd server …` takes every flag of `lmcache server` 0.5.6 (same names and
-// defaults; the table and what kvd does with each flag are in flags_table.cc and
-// docs/cli.md), validates them, and runs the server until SIGINT/SIGTERM. A refused flag or
+// defaults; the table and what kvd does with each flag are in flags_table_lmcache.cc,
+// flags_table_kvd.cc and docs/cli.md), validates them, and runs the server until SIGINT/SIGTERM. A refused flag or
 // a bad value stops startup with one line naming it, exit status 2, before anything starts.
 //
 // Process layout: the main thread runs the ZMQ loop; a maintenance thread calls

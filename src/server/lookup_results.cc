@@ -70,23 +70,26 @@ bool LookupResults::Finish(std::string_view request_id, uint64_t generation, int
   return e != nullptr && e->result.Finish(generation, hits);
 }
 
-bool LookupResults::Current(std::string_view request_id, uint64_t generation) const {
+bool LookupResults::Current(std::string_view request_id, uint64_t generation) {
   MutexLock lock(&mu_);
-  auto it = entries_.find(request_id);
-  return it != entries_.end() && it->second.result.Current(generation);
+  const Entry* e = TouchLocked(request_id);
+  return e != nullptr && e->result.Current(generation);
 }
 
-bool LookupResults::Running(std::string_view request_id) const {
+bool LookupResults::Running(std::string_view request_id) {
   MutexLock lock(&mu_);
-  auto it = entries_.find(request_id);
-  return it != entries_.end() && it->second.result.running();
+  const Entry* e = TouchLocked(request_id);
+  return e != nullptr && e->result.running();
 }
 
 std::optional<int64_t> LookupResults::Take(std::string_view request_id) {
   MutexLock lock(&mu_);
   auto it = entries_.find(request_id);
   if (it == entries_.end()) return 0;
-  if (it->second.result.running()) return std::nullopt;
+  if (it->second.result.running()) {
+    TouchLocked(request_id);  // polled: kept while its prefetch runs
+    return std::nullopt;
+  }
   const int64_t hits = it->second.result.Take().value_or(0);
   RemoveLocked(it);  // none is left: the entry has nothing more to tell
   return hits;

@@ -15,13 +15,15 @@
 //   Maintain (each second):      Expire()                         -> idle entries gone
 //   a new request at a bound:    (inside Set/Begin)               -> oldest entries gone
 //
-// A running entry that goes (ended, expired, evicted) makes its prefetch's Finish answer false:
-// the completion then gives the request's L1 read locks back. Every drop counts a change, so a
-// parked waiter answers (0) at once.
+// A running entry that goes (ended, expired, evicted) makes its prefetch's completion record
+// nothing (Current and Finish answer false); the request's L1 read locks then stay until its
+// RETRIEVEs, FREE_LOOKUP_LOCKS, its next LOOKUP or the read TTL, as after END_SESSION. Every
+// drop counts a change, so a parked waiter answers (0) at once.
 //
 // Bounds (Limits): at most max_results entries holding at most max_bytes (request id and
 // bookkeeping); beyond either the least recently used other entries are dropped (evicted()).
-// An entry untouched for ttl_seconds expires. The session table's hashes are kept apart
+// An entry untouched for ttl_seconds expires; every call that names a request touches its
+// entry (a client polling a running prefetch keeps it). The session table's hashes are kept apart
 // (sessions.h), with bounds of their own: evicting a session keeps its result, and the reverse.
 //
 // Generations come from one counter for every request: a prefetch that outlives its entry can
@@ -69,9 +71,9 @@ class LookupResults {
   // request superseded it or its entry is gone. The caller calls PrefetchEnded after.
   bool Finish(std::string_view request_id, uint64_t generation, int64_t hits) KVD_EXCLUDES(mu_);
   // True while `generation` is the request's latest lookup and has not finished.
-  bool Current(std::string_view request_id, uint64_t generation) const KVD_EXCLUDES(mu_);
+  bool Current(std::string_view request_id, uint64_t generation) KVD_EXCLUDES(mu_);
   // True while the request's lookup still loads its prefix from the tiers.
-  bool Running(std::string_view request_id) const KVD_EXCLUDES(mu_);
+  bool Running(std::string_view request_id) KVD_EXCLUDES(mu_);
   // QUERY_PREFETCH_STATUS: nullopt while running; else the ready result, taken once (0 when
   // there is none). The entry goes with it.
   std::optional<int64_t> Take(std::string_view request_id) KVD_EXCLUDES(mu_);

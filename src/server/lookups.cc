@@ -90,7 +90,7 @@ Status Lookups::Lookup(const wire::LookupRequest& req) {
   const uint64_t requested = static_cast<uint64_t>((key.end - key.start) / config_.chunk_size);
   if (requested == 0) early_exit(EarlyExit::kEmptyChunkHashes);  // under one chunk: no probe
   // With tiers the lookup is registered (superseding any earlier one of the request) before
-  // it takes locks; SetLookupResult below supersedes it again when nothing is prefetched.
+  // it takes locks; results_.Set below supersedes it again when nothing is prefetched.
   const uint64_t generation = tiers_ ? results_.Begin(key.request_id) : 0;
   // The locks belong to this request: only its own RETRIEVEs, FREE_LOOKUP_LOCKS, next LOOKUP
   // or the read TTL release them.
@@ -136,7 +136,7 @@ Status Lookups::Lookup(const wire::LookupRequest& req) {
 }
 
 void Lookups::OnPrefetched(const Prefetching& p, size_t loaded) {
-  // However it ends (superseded, session gone, finished): a parked WAIT re-checks then.
+  // However it ends (superseded, its entry gone, finished): a parked WAIT re-checks then.
   struct Ended {
     Lookups* self;
     ~Ended() { self->results_.PrefetchEnded(); }

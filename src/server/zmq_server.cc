@@ -312,8 +312,9 @@ struct ZmqServer::Impl {
     return true;
   }
 
-  // Socket thread: answers the parked waits whose prefetch ended (or session ended) or
-  // whose deadline passed. Looks at them only when something changed or a deadline is due.
+  // Socket thread: answers the parked waits whose prefetch ended (or whose result went:
+  // END_SESSION, expiry, eviction) or whose deadline passed. Looks at them only when
+  // something changed or a deadline is due.
   void AnswerWaits(bool all = false) {
     if (waits.empty()) return;
     const uint64_t changes = service->lookup_results().changes();

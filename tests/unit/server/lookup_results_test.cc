@@ -87,12 +87,13 @@ TEST(LookupResultsTest, TheCountBoundDropsTheLeastRecentlyUsed) {
   ASSERT_TRUE(r.Current("old", g));
   ASSERT_TRUE(r.Finish("old", g, 4));  // "old" is now the most recently used
   const uint64_t seen = r.changes();
-  r.Set("new", 2);
+  const uint64_t g_new = r.Begin("new");  // Begin counts no change of its own: the drop does
   EXPECT_GT(r.changes(), seen);
   EXPECT_EQ(r.size(), 2u);
   EXPECT_EQ(r.evicted(), 1u);
   EXPECT_EQ(r.Take("mid"), std::optional<int64_t>(0));  // dropped
   EXPECT_EQ(r.Take("old"), std::optional<int64_t>(4));
+  ASSERT_TRUE(r.Finish("new", g_new, 2));
   EXPECT_EQ(r.Take("new"), std::optional<int64_t>(2));
 
   const uint64_t running = r.Begin("x");
@@ -117,7 +118,7 @@ TEST(LookupResultsTest, TheByteBoundCountsTheRequestIds) {
   EXPECT_EQ(r.Take("a" + long_id), std::optional<int64_t>(0));  // the oldest is not
 }
 
-// An entry untouched for the TTL expires (a running one too); a touch keeps it.
+// An entry untouched for the TTL expires (a running one too); one set later does not.
 TEST(LookupResultsTest, IdleEntriesExpire) {
   FakeClock clock;
   LookupResults r(&clock, {.ttl_seconds = 60});
@@ -134,6 +135,28 @@ TEST(LookupResultsTest, IdleEntriesExpire) {
   EXPECT_EQ(r.Take("idle"), std::optional<int64_t>(0));
   EXPECT_EQ(r.Take("kept"), std::optional<int64_t>(2));
   EXPECT_EQ(r.evicted(), 0u);  // expiry is not eviction
+}
+
+// A client polling a running prefetch (QUERY_PREFETCH_STATUS: Take; WAIT_PREFETCH_STATUS:
+// Running) keeps its entry past the TTL, as it kept the session before; one nobody asks about
+// expires.
+TEST(LookupResultsTest, PollingARunningLookupKeepsIt) {
+  FakeClock clock;
+  LookupResults r(&clock, {.ttl_seconds = 60});
+  const uint64_t taken = r.Begin("taken");
+  const uint64_t waited = r.Begin("waited");
+  const uint64_t idle = r.Begin("idle");
+  for (int i = 0; i < 3; ++i) {
+    clock.AdvanceSeconds(40);
+    EXPECT_EQ(r.Take("taken"), std::nullopt);
+    EXPECT_TRUE(r.Running("waited"));
+    r.Expire();
+  }
+  EXPECT_FALSE(r.Finish("idle", idle, 1));
+  EXPECT_TRUE(r.Finish("taken", taken, 2));
+  EXPECT_TRUE(r.Finish("waited", waited, 3));
+  EXPECT_EQ(r.Take("taken"), std::optional<int64_t>(2));
+  EXPECT_EQ(r.Take("waited"), std::optional<int64_t>(3));
 }
 
 }  // namespace

@@ -232,7 +232,7 @@ TEST_F(LookupsTest, HitsAreSplitBetweenL1AndTheTiersPerModelAndSalt) {
 
 // Regression (prefetch callback race): a prefetch's completion could run after a later
 // LOOKUP of the same request read-locked its prefix but before that lookup was registered
-// (BeginLookup), see itself as the current lookup, and replace the new lookup's locks with
+// (LookupResults::Begin), see itself as the current lookup, and replace the new lookup's locks with
 // its own. Forced here: lookup 1 (prompt A) waits for a tier load; lookup 2 (prompt B, whose
 // second chunk no tier has) read-locks B's first chunk, which releases the tier's answer to
 // lookup 1 while lookup 2 is still searching a large registry. After both answered the

@@ -46,10 +46,20 @@ TEST(TicketBookTest, WaitAndDrainTimeOutThenWakeOnCompletion) {
     book.Complete(t, Status::Ok());
   });
   const auto t1 = std::chrono::steady_clock::now();
-  EXPECT_TRUE(book.Wait(t, std::chrono::seconds(30)).ok());
-  EXPECT_TRUE(book.Drain(std::chrono::seconds(30)));
+  EXPECT_TRUE(book.Drain(std::chrono::seconds(30)));  // blocks until the completion
   EXPECT_LT(std::chrono::steady_clock::now() - t1, std::chrono::seconds(10));  // woken, not timed out
+  EXPECT_TRUE(book.Wait(t, milliseconds(0)).ok());
   completer.join();
+
+  const Ticket u = book.Issue();
+  std::thread completer2([&] {
+    std::this_thread::sleep_for(milliseconds(50));
+    book.Complete(u, Status::Ok());
+  });
+  const auto t2 = std::chrono::steady_clock::now();
+  EXPECT_TRUE(book.Wait(u, std::chrono::seconds(30)).ok());  // blocks until the completion
+  EXPECT_LT(std::chrono::steady_clock::now() - t2, std::chrono::seconds(10));
+  completer2.join();
 }
 
 }  // namespace
