@@ -50,6 +50,9 @@ Status Lookups::Lookup(const wire::LookupRequest& req) {
   // one at a time: a completion never sees itself current while a newer lookup of the
   // request is between taking its locks and registering (it would replace those locks).
   ReleasableMutexLock serial(&results_.RequestMutex(key.request_id));
+  // The request's session exists from its LOOKUP on, whether or not this lookup hashes
+  // anything: its workers' STOREs then hash each chunk once, into it.
+  sessions_->Open(key.request_id);
   const auto ns = registry_->KeyNamespace(key.model_name, key.world_size);
   if (!ns.registered || !ns.agreed) {
     // No worker of this model has registered: nothing can be retrieved, so 0 hits. Or its

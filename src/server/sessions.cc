@@ -178,6 +178,8 @@ Result<std::vector<keys::Hash32>> SessionTable::Hashes(std::string_view request_
   return out;
 }
 
+void SessionTable::Open(std::string_view request_id) { (void)Get(request_id, true); }
+
 std::pair<SessionIdentity, std::vector<keys::Hash32>> SessionTable::End(
     std::string_view request_id) {
   SessionPtr s;

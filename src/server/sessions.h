@@ -97,6 +97,12 @@ class SessionTable {
   // InvalidArgument when there are too few, or one is outside [0, 2^32).
   static Status CheckTokens(const wire::TokenIds& tokens, size_t num_chunks, uint32_t chunk_size);
 
+  // Opens the request's session (a LOOKUP's, which may hash nothing yet: nothing of its
+  // namespace is cached, or no worker of its model registered), so that the request's STOREs,
+  // which use a session only if it exists, hash each chunk once for all its workers. Touches
+  // it when it exists.
+  void Open(std::string_view request_id);
+
   // Removes the session; returns its identity and hashes (for touching them in L1).
   std::pair<SessionIdentity, std::vector<keys::Hash32>> End(std::string_view request_id);
 

@@ -149,6 +149,30 @@ TEST_F(KvServiceTest, StoreLookupRetrieveRoundTripTwoRanks) {
   EXPECT_EQ(c.resident_objects, 4u);  // 2 chunks × 2 ranks
 }
 
+// Regression (cold lookup without a session): when LOOKUP results moved out of the session
+// table, a LOOKUP that hashed nothing (nothing of its namespace cached yet, as on a cold start)
+// no longer opened the request's session, so each worker's STORE of the request hashed its
+// chunks again (STOREs use a session only if it exists). The session exists from the LOOKUP
+// on: two ranks' stores of 2 chunks hash 2 chunks, not 4.
+TEST_F(KvServiceTest, ColdLookupOpensTheSessionSoTheWorkersStoresHashOnce) {
+  FakeWorker w0("/kvd_test_cw0"), w1("/kvd_test_cw1");
+  w0.Fill(1);
+  w1.Fill(2);
+  ASSERT_TRUE(svc_->RegisterKvCache(w0.Registration(110, 2)).ok());
+  ASSERT_TRUE(svc_->RegisterKvCache(w1.Registration(111, 2)).ok());
+  EXPECT_EQ(LookupHits(Key(std::nullopt, 512, 0, 512, 2, "cold")), 0);
+  EXPECT_EQ(svc_->CountsSnapshot().sessions, 1u);
+  const uint64_t before = svc_->hashed_chunks();
+  const int64_t bpc = kChunk / kBlock;
+  for (int rank = 0; rank < 2; ++rank) {
+    wire::TransferRequest st{Key(rank, 512, 0, 512, 2, "cold"), 110 + rank, Blocks(0, 2 * bpc), "", 0};
+    ASSERT_TRUE(svc_->Store(st).ok());
+  }
+  EXPECT_EQ(svc_->hashed_chunks() - before, 2u);
+  svc_->EndSession("cold");
+  EXPECT_EQ(svc_->CountsSnapshot().sessions, 0u);
+}
+
 TEST_F(KvServiceTest, ChunkStoredByOneRankOnlyIsNotAHit) {
   FakeWorker w0("/kvd_test_w0");
   w0.Fill(3);
