@@ -122,6 +122,15 @@ class CondVar {
     lock.release();
     return woken;
   }
+  // Waits at most until `deadline`; false (without waiting) once it has passed. For loops of
+  // the form `while (!ready) if (!cv.WaitUntil(&mu, deadline)) return timed_out;`.
+  template <class Clock, class Duration>
+  bool WaitUntil(Mutex* mu, std::chrono::time_point<Clock, Duration> deadline) KVD_REQUIRES(mu) {
+    const auto now = Clock::now();
+    if (now >= deadline) return false;
+    WaitFor(mu, deadline - now);
+    return true;
+  }
   void NotifyOne() { cv_.notify_one(); }
   void NotifyAll() { cv_.notify_all(); }
 

@@ -21,11 +21,15 @@ void LookupResults::RemoveLocked(Map::iterator it) {
   entries_.erase(it);
 }
 
+void LookupResults::TouchLocked(Map::iterator it) {
+  lru_.splice(lru_.begin(), lru_, it->second.lru_pos);
+  it->second.last_used_ns = clock_->NowNanos();
+}
+
 LookupResults::Entry* LookupResults::TouchLocked(std::string_view request_id) {
   auto it = entries_.find(request_id);
   if (it == entries_.end()) return nullptr;
-  lru_.splice(lru_.begin(), lru_, it->second.lru_pos);
-  it->second.last_used_ns = clock_->NowNanos();
+  TouchLocked(it);
   return &it->second;
 }
 
@@ -87,7 +91,7 @@ std::optional<int64_t> LookupResults::Take(std::string_view request_id) {
   auto it = entries_.find(request_id);
   if (it == entries_.end()) return 0;
   if (it->second.result.running()) {
-    TouchLocked(request_id);  // polled: kept while its prefetch runs
+    TouchLocked(it);  // polled: kept while its prefetch runs
     return std::nullopt;
   }
   const int64_t hits = it->second.result.Take().value_or(0);

@@ -123,6 +123,8 @@ class LookupResults {
   Entry& TouchOrCreateLocked(std::string_view request_id) KVD_REQUIRES(mu_);
   // The request's entry made most recently used; null when absent.
   Entry* TouchLocked(std::string_view request_id) KVD_REQUIRES(mu_);
+  // Makes `it`'s entry the most recently used.
+  void TouchLocked(Map::iterator it) KVD_REQUIRES(mu_);
   void RemoveLocked(Map::iterator it) KVD_REQUIRES(mu_);
   void CountChange() { changes_.fetch_add(1, std::memory_order_acq_rel); }
 

@@ -74,9 +74,9 @@ Status TicketBook::Wait(Ticket t, std::chrono::milliseconds timeout) const {
   MutexLock lock(&mu_);
   if (t == 0 || t > last_) return Status::InvalidArgument("unknown ticket " + std::to_string(t));
   while (outstanding_.count(t) != 0) {
-    const auto now = Clock::now();
-    if (now >= deadline) return Status::Unavailable("copy " + std::to_string(t) + " still running");
-    cv_.WaitFor(&mu_, deadline - now);
+    if (!cv_.WaitUntil(&mu_, deadline)) {
+      return Status::Unavailable("copy " + std::to_string(t) + " still running");
+    }
   }
   auto it = failures_.find(t);
   return it == failures_.end() ? Status::Ok() : it->second;
@@ -86,9 +86,7 @@ bool TicketBook::Drain(std::chrono::milliseconds timeout) const {
   const auto deadline = Clock::now() + timeout;
   MutexLock lock(&mu_);
   while (!outstanding_.empty()) {
-    const auto now = Clock::now();
-    if (now >= deadline) return false;
-    cv_.WaitFor(&mu_, deadline - now);
+    if (!cv_.WaitUntil(&mu_, deadline)) return false;
   }
   return true;
 }
