@@ -79,6 +79,37 @@ struct CopyPlan {
   std::function<void(double seconds)> on_copy_timed;
 };
 
+// Device work other than a copy plan (CacheBlend's scatter + re-RoPE), run by a device
+// engine on the instance's stream, ordered with its copies. At submission the engine gets
+// `scratch_bytes` of device scratch and calls `prepare` with its address (null for 0 bytes);
+// `prepare` returns the steps, built for that address. Then, on the stream: the `params`
+// bytes put in device memory (they depend on nothing of the client's), the client's
+// `wait_event`, each upload (host bytes -> scratch), and `launch`. The scratch and the
+// params' device copy are freed after the work, in stream order. If `prepare` fails, nothing
+// is enqueued and its error is returned.
+struct DeviceSteps {
+  struct Upload {
+    const uint8_t* host = nullptr;  // must stay valid until on_complete
+    uint64_t scratch_offset = 0;
+    uint64_t bytes = 0;
+  };
+  std::vector<Upload> uploads;
+  std::vector<uint8_t> params;  // copied by the engine (may be empty)
+  // The work itself, called once by the engine. A CUDA engine calls it inside
+  // SubmitDeviceWork with its cudaStream_t (device current) to enqueue the work. An engine
+  // whose "device memory" is host memory (a host engine standing in for a GPU in tests)
+  // passes a null stream when the work is due, and the work runs on the host then.
+  // `params_address` is where `params` lie for the work.
+  std::function<Status(void* stream, uint64_t params_address)> launch;
+};
+
+struct DeviceWork {
+  std::string wait_event;  // client's event handle; empty: nothing to wait for
+  uint64_t scratch_bytes = 0;
+  std::function<Result<DeviceSteps>(uint8_t* scratch)> prepare;
+  std::function<void(const Status&)> on_complete;  // as CopyPlan's
+};
+
 using Ticket = uint64_t;
 
 struct Submitted {
@@ -111,6 +142,28 @@ class CopyEngine {
 
   // One line for logs and /status.
   virtual std::string Describe() const = 0;
+
+  // Device engines (caps().device_memory) only; the defaults say the engine has none.
+  // Where each registered tensor's mapping starts in device memory, by registration index
+  // (0 for a tensor the layout does not use); empty for a host engine.
+  virtual std::vector<uint8_t*> device_tensor_bases() const { return {}; }
+  // Mapped bytes of each tensor, as device_tensor_bases.
+  virtual std::vector<uint64_t> device_tensor_sizes() const { return {}; }
+  // Runs `work` (see DeviceWork); completion and errors as Submit's.
+  virtual Result<Submitted> SubmitDeviceWork(DeviceWork work) {
+    (void)work;
+    return Status::FailedPrecondition(std::string(caps().name) + " engine runs no device work");
+  }
+  // Copies the storage a "cuda" or "cuda_raw" descriptor maps (on this engine's GPU) to the
+  // host, synchronously: a small table a client registers (CacheBlend's cos/sin cache).
+  // InvalidArgument for a descriptor that does not parse, names another GPU or is over
+  // `max_bytes`.
+  virtual Result<std::vector<uint8_t>> ReadDeviceTensor(const layout::TensorDescriptor& desc,
+                                                         uint64_t max_bytes) {
+    (void)desc;
+    (void)max_bytes;
+    return Status::FailedPrecondition(std::string(caps().name) + " engine reads no device memory");
+  }
 
   // Abandons the engine (see Cancellation above): Submit fails from now on; outstanding
   // copies are cut short where the backend can and complete with a non-OK status once their

@@ -16,6 +16,11 @@
 //            copy: wait free[s] → H2D L1 object → staging[s] → record filled[s]
 //            main: wait filled[s] → scatter kernel (skip_tokens) → record free[s]
 //
+//   DEVICE WORK (SubmitDeviceWork: CacheBlend's scatter + re-RoPE, built by the caller)
+//            main: alloc scratch │ params: alloc, H2D params → record ready
+//            main: wait ready → wait client event → H2D uploads → scratch → the caller's
+//                  launch → record exported event → marker → free scratch, params
+//
 // Everything a Submit enqueues is serialised by the engine mutex, so the streams see each
 // instance's requests in order; engines of different instances run concurrently. The copy's
 // completion (on_complete: L1 commit or unpin) runs on the runtime's completion thread once
@@ -79,10 +84,40 @@ class CudaCopyEngine final : public CopyEngine {
   Status Wait(Ticket t, std::chrono::milliseconds timeout) override { return book_->Wait(t, timeout); }
   std::string Describe() const override { return describe_; }
   void Cancel() override KVD_EXCLUDES(mu_);
+  std::vector<uint8_t*> device_tensor_bases() const override { return tensor_bases_; }
+  std::vector<uint64_t> device_tensor_sizes() const override { return tensor_sizes_; }
+  Result<Submitted> SubmitDeviceWork(DeviceWork work) override KVD_EXCLUDES(mu_);
+  Result<std::vector<uint8_t>> ReadDeviceTensor(const layout::TensorDescriptor& desc,
+                                                uint64_t max_bytes) override;
 
  private:
+  // A timeline-semaphore wait on a client (what Cancel writes to release it).
+  struct TimelineWait {
+    std::shared_ptr<IpcAllocation> semaphore;
+    uint64_t slot_offset = 0;
+    uint64_t sequence = 0;
+  };
+  struct ClientWait {
+    std::unique_ptr<PendingCopy> pending;
+    EventKind reply = EventKind::kNone;
+    cudaEvent_t exported = nullptr;
+    TimelineWait timeline_wait;
+  };
+
   // Enqueues the per-chunk work; returns the first CUDA error (later chunks not enqueued).
   Status EnqueueChunks(const CopyPlan& plan) KVD_REQUIRES(mu_);
+  // Device work's params into fresh device memory (*device), on `params_`; `main` waits for
+  // them. Error: nothing allocated.
+  Status UploadParams(const std::vector<uint8_t>& params, void** device) KVD_REQUIRES(mu_);
+  // Every submission, in two halves around its own work: WaitForClient makes `main` wait for
+  // the client's event (errors: nothing enqueued; the caller still owns its completion);
+  // the caller enqueues its work after it; FinishAfterWork records the event the client
+  // gets back and the marker whose completion runs `done` (`work` is the status of the
+  // caller's enqueueing: not OK cuts the submission short, reported as Submitted::status).
+  Result<ClientWait> WaitForClient(std::string_view wait_event, std::function<void(double)> timed,
+                                   std::vector<std::shared_ptr<void>> keep) KVD_REQUIRES(mu_);
+  Submitted FinishAfterWork(ClientWait w, Status work, std::function<void(const Status&)> done)
+      KVD_REQUIRES(mu_);
 
   CudaRuntime* const rt_;
   const layout::KvLayout layout_;
@@ -94,6 +129,8 @@ class CudaCopyEngine final : public CopyEngine {
   EventKind default_event_ = EventKind::kCudaIpc;
 
   DevicePlan plan_;
+  std::vector<uint8_t*> tensor_bases_;  // by registration index (null: unused by the layout)
+  std::vector<uint64_t> tensor_sizes_;
   std::vector<std::shared_ptr<IpcAllocation>> allocations_;
   std::shared_ptr<HostRegistration> host_;
   void* plan_dev_ = nullptr;
@@ -111,13 +148,11 @@ class CudaCopyEngine final : public CopyEngine {
   ChunkKernelArgs args_ KVD_GUARDED_BY(mu_);  // scratch; too large for the stack habitually
   std::map<IpcHandle, std::shared_ptr<IpcAllocation>> client_semaphores_ KVD_GUARDED_BY(mu_);
   // Timeline-semaphore waits of copies not yet known to be complete: what Cancel writes.
-  struct TimelineWait {
-    std::shared_ptr<IpcAllocation> semaphore;
-    uint64_t slot_offset = 0;
-    uint64_t sequence = 0;
-  };
   std::map<Ticket, TimelineWait> timeline_waits_ KVD_GUARDED_BY(mu_);
   bool cancelled_ KVD_GUARDED_BY(mu_) = false;
+  // Device work's params upload (created by the first SubmitDeviceWork).
+  cudaStream_t params_ KVD_GUARDED_BY(mu_) = nullptr;
+  cudaEvent_t params_ready_ KVD_GUARDED_BY(mu_) = nullptr;
   // Read by completions (on the runtime's thread): once set, every completion reports the
   // cancellation instead of success, so nothing gathered after a released wait is committed.
   std::shared_ptr<std::atomic<bool>> cancel_flag_ = std::make_shared<std::atomic<bool>>(false);
@@ -210,6 +245,11 @@ Status CudaCopyEngine::Open(const std::vector<layout::TensorDescriptor>& tensors
     allocations_.push_back(*a);
   }
 
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    tensor_bases_.push_back(reinterpret_cast<uint8_t*>(base[i]));
+    tensor_sizes_.push_back(bytes[i]);
+  }
+
   // 3. The plan, on the device.
   auto plan = BuildDevicePlan(layout_, base, bytes);
   if (!plan.ok()) return plan.status();
@@ -280,7 +320,8 @@ CudaCopyEngine::~CudaCopyEngine() {
   while (!idle) {
     const cudaError_t a = main_ ? cudaStreamQuery(main_) : cudaSuccess;
     const cudaError_t b = copy_ ? cudaStreamQuery(copy_) : cudaSuccess;
-    idle = a != cudaErrorNotReady && b != cudaErrorNotReady;
+    const cudaError_t c = params_ ? cudaStreamQuery(params_) : cudaSuccess;
+    idle = a != cudaErrorNotReady && b != cudaErrorNotReady && c != cudaErrorNotReady;
     if (!idle && std::chrono::steady_clock::now() > deadline) break;
     if (!idle) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
@@ -302,6 +343,8 @@ CudaCopyEngine::~CudaCopyEngine() {
   if (plan_dev_) cudaFree(plan_dev_);
   if (main_) cudaStreamDestroy(main_);
   if (copy_) cudaStreamDestroy(copy_);
+  if (params_ready_) cudaEventDestroy(params_ready_);
+  if (params_) cudaStreamDestroy(params_);
   if (timeline_slot_ != UINT64_MAX) rt_->ReleaseTimelineSlot(device_, timeline_slot_);
 }
 
@@ -342,25 +385,147 @@ Status CudaCopyEngine::EnqueueChunks(const CopyPlan& plan) {
 Result<Submitted> CudaCopyEngine::Submit(CopyPlan plan) {
   MutexLock lock(&mu_);
   if (cancelled_) return Status::Unavailable("the copy engine was cancelled");
-  std::erase_if(timeline_waits_, [&](const auto& kv) {
-    auto done = book_->Poll(kv.first);
-    return !done.ok() || *done;
-  });
   int64_t chunks = 0;
   for (const auto& t : plan.tasks) {
     if (t.object == nullptr || t.chunk < 0) return Status::InvalidArgument("copy plan has a task without an object");
     chunks = std::max(chunks, t.chunk + 1);
   }
   KVD_RETURN_IF_ERROR(ValidateBlockIds(layout_, plan.block_ids, chunks));
-  auto wait = ParseEventHandle(plan.wait_event);
+  auto w = WaitForClient(plan.wait_event, std::move(plan.on_copy_timed), {});
+  if (!w.ok()) return w.status();
+  // From here on work is on the streams: whatever happens, the client gets an event that
+  // fires after it, and the completion waits for it.
+  Status st = EnqueueChunks(plan);
+  if (plan.direction == CopyDirection::kGather) {
+    cudaError_t e1 = cudaEventRecord(join_, copy_);
+    cudaError_t e2 = e1 == cudaSuccess ? cudaStreamWaitEvent(main_, join_, 0) : e1;
+    if (e2 != cudaSuccess && st.ok()) st = Status::Internal(CudaErrorText("join copy stream", e2));
+  }
+  return FinishAfterWork(std::move(w).value(), std::move(st), std::move(plan.on_complete));
+}
+
+Result<Submitted> CudaCopyEngine::SubmitDeviceWork(DeviceWork work) {
+  MutexLock lock(&mu_);
+  if (cancelled_) return Status::Unavailable("the copy engine was cancelled");
+  if (!work.prepare) return Status::InvalidArgument("device work without steps");
+  KVD_CUDA_TRY(cudaSetDevice(device_));
+  // Scratch and params are allocated and freed on `main`: the frees, enqueued after the work
+  // (or after nothing, when it is refused), run once the stream is past it.
+  void* scratch = nullptr;
+  void* params_dev = nullptr;
+  auto free_all = [&] {
+    if (params_dev) cudaFreeAsync(params_dev, main_);
+    if (scratch) cudaFreeAsync(scratch, main_);
+  };
+  if (work.scratch_bytes > 0) KVD_CUDA_TRY(cudaMallocAsync(&scratch, work.scratch_bytes, main_));
+  auto steps = work.prepare(static_cast<uint8_t*>(scratch));
+  if (!steps.ok()) {
+    free_all();
+    return steps.status();
+  }
+  for (const auto& u : steps->uploads) {
+    if (u.host == nullptr || u.scratch_offset > work.scratch_bytes ||
+        u.bytes > work.scratch_bytes - u.scratch_offset) {
+      free_all();
+      return Status::InvalidArgument("device work uploads outside its scratch");
+    }
+  }
+  // The params are pageable host memory, whose copy first waits for its stream to drain: they
+  // go up on their own stream (nothing on it waits for a client), and `main` waits for them.
+  auto params = std::make_shared<std::vector<uint8_t>>(std::move(steps->params));
+  if (!params->empty()) {
+    Status up = UploadParams(*params, &params_dev);
+    if (!up.ok()) {
+      free_all();
+      return up;
+    }
+  }
+  auto w = WaitForClient(work.wait_event, nullptr, {params});
+  if (!w.ok()) {
+    free_all();
+    return w.status();
+  }
+  Status st;
+  for (const auto& u : steps->uploads) {
+    cudaError_t e = cudaMemcpyAsync(static_cast<uint8_t*>(scratch) + u.scratch_offset, u.host,
+                                    u.bytes, cudaMemcpyHostToDevice, main_);
+    if (e != cudaSuccess) {
+      st = Status::Internal(CudaErrorText("cudaMemcpyAsync (device work upload)", e));
+      break;
+    }
+  }
+  if (st.ok() && steps->launch) st = steps->launch(main_, reinterpret_cast<uint64_t>(params_dev));
+  Submitted out = FinishAfterWork(std::move(w).value(), std::move(st), std::move(work.on_complete));
+  free_all();
+  return out;
+}
+
+Status CudaCopyEngine::UploadParams(const std::vector<uint8_t>& params, void** device) {
+  if (params_ == nullptr) {
+    KVD_CUDA_TRY(cudaStreamCreateWithFlags(&params_, cudaStreamNonBlocking));
+    KVD_CUDA_TRY(cudaEventCreateWithFlags(&params_ready_, cudaEventDisableTiming));
+  }
+  KVD_CUDA_TRY(cudaMallocAsync(device, params.size(), params_));
+  cudaError_t e = cudaMemcpyAsync(*device, params.data(), params.size(), cudaMemcpyHostToDevice, params_);
+  if (e == cudaSuccess) e = cudaEventRecord(params_ready_, params_);
+  if (e == cudaSuccess) e = cudaStreamWaitEvent(main_, params_ready_, 0);
+  if (e != cudaSuccess) {
+    cudaFreeAsync(*device, params_);
+    *device = nullptr;
+    return Status::Internal(CudaErrorText("device work params upload", e));
+  }
+  return Status::Ok();
+}
+
+Result<std::vector<uint8_t>> CudaCopyEngine::ReadDeviceTensor(const layout::TensorDescriptor& desc,
+                                                              uint64_t max_bytes) {
+  auto m = DescribeTensorMemory(desc, std::string("the tensor"));
+  if (!m.ok()) return m.status();
+  if (m->device != rt_->device_uuids()[device_]) {
+    return Status::InvalidArgument("the tensor is on GPU " + FormatDeviceUuid(m->device) +
+                                   ", not on this instance's GPU " +
+                                   FormatDeviceUuid(rt_->device_uuids()[device_]));
+  }
+  if (m->bytes > max_bytes) {
+    return Status::InvalidArgument("the tensor's memory is " + std::to_string(m->bytes) +
+                                   " bytes, over the " + std::to_string(max_bytes) + " allowed");
+  }
+  KVD_CUDA_TRY(cudaSetDevice(device_));
+  auto a = rt_->OpenAllocation(device_, m->handle);
+  if (!a.ok()) return a.status();
+  KVD_RETURN_IF_ERROR(CheckInAllocation(*m, (*a)->bytes, std::string("the tensor")));
+  if (m->sync_event) {  // PyTorch's "written before it was shared" event
+    cudaIpcEventHandle_t h;
+    std::memcpy(&h, m->event.data(), sizeof(h));
+    cudaEvent_t ev = nullptr;
+    if (cudaIpcOpenEventHandle(&ev, h) == cudaSuccess) {
+      cudaEventSynchronize(ev);
+      cudaEventDestroy(ev);
+    } else {
+      (void)cudaGetLastError();
+    }
+  }
+  std::vector<uint8_t> out(m->bytes);
+  KVD_CUDA_TRY(cudaMemcpy(out.data(), (*a)->base + m->offset, m->bytes, cudaMemcpyDeviceToHost));
+  return out;
+}
+
+Result<CudaCopyEngine::ClientWait> CudaCopyEngine::WaitForClient(
+    std::string_view wait_event, std::function<void(double)> timed,
+    std::vector<std::shared_ptr<void>> keep) {
+  std::erase_if(timeline_waits_, [&](const auto& kv) {
+    auto finished = book_->Poll(kv.first);
+    return !finished.ok() || *finished;
+  });
+  auto wait = ParseEventHandle(wait_event);
   if (!wait.ok()) return wait.status();
   const EventKind reply = wait->kind != EventKind::kNone ? wait->kind : default_event_;
   KVD_CUDA_TRY(cudaSetDevice(device_));
-
   // Everything that can fail without side effects comes first.
   auto pending = std::make_unique<PendingCopy>();
   pending->book = book_;
   pending->device = device_;
+  pending->keep_alive = std::move(keep);
   auto marker = rt_->AcquireMarker(device_);
   if (!marker.ok()) return marker.status();
   pending->marker = *marker;
@@ -418,29 +583,33 @@ Result<Submitted> CudaCopyEngine::Submit(CopyPlan plan) {
 
   // The copy's device time starts here, after the client's event (issue 26 item 6). Without
   // an event to time from, the copy is simply not timed.
-  if (plan.on_copy_timed) {
+  if (timed) {
     auto started = rt_->AcquireMarker(device_);
     if (started.ok() && cudaEventRecord(*started, main_) == cudaSuccess) {
       pending->started = *started;
-      pending->on_copy_timed = std::move(plan.on_copy_timed);
+      pending->on_copy_timed = std::move(timed);
     } else if (started.ok()) {
       (void)cudaGetLastError();
       cudaEventDestroy(*started);
     }
   }
 
-  // From here on work is on the streams: whatever happens, the client gets an event that
-  // fires after it, and the completion waits for it.
+  ClientWait w;
+  w.pending = std::move(pending);
+  w.reply = reply;
+  w.exported = exported;
+  w.timeline_wait = std::move(timeline_wait);
+  return w;
+}
+
+Submitted CudaCopyEngine::FinishAfterWork(ClientWait w, Status work,
+                                          std::function<void(const Status&)> done) {
+  std::unique_ptr<PendingCopy>& pending = w.pending;
   Submitted out;
-  out.status = EnqueueChunks(plan);
-  if (plan.direction == CopyDirection::kGather) {
-    cudaError_t e1 = cudaEventRecord(join_, copy_);
-    cudaError_t e2 = e1 == cudaSuccess ? cudaStreamWaitEvent(main_, join_, 0) : e1;
-    if (e2 != cudaSuccess && out.status.ok()) out.status = Status::Internal(CudaErrorText("join copy stream", e2));
-  }
-  if (reply == EventKind::kCudaIpc) {
-    cudaError_t err = cudaEventRecord(exported, main_);
-    auto h = err == cudaSuccess ? rt_->ExportEvent(device_, exported)
+  out.status = std::move(work);
+  if (w.reply == EventKind::kCudaIpc) {
+    cudaError_t err = cudaEventRecord(w.exported, main_);
+    auto h = err == cudaSuccess ? rt_->ExportEvent(device_, w.exported)
                                 : Result<std::string>(Status::Internal(CudaErrorText("cudaEventRecord", err)));
     if (h.ok()) {
       out.event_handle = *h;
@@ -465,13 +634,13 @@ Result<Submitted> CudaCopyEngine::Submit(CopyPlan plan) {
     cudaStreamSynchronize(copy_);
   }
   pending->forced = out.status;
-  pending->on_complete = [flag = cancel_flag_, done = std::move(plan.on_complete)](const Status& st) {
+  pending->on_complete = [flag = cancel_flag_, done = std::move(done)](const Status& st) {
     if (!done) return;
     done(flag->load() ? Status::Unavailable("the copy engine was cancelled") : st);
   };
   pending->ticket = book_->Issue();
   out.ticket = pending->ticket;
-  if (timeline_wait.semaphore) timeline_waits_.emplace(out.ticket, std::move(timeline_wait));
+  if (w.timeline_wait.semaphore) timeline_waits_.emplace(out.ticket, std::move(w.timeline_wait));
   rt_->Track(std::move(pending));
   return out;
 }

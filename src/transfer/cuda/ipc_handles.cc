@@ -167,7 +167,10 @@ std::string EncodeEventHandle(const EventHandle& e) {
 }
 
 Result<TensorMemory> DescribeTensorMemory(const layout::TensorDescriptor& d, size_t index) {
-  const std::string name = "kv_cache[" + std::to_string(index) + "]";
+  return DescribeTensorMemory(d, "kv_cache[" + std::to_string(index) + "]");
+}
+
+Result<TensorMemory> DescribeTensorMemory(const layout::TensorDescriptor& d, const std::string& name) {
   TensorMemory m;
   auto uuid = ParseDeviceUuid(d.device_uuid);
   if (!uuid.ok()) return Status::InvalidArgument(name + ": " + uuid.status().message());
@@ -215,10 +218,14 @@ Result<TensorMemory> DescribeTensorMemory(const layout::TensorDescriptor& d, siz
 }
 
 Status CheckInAllocation(const TensorMemory& m, uint64_t allocation_bytes, size_t index) {
+  return CheckInAllocation(m, allocation_bytes, "kv_cache[" + std::to_string(index) + "]");
+}
+
+Status CheckInAllocation(const TensorMemory& m, uint64_t allocation_bytes, const std::string& name) {
   if (allocation_bytes == 0) return Status::Ok();
   if (m.offset > allocation_bytes || m.bytes > allocation_bytes - m.offset) {
     return Status::InvalidArgument(
-        "kv_cache[" + std::to_string(index) + "]: bytes [" + std::to_string(m.offset) + ", " +
+        name + ": bytes [" + std::to_string(m.offset) + ", " +
         std::to_string(m.offset + m.bytes) + ") lie outside its " +
         std::to_string(allocation_bytes) + "-byte GPU allocation");
   }

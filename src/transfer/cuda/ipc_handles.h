@@ -82,12 +82,15 @@ struct TensorMemory {
   IpcHandle event{};
 };
 
-// Checks and extracts a "cuda" or "cuda_raw" descriptor; names tensor `index` in errors.
+// Checks and extracts a "cuda" or "cuda_raw" descriptor; names tensor `index` in errors
+// ("kv_cache[i]"), or `name` for the second form.
 Result<TensorMemory> DescribeTensorMemory(const layout::TensorDescriptor& desc, size_t index);
+Result<TensorMemory> DescribeTensorMemory(const layout::TensorDescriptor& desc, const std::string& name);
 
 // The allocation a handle opened is `allocation_bytes` long (0: unknown, nothing to check):
 // every tensor's [offset, offset + bytes) must fit in it.
 Status CheckInAllocation(const TensorMemory& mem, uint64_t allocation_bytes, size_t index);
+Status CheckInAllocation(const TensorMemory& mem, uint64_t allocation_bytes, const std::string& name);
 
 // Tensors grouped by allocation (equal handle bytes): each allocation is opened once.
 struct AllocationUse {
