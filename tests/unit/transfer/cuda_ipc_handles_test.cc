@@ -180,6 +180,11 @@ TEST(CudaIpcHandlesTest, DescribeTensorMemory) {
   bad = CudaDesc(1, 4096, 0);
   bad.memory = wire::TensorMemory::kCpuShm;
   EXPECT_THAT(DescribeTensorMemory(bad, 0).status().message(), HasSubstr("not CUDA"));
+  // A tensor that is not a KV cache (a rope table: CopyEngine::ReadDeviceTensor) is named as
+  // its caller says, in both checks.
+  EXPECT_EQ(DescribeTensorMemory(bad, std::string("the tensor")).status().message().rfind("the tensor ", 0), 0u);
+  Status named = CheckInAllocation(*m, 2559, std::string("the tensor"));
+  EXPECT_EQ(named.message().rfind("the tensor: bytes [512, 2560)", 0), 0u) << named.ToString();
 }
 
 TEST(CudaIpcHandlesTest, AllocationsAreOpenedOncePerHandle) {
