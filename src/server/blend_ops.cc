@@ -17,10 +17,11 @@ namespace {
 
 blend::StorageKey KeyOf(const l1::ChunkKey& k) { return blend::StorageKey::FromHash32(k.chunk_hash); }
 
-// The cos/sin cache bytes of one descriptor, checked against its mapping: contiguous
+// The cos/sin cache bytes of one descriptor, checked against the memory it names (`mapped`:
+// its shared-memory segment, or its GPU storage read to the host): contiguous
 // [max_positions, rot_dim], inside the mapped bytes.
-Result<std::span<const uint8_t>> CacheBytes(const wire::TensorDescriptor& d, const transfer::ShmMapping& m,
-                                            size_t index) {
+Result<std::span<const uint8_t>> CacheBytes(const wire::TensorDescriptor& d,
+                                            std::span<const uint8_t> mapped, size_t index) {
   const std::string what = "cos_sin_caches[" + std::to_string(index) + "]";
   const int64_t elem = layout::DtypeSize(d.dtype);
   if (elem <= 0) return Status::InvalidArgument(what + ": unknown dtype '" + d.dtype + "'");
@@ -35,11 +36,14 @@ Result<std::span<const uint8_t>> CacheBytes(const wire::TensorDescriptor& d, con
   if (n > blend::RopeTable::kMaxFloats) return Status::InvalidArgument(what + ": too large");
   const uint64_t off = static_cast<uint64_t>(d.storage_offset) * static_cast<uint64_t>(elem);
   const uint64_t len = n * static_cast<uint64_t>(elem);
-  if (off > m.size() || len > m.size() - off) {
-    return Status::InvalidArgument(what + ": extends past its shared-memory segment (" +
-                                   std::to_string(m.size()) + " bytes mapped)");
+  if (off > mapped.size() || len > mapped.size() - off) {
+    return Status::InvalidArgument(what + ": extends past its " +
+                                   std::string(d.memory == wire::TensorMemory::kCpuShm
+                                                   ? "shared-memory segment"
+                                                   : "GPU storage") +
+                                   " (" + std::to_string(mapped.size()) + " bytes mapped)");
   }
-  return std::span<const uint8_t>(m.data() + off, len);
+  return mapped.subspan(off, len);
 }
 
 }  // namespace
@@ -71,7 +75,8 @@ void BlendIndex::RemoveChunk(const l1::ChunkKey& chunk) {
 
 BlendOps::BlendOps(const ServerConfig& config, const Clock* clock, BlendIndex* index,
                    l1::L1Cache* l1, InstanceRegistry* registry,
-                   Lookups* lookups, l2::TierSet* tiers, transfer::ShmAccessPolicy shm_policy)
+                   Lookups* lookups, l2::TierSet* tiers, KvdCopyTransfers* copies,
+                   transfer::ShmAccessPolicy shm_policy)
     : config_(config),
       clock_(clock),
       index_(index),
@@ -79,6 +84,7 @@ BlendOps::BlendOps(const ServerConfig& config, const Clock* clock, BlendIndex* i
       registry_(registry),
       lookups_(lookups),
       tiers_(tiers),
+      copies_(copies),
       shm_policy_(std::move(shm_policy)),
       prompts_(config.enable_blend_reorder ? std::make_unique<blend::PromptStore>() : nullptr) {}
 
@@ -135,22 +141,41 @@ Status BlendOps::RegisterRope(const wire::CbRegisterRopeRequest& req) {
   state->instance = inst;
   for (size_t i = 0; i < req.cos_sin_caches.size(); ++i) {
     const auto& d = req.cos_sin_caches[i];
-    if (d.memory != wire::TensorMemory::kCpuShm) {
-      return Status::FailedPrecondition("cos_sin_caches[" + std::to_string(i) +
-                                   "] is in GPU memory: this kvd maps CPU shared-memory rope "
-                                   "tables only (the CUDA blend path is not built yet)");
+    const std::string what = "cos_sin_caches[" + std::to_string(i) + "]";
+    // The table's memory: a shared-memory segment mapped here, or GPU memory (CUDA IPC) the
+    // instance's engine reads to the host once.
+    std::optional<transfer::ShmMapping> segment;
+    std::vector<uint8_t> from_device;
+    std::span<const uint8_t> mapped;
+    if (d.memory == wire::TensorMemory::kCpuShm) {
+      auto m = transfer::ShmMapping::Open(d.shm_name, d.nbytes, shm_policy_);
+      if (!m.ok()) return m.status();
+      segment.emplace(std::move(m).value());
+      mapped = {segment->data(), segment->size()};
+    } else {
+      transfer::CopyEngine& engine = *inst->kvd().engine;
+      if (!engine.caps().device_memory) {
+        return Status::InvalidArgument(what + " is in GPU memory but instance " +
+                                       std::to_string(req.instance_id) +
+                                       " keeps its KV cache in host shared memory");
+      }
+      auto read = engine.ReadDeviceTensor(d, blend::RopeTable::kMaxFloats * sizeof(double));
+      if (!read.ok()) {
+        const std::string msg = what + ": " + read.status().message();
+        return read.status().code() == StatusCode::kInvalidArgument ? Status::InvalidArgument(msg)
+                                                                     : Status::Internal(msg);
+      }
+      from_device = std::move(read).value();
+      mapped = from_device;
     }
-    auto m = transfer::ShmMapping::Open(d.shm_name, d.nbytes, shm_policy_);
-    if (!m.ok()) return m.status();
-    auto bytes = CacheBytes(d, *m, i);
+    auto bytes = CacheBytes(d, mapped, i);
     if (!bytes.ok()) return bytes.status();
     // A client may truncate its segment under the read: the copy runs under the bus-error
     // guard, and a fault fails the registration.
     std::optional<Result<blend::RopeTable>> built;
     auto build = [&] { built.emplace(blend::RopeTable::FromCosSinCache(*bytes, d.dtype, d.shape)); };
     if (!transfer::RunCatchingBusErrors(build) || !built) {
-      return Status::InvalidArgument("cos_sin_caches[" + std::to_string(i) +
-                                     "]: the shared memory could not be read (truncated?)");
+      return Status::InvalidArgument(what + ": the shared memory could not be read (truncated?)");
     }
     if (!built->ok()) {
       return Status::InvalidArgument("cos_sin_caches[" + std::to_string(i) + "]: " +

@@ -72,6 +72,7 @@
 #include "blend/reorder.h"
 #include "blend/rope.h"
 #include "blend/rope_geometry.h"
+#include "blend/scatter.h"
 #include "common/clock.h"
 #include "common/metrics.h"
 #include "common/mutex.h"
@@ -87,6 +88,8 @@
 #include "wire/messages.h"
 
 namespace kvd::server {
+
+class KvdCopyTransfers;
 
 // Tells several listeners of the same L1 events, in order. Not owning; every listener must
 // outlive the cache. Thread-safe as its listeners are.
@@ -134,13 +137,16 @@ class BlendIndex : public l1::L1Listener {
 class BlendOps {
  public:
   // Borrows everything; all must outlive this object.
-  // `tiers` may be null (no --l2-adapter).
+  // `tiers` may be null (no --l2-adapter). `copies` submits the scatter of GPU instances
+  // (it may be constructed after this object: it is used by requests only).
   BlendOps(const ServerConfig& config, const Clock* clock, BlendIndex* index, l1::L1Cache* l1,
            InstanceRegistry* registry, Lookups* lookups, l2::TierSet* tiers,
-           transfer::ShmAccessPolicy shm_policy);
+           KvdCopyTransfers* copies, transfer::ShmAccessPolicy shm_policy);
 
   // cb_register_rope: replaces the instance's rope state. Errors as lmcache's (instance not
-  // registered, group_to_cache / group_rot / kv_quant), plus kvd's on the tables' memory.
+  // registered, group_to_cache / group_rot / kv_quant), plus kvd's on the tables' memory:
+  // a shared-memory segment it maps, or, for a GPU instance, GPU memory its engine reads
+  // once (CopyEngine::ReadDeviceTensor).
   Status RegisterRope(const wire::CbRegisterRopeRequest& req);
   // cb_unregister_rope (and when the instance goes). Returns whether it had one.
   bool UnregisterRope(int64_t instance_id);
@@ -153,8 +159,13 @@ class BlendOps {
   // L2 the same way, in one sparse prefetch).
   Result<std::optional<wire::CbUnifiedLookupResult>> UnifiedLookup(const wire::LookupRequest& req);
   // cb_retrieve_pre_computed: scatter_ran. Errors (reply [handle, false]) for a missing
-  // instance or rope registration.
-  Result<bool> RetrievePreComputed(const wire::CbRetrievePreComputedRequest& req);
+  // instance or rope registration. A CPU instance is scattered before this returns
+  // (blend::ExecuteScatter; no event). A GPU instance's scatter is enqueued on its engine
+  // after the client's event (blend/cuda's plan and kernel): `event_handle` receives the
+  // event that fires when it is done (also with false, when the work was cut short after
+  // part of it was enqueued), and the objects stay pinned until then.
+  Result<bool> RetrievePreComputed(const wire::CbRetrievePreComputedRequest& req,
+                                   std::string* event_handle = nullptr);
   // cb_reorder_plan (--enable-blend-reorder): the prompt's tokens reordered so it starts with
   // a copy of a stored prompt's beginning (blend/reorder.h), or empty to keep its order.
   // Candidates come from the prompts worker 0's stores recorded (PromptStore) and the
@@ -231,6 +242,14 @@ class BlendOps {
   std::optional<l1::NamespaceId> MatcherPartition(const std::string& model_name, int64_t world_size,
                                                   const std::string& cache_salt,
                                                   bool* registered = nullptr) const;
+  // A validated, ready scatter (`host_request`: objects at their pinned L1 addresses, the
+  // tensors at the engine's device addresses) on a GPU instance: each object is copied to
+  // device scratch and the device plan runs there, after `wait_event`. `pins` are held until
+  // the engine reports completion. False (logged) when the engine refused the work or cut it
+  // short; `event_handle` as RetrievePreComputed's.
+  bool ScatterOnDevice(const std::shared_ptr<const Instance>& inst, const std::string& rid,
+                       const blend::ScatterRequest& host_request, std::vector<l1::ReadPin> pins,
+                       const std::string& wait_event, std::string* event_handle);
   // Worker 0's store committed chunks of `key`: its prompt and chain go to prompts_.
   void RecordPrompt(const wire::CacheKey& key, const RequestChunks& chunks);
   // Starts one tier prefetch per chunk of `chunks` (distinct, none resident on every slot);
@@ -245,6 +264,7 @@ class BlendOps {
   InstanceRegistry* const registry_;
   Lookups* const lookups_;
   l2::TierSet* const tiers_;
+  KvdCopyTransfers* const copies_;
   const transfer::ShmAccessPolicy shm_policy_;
   // Stored prompts for cb_reorder_plan; null without --enable-blend-reorder.
   const std::unique_ptr<blend::PromptStore> prompts_;

@@ -5,14 +5,46 @@
 
 #include <algorithm>
 
+#include "blend/cuda/blend_device_plan.h"
 #include "blend/scatter.h"
 #include "server/blend_ops.h"
 #include "server/chunk_keys.h"
+#include "server/kvd_copy_transfers.h"
 #include "transfer/bus_error_guard.h"
 
-namespace kvd::server {
+#if KVD_WITH_CUDA
+#include "blend/cuda/blend_kernels.h"
+#endif
 
-Result<bool> BlendOps::RetrievePreComputed(const wire::CbRetrievePreComputedRequest& req) {
+namespace kvd::server {
+namespace {
+
+// Runs a device plan where its engine says: on its stream (the CUDA kernel), or, for an
+// engine whose "device memory" is host memory (null stream), on the host (the kernel's own
+// code, emulated).
+Status RunBlendPlan(const blend::cuda::BlendDevicePlan& plan, void* stream, uint64_t params_address) {
+  if (stream == nullptr) {
+    blend::cuda::EmulateBlendScatter(plan);
+    return Status::Ok();
+  }
+#if KVD_WITH_CUDA
+  const cudaError_t e = blend::cuda::LaunchBlendScatter(
+      blend::cuda::BlendArgsAt(plan, params_address), static_cast<cudaStream_t>(stream));
+  if (e != cudaSuccess) {
+    return Status::Internal(std::string("CacheBlend scatter kernel launch: ") + cudaGetErrorString(e));
+  }
+  return Status::Ok();
+#else
+  (void)params_address;
+  return Status::FailedPrecondition("this kvd was built without CUDA");
+#endif
+}
+
+}  // namespace
+
+Result<bool> BlendOps::RetrievePreComputed(const wire::CbRetrievePreComputedRequest& req,
+                                           std::string* event_handle) {
+  if (event_handle) event_handle->clear();
   m_.retrieve_requests.Add();
   auto fail = [&](Status st) -> Result<bool> {
     m_.retrieve_failures.Add();
@@ -106,9 +138,12 @@ Result<bool> BlendOps::RetrievePreComputed(const wire::CbRetrievePreComputedRequ
       lock_index.push_back(j);
     }
   }
-  if (inst->kvd().cpu_tensor_bases.empty()) {
-    spdlog::warn("cb_retrieve_pre_computed: instance {} keeps its KV on {}: kvd's blend scatter "
-                 "is CPU-only for now; answering scatter_ran=false", req.instance_id, inst->kvd().device);
+  transfer::CopyEngine& engine = *inst->kvd().engine;
+  const bool on_device = inst->kvd().cpu_tensor_bases.empty();
+  if (on_device && !engine.caps().device_memory) {
+    spdlog::warn("cb_retrieve_pre_computed: instance {} keeps its KV on {} and its engine ({}) "
+                 "runs no device work; answering scatter_ran=false", req.instance_id,
+                 inst->kvd().device, engine.caps().name);
     m_.retrieve_failures.Add();
     return false;
   }
@@ -133,17 +168,22 @@ Result<bool> BlendOps::RetrievePreComputed(const wire::CbRetrievePreComputedRequ
     matches.push_back(bm);
     pins.push_back(std::move(pin).value());
   }
+  // On a GPU instance the destinations are device addresses: planning checks them against
+  // the mapped sizes and dereferences nothing.
+  const std::vector<uint8_t*> device_bases = on_device ? engine.device_tensor_bases() : std::vector<uint8_t*>{};
+  const std::vector<uint64_t> device_sizes = on_device ? engine.device_tensor_sizes() : std::vector<uint64_t>{};
   blend::ScatterRequest sr;
   sr.layout = &inst->kvd().layout;
-  sr.tensor_bases = inst->kvd().cpu_tensor_bases;
-  sr.tensor_sizes = inst->kvd().cpu_tensor_sizes;
+  sr.tensor_bases = on_device ? std::span<uint8_t* const>(device_bases) : inst->kvd().cpu_tensor_bases;
+  sr.tensor_sizes = on_device ? std::span<const uint64_t>(device_sizes) : inst->kvd().cpu_tensor_sizes;
   sr.block_ids = req.block_ids;
   sr.matches = matches;
   sr.rope = rope->groups;
   sr.null_block_id = config_.null_block_id;
   auto plan = blend::PlanScatter(sr);
-  auto release = [&] {
-    ReleaseInReverse(pins);
+  // This worker's part of the lookup is over: its locks go (the pins keep its objects) and it
+  // is marked done.
+  auto finish_worker = [&] {
     MutexLock lock(&req_mu_);
     auto it = requests_.find(rid);
     if (it == requests_.end()) return;
@@ -156,6 +196,10 @@ Result<bool> BlendOps::RetrievePreComputed(const wire::CbRetrievePreComputedRequ
       it->second.found.clear();
       it->second.finished = true;
     }
+  };
+  auto release = [&] {
+    l1::ReleaseInReverse(pins);
+    finish_worker();
   };
   if (!plan.ok()) {
     spdlog::warn("cb_retrieve_pre_computed: request '{}': {}", rid, plan.status().ToString());
@@ -175,20 +219,87 @@ Result<bool> BlendOps::RetrievePreComputed(const wire::CbRetrievePreComputedRequ
     case blend::RetrieveReason::kOk:
       break;
   }
-  auto run = [&] { blend::ExecuteScatter(*plan); };
-  if (!transfer::RunCatchingBusErrors(run)) {
-    spdlog::warn("cb_retrieve_pre_computed: instance {}: its shared memory faulted under the "
-                 "scatter (truncated?); the request must recompute", req.instance_id);
-    release();
-    m_.retrieve_failures.Add();
-    return false;
-  }
   uint64_t tokens = 0;
   for (const auto& m : matches) tokens += static_cast<uint64_t>(m.n_tokens);
+  if (on_device) {
+    const bool ran = ScatterOnDevice(inst, rid, sr, std::move(pins), req.event_handle, event_handle);
+    finish_worker();
+    if (!ran) {
+      m_.retrieve_failures.Add();
+      return false;
+    }
+  } else {
+    auto run = [&] { blend::ExecuteScatter(*plan); };
+    if (!transfer::RunCatchingBusErrors(run)) {
+      spdlog::warn("cb_retrieve_pre_computed: instance {}: its shared memory faulted under the "
+                   "scatter (truncated?); the request must recompute", req.instance_id);
+      release();
+      m_.retrieve_failures.Add();
+      return false;
+    }
+    release();
+  }
   m_.retrieve_chunks.Add(matches.size());
   m_.scatter_tokens.Add(tokens);
   m_.scatter_shifted_chunks.Add(plan->num_rotated_matches());
-  release();
+  return true;
+}
+
+bool BlendOps::ScatterOnDevice(const std::shared_ptr<const Instance>& inst, const std::string& rid,
+                               const blend::ScatterRequest& host_request,
+                               std::vector<l1::ReadPin> pins, const std::string& wait_event,
+                               std::string* event_handle) {
+  // Each object goes to device scratch first (one H2D copy from the pinned L1 object), and
+  // the plan reads it there.
+  constexpr uint64_t kAlign = 256;
+  const uint64_t object_bytes = host_request.layout->object_bytes;
+  const uint64_t stride = (object_bytes + kAlign - 1) / kAlign * kAlign;
+  const std::span<const blend::BlendMatch> matches = host_request.matches;
+  transfer::DeviceWork work;
+  work.wait_event = wait_event;
+  work.scratch_bytes = stride * matches.size();
+  work.prepare = [&](uint8_t* scratch) -> Result<transfer::DeviceSteps> {
+    std::vector<blend::BlendMatch> staged(matches.begin(), matches.end());
+    for (size_t i = 0; i < staged.size(); ++i) staged[i].object = scratch + i * stride;
+    blend::ScatterRequest request = host_request;
+    request.matches = staged;
+    auto built = blend::cuda::BuildBlendDevicePlan(request);
+    if (!built.ok()) return built.status();
+    if (built->reason != blend::RetrieveReason::kOk) {
+      return Status::Internal("the device plan's outcome differs from the host plan's");
+    }
+    auto plan = std::make_shared<const blend::cuda::BlendDevicePlan>(std::move(built).value());
+    transfer::DeviceSteps steps;
+    for (size_t i = 0; i < matches.size(); ++i) {
+      steps.uploads.push_back({matches[i].object, i * stride, object_bytes});
+    }
+    steps.params = plan->blob;
+    steps.launch = [plan](void* stream, uint64_t params_address) {
+      return RunBlendPlan(*plan, stream, params_address);
+    };
+    return steps;
+  };
+  // The objects stay pinned until the device is done with them.
+  work.on_complete = [held = std::make_shared<std::vector<l1::ReadPin>>(std::move(pins)),
+                      rid](const Status& st) {
+    if (!st.ok()) {
+      spdlog::warn("cb_retrieve_pre_computed: request '{}': the device scatter failed: {}", rid,
+                   st.ToString());
+    }
+    l1::ReleaseInReverse(*held);
+  };
+  auto sub = copies_->SubmitDeviceWork(inst, std::move(work));
+  if (!sub.ok()) {
+    spdlog::warn("cb_retrieve_pre_computed: request '{}': the device scatter was refused: {}", rid,
+                 sub.status().ToString());
+    return false;
+  }
+  if (event_handle) *event_handle = sub->event_handle;
+  if (!sub->status.ok()) {
+    spdlog::warn("cb_retrieve_pre_computed: request '{}': the device scatter was cut short: {}",
+                 rid, sub->status.ToString());
+    return false;
+  }
   return true;
 }
 

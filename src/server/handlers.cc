@@ -220,11 +220,12 @@ constexpr std::array<OpEntry, 36> kEntries = {{
      [](const Call& c) {
        auto req = Decoded(wire::DecodeCbRetrievePreComputed, c);
        if (!req.ok()) return Fail(c, req.status());
-       auto r = c.svc.blend()->RetrievePreComputed(*req);
+       std::string handle;
+       auto r = c.svc.blend()->RetrievePreComputed(*req, &handle);
        if (!r.ok()) return Fail(c, r.status());
-       // The CPU scatter is complete when the reply is sent: an empty event handle, as a
-       // CPU STORE answers (no device work to wait for).
-       return wire::EncodeHandleAndOk("", *r);
+       // A CPU scatter is complete when the reply is sent: an empty event handle, as a CPU
+       // STORE answers. A GPU scatter: the event that fires when it is done.
+       return wire::EncodeHandleAndOk(handle, *r);
      }},
     {Op::kCbUnifiedLookup, B, kPlain,
      // Nothing found (never nil, which reads as "still loading": the client would poll).

@@ -96,7 +96,8 @@ KvService::KvService(const ServerConfig& config, const Clock* clock,
       registry_(clock),
       lookups_(Context()),
       blend_(blend_index_ ? std::make_unique<BlendOps>(config_, clock, blend_index_.get(), l1_.get(),
-                                                       &registry_, &lookups_, tiers_.get(), shm_policy)
+                                                       &registry_, &lookups_, tiers_.get(),
+                                                       &kvd_copy_, shm_policy)
                           : nullptr),
       kvd_copy_(Context(BlendStoreHook()), std::move(shm_policy)),
       worker_copy_(Context(BlendStoreHook())) {

@@ -187,6 +187,24 @@ Status KvdCopyTransfers::Submit(const std::shared_ptr<const Instance>& inst,
   return sub->status;
 }
 
+Result<transfer::Submitted> KvdCopyTransfers::SubmitDeviceWork(
+    const std::shared_ptr<const Instance>& inst, transfer::DeviceWork work) {
+  transfer::CopyEngine& engine = *inst->kvd().engine;
+  InFlightCopies::Id watch = 0;
+  if (engine.caps().asynchronous) {
+    watch = inflight_->Add(inst, false,
+                           clock_->NowNanos() + static_cast<int64_t>(config_.l1_read_ttl_seconds * 1e9));
+  }
+  work.on_complete = [done = std::move(work.on_complete), inflight = watch ? inflight_ : nullptr,
+                      watch](const Status& st) {
+    if (done) done(st);
+    if (inflight) inflight->Remove(watch);
+  };
+  auto sub = engine.SubmitDeviceWork(std::move(work));
+  if (!sub.ok() && watch) inflight_->Remove(watch);
+  return sub;
+}
+
 void KvdCopyTransfers::RegisterMetrics(metrics::Registry& registry) {
   using metrics::Kind;
   metric_handles_.push_back(registry.AddCollected(

@@ -71,6 +71,14 @@ class KvdCopyTransfers {
   Status Store(const wire::TransferRequest& req, std::string* event_handle);
   Status Retrieve(const wire::TransferRequest& req, std::string* event_handle);
 
+  // Device work beside an instance's copies (CacheBlend's scatter on a GPU instance, see
+  // transfer::DeviceWork), submitted to its engine and watched like a RETRIEVE (read TTL), so
+  // that a client whose event never fires gets its instance cancelled. Completion and
+  // errors as CopyEngine::SubmitDeviceWork: when it refuses, `work.on_complete` never runs
+  // and dropping it releases what it captured.
+  Result<transfer::Submitted> SubmitDeviceWork(const std::shared_ptr<const Instance>& inst,
+                                               transfer::DeviceWork work);
+
   // Cancels the instances whose asynchronous copies are past their deadline (see above);
   // returns how many. Called periodically (KvService::Maintain).
   size_t CancelOverdueCopies();

@@ -8,8 +8,10 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <deque>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -20,6 +22,8 @@
 #include "blend/rope.h"
 #include "server/handlers.h"
 #include "server/kv_service.h"
+#include "transfer/copy_engine.h"
+#include "transfer/shm_mapping.h"
 
 namespace kvd::server {
 namespace {
@@ -102,6 +106,14 @@ class FakeWorker {
   void ZeroBlocks(int64_t first, int64_t count) {
     for (int64_t l = 0; l < kLayers; ++l)
       for (int64_t kv = 0; kv < 2; ++kv) std::memset(Row(l, kv, first, 0), 0, count * kBlock * kRowBytes);
+  }
+  bool BlocksAreZero(int64_t first, int64_t count) const {
+    for (int64_t l = 0; l < kLayers; ++l)
+      for (int64_t kv = 0; kv < 2; ++kv) {
+        const uint8_t* p = Row(l, kv, first, 0);
+        if (std::any_of(p, p + count * kBlock * kRowBytes, [](uint8_t b) { return b != 0; })) return false;
+      }
+    return true;
   }
 
  private:
@@ -785,6 +797,247 @@ TEST_F(BlendOpsTierTest, SegmentedPrefixChunksInTheTierOnlyAreLoadedAndDelivered
   EXPECT_TRUE(*ran);
   EXPECT_EQ(ExpectScatteredRotated(w, rope_.Table(), 32, 48, 512, 512), 0u) << "not rotated";
   svc.EndSession("q");
+}
+
+// ---- GPU instances, without a GPU ------------------------------------------------------
+// A gated host engine stands in for the CUDA engine (transfer::SetDeviceEngineFactoryForTesting):
+// the worker's "GPU" tensors and the "GPU" cos/sin cache are the same shared-memory segments,
+// named by "cuda" descriptors. It queues copies and device work and runs them on Run(), as a
+// device runs them after the client's event; device work gets host scratch and its launch a
+// null stream, so the server's device plan runs through the kernel's host emulator.
+class GatedDeviceEngine final : public transfer::CopyEngine {
+ public:
+  GatedDeviceEngine(const layout::KvLayout& l, transfer::ShmMapping map, size_t tensors)
+      : layout_(l), map_(std::move(map)), bases_(tensors, map_.data()), sizes_(tensors, map_.size()) {
+    caps_.name = "gated";
+    caps_.asynchronous = true;
+    caps_.device_memory = true;
+    caps_.exports_events = true;
+  }
+  const transfer::EngineCaps& caps() const override { return caps_; }
+  Result<transfer::Submitted> Submit(transfer::CopyPlan plan) override {
+    queue_.push_back({std::move(plan), {}, {}, nullptr});
+    return Issued();
+  }
+  std::vector<uint8_t*> device_tensor_bases() const override { return bases_; }
+  std::vector<uint64_t> device_tensor_sizes() const override { return sizes_; }
+  Result<transfer::Submitted> SubmitDeviceWork(transfer::DeviceWork work) override {
+    if (refuse_next) {
+      refuse_next = false;
+      return Status::Internal("engine refused the work");
+    }
+    last_wait_event = work.wait_event;
+    auto scratch = std::make_shared<std::vector<uint8_t>>(work.scratch_bytes);
+    auto steps = work.prepare(scratch->data());
+    if (!steps.ok()) return steps.status();
+    Pending p;
+    p.work_done = std::move(work.on_complete);
+    p.steps = std::move(steps).value();
+    p.scratch = std::move(scratch);
+    queue_.push_back(std::move(p));
+    auto out = Issued();
+    if (out.ok() && cut_short_next) {
+      cut_short_next = false;
+      out->status = Status::Internal("enqueue failed half-way");
+      queue_.back().fail = true;
+    }
+    return out;
+  }
+  Result<std::vector<uint8_t>> ReadDeviceTensor(const layout::TensorDescriptor& d, uint64_t max_bytes) override {
+    ++reads;
+    if (d.cuda_storage_size > max_bytes) return Status::InvalidArgument("over the limit");
+    auto m = transfer::ShmMapping::Open(d.shm_name, d.cuda_storage_size);
+    if (!m.ok()) return m.status();
+    return std::vector<uint8_t>(m->data(), m->data() + m->size());
+  }
+  Result<bool> Poll(transfer::Ticket t) override { return t <= done_; }
+  Status Wait(transfer::Ticket, std::chrono::milliseconds) override { return Status::Ok(); }
+  std::string Describe() const override { return "gated host engine"; }
+  void Cancel() override {}
+
+  // Runs everything queued, in order (a failed entry writes nothing and reports failure).
+  void Run() {
+    while (!queue_.empty()) {
+      Pending p = std::move(queue_.front());
+      queue_.pop_front();
+      Status st;
+      if (p.steps.launch) {  // device work
+        if (!p.fail) {
+          for (const auto& u : p.steps.uploads) std::memcpy(p.scratch->data() + u.scratch_offset, u.host, u.bytes);
+          st = p.steps.launch(nullptr, reinterpret_cast<uint64_t>(p.steps.params.data()));
+        } else {
+          st = Status::Internal("device work failed");
+        }
+        ++done_;
+        if (p.work_done) p.work_done(st);
+        continue;
+      }
+      if (p.plan.direction == transfer::CopyDirection::kGather) {
+        transfer::GatherChunks(layout_, bases_, p.plan.block_ids, p.plan.tasks, 1);
+      } else {
+        transfer::ScatterChunks(layout_, bases_, p.plan.block_ids, p.plan.tasks, 1);
+      }
+      ++done_;
+      if (p.plan.on_complete) p.plan.on_complete(Status::Ok());
+    }
+  }
+  size_t queued() const { return queue_.size(); }
+
+  bool refuse_next = false;
+  bool cut_short_next = false;
+  std::string last_wait_event;
+  int reads = 0;
+
+ private:
+  struct Pending {
+    transfer::CopyPlan plan;
+    transfer::DeviceSteps steps;
+    std::function<void(const Status&)> work_done;
+    std::shared_ptr<std::vector<uint8_t>> scratch;
+    bool fail = false;
+  };
+  Result<transfer::Submitted> Issued() {
+    transfer::Submitted s;
+    s.ticket = ++issued_;
+    s.event_handle = "fake-event-" + std::to_string(s.ticket);
+    return s;
+  }
+  layout::KvLayout layout_;
+  transfer::ShmMapping map_;
+  std::vector<uint8_t*> bases_;
+  std::vector<uint64_t> sizes_;
+  transfer::EngineCaps caps_;
+  std::deque<Pending> queue_;
+  transfer::Ticket issued_ = 0, done_ = 0;
+};
+
+class BlendDeviceTest : public BlendOpsTest {
+ protected:
+  void SetUp() override {
+    transfer::SetDeviceEngineFactoryForTesting(
+        [this](const std::vector<wire::TensorDescriptor>& tensors, const layout::KvLayout& l,
+               const transfer::HostPool&, int64_t) -> Result<std::unique_ptr<transfer::CopyEngine>> {
+          auto m = transfer::ShmMapping::Open(tensors[0].shm_name, tensors[0].nbytes);
+          if (!m.ok()) return m.status();
+          auto e = std::make_unique<GatedDeviceEngine>(l, std::move(m).value(), tensors.size());
+          engine_ = e.get();
+          return std::unique_ptr<transfer::CopyEngine>(std::move(e));
+        });
+    BlendOpsTest::SetUp();
+  }
+  void TearDown() override {
+    svc_.reset();
+    transfer::SetDeviceEngineFactoryForTesting(nullptr);
+  }
+  // The worker's tensors as a GPU worker names them (CUDA IPC descriptors).
+  static wire::RegisterKvCacheRequest OnGpu(wire::RegisterKvCacheRequest r) {
+    for (auto& t : r.tensors) {
+      t.memory = wire::TensorMemory::kCuda;
+      t.cuda_storage_size = t.nbytes;
+      t.device_uuid = kGpu;
+    }
+    return r;
+  }
+  wire::CbRegisterRopeRequest GpuRope(int64_t id) const {
+    auto r = Rope(id);
+    auto& d = r.cos_sin_caches[0];
+    d.memory = wire::TensorMemory::kCuda;
+    d.cuda_storage_size = d.nbytes;
+    d.device_uuid = kGpu;
+    return r;
+  }
+  // Registers w on the "GPU" with its rope, stores sys + doc and looks up sys + other + doc:
+  // the retrieve request of doc's match at 512 into blocks 16..63.
+  wire::CbRetrievePreComputedRequest StoreAndLookUp(FakeWorker& w, const std::string& rid) {
+    EXPECT_TRUE(svc_->RegisterKvCache(OnGpu(w.Registration(100, 1))).ok());
+    EXPECT_NE(engine_, nullptr);
+    Status rope = blend().RegisterRope(GpuRope(100));
+    EXPECT_TRUE(rope.ok()) << rope.ToString();
+    EXPECT_EQ(engine_->reads, 1) << "the table was read from the engine's device memory";
+    std::string handle;
+    wire::TransferRequest st{Key(0, {Segment(1), Segment(2)}, "store"), 100, Blocks(0, 32), "", 0};
+    EXPECT_TRUE(svc_->Store(st, &handle).ok());
+    engine_->Run();  // the gather completes: the chunks are committed and fingerprinted
+    auto res = UnifiedLookup(Key(std::nullopt, {Segment(1), Segment(3), Segment(2)}, rid));
+    EXPECT_EQ(res.non_prefix_segments.size(), 1u);
+    wire::CbRetrievePreComputedRequest rr;
+    rr.key = Key(0, {Segment(1), Segment(3), Segment(2)}, rid);
+    rr.match_results = res.non_prefix_segments;
+    rr.block_ids = Blocks(16, 48);
+    rr.instance_id = 100;
+    rr.event_handle = "client-event-" + rid;
+    return rr;
+  }
+  static constexpr const char* kGpu = "GPU-5f3e2a10-9b7c-4d21-8e0f-0123456789ab";
+  GatedDeviceEngine* engine_ = nullptr;
+};
+
+TEST_F(BlendDeviceTest, GpuInstanceScattersRotatedKOnItsEngineAfterTheClientsEvent) {
+  FakeWorker w("/kvd_test_blend_gw");
+  w.Fill(11);
+  auto rr = StoreAndLookUp(w, "g");
+  w.ZeroBlocks(48, 16);
+  const auto before = std::vector<uint8_t>(w.Row(0, 0, 48, 0), w.Row(0, 0, 48, 0) + 16 * FakeWorker::kRowBytes);
+  std::string handle;
+  auto ran = blend().RetrievePreComputed(rr, &handle);
+  ASSERT_TRUE(ran.ok()) << ran.status().ToString();
+  EXPECT_TRUE(*ran);
+  EXPECT_EQ(handle, "fake-event-2") << "the reply carries the engine's event";
+  EXPECT_EQ(engine_->last_wait_event, "client-event-g") << "the work waits for the client's event";
+  // Enqueued, not run: nothing written yet, the object pinned, the worker's locks released.
+  EXPECT_EQ(std::vector<uint8_t>(w.Row(0, 0, 48, 0), w.Row(0, 0, 48, 0) + 16 * FakeWorker::kRowBytes), before);
+  EXPECT_EQ(svc_->l1_stats().pinned_objects, 1u);
+  EXPECT_EQ(blend().requests_held(), 0u);
+  engine_->Run();
+  // The device plan's bytes: V as stored, K turned from 256 + t to 512 + t.
+  EXPECT_GT(ExpectScatteredRotated(w, rope_.Table(), 16, 48, 256, 512), 0u);
+  EXPECT_EQ(svc_->l1_stats().pinned_objects, 0u) << "unpinned by the completion";
+  svc_->EndSession("g");
+}
+
+TEST_F(BlendDeviceTest, RefusedOrCutShortDeviceScatterAnswersFalseAndUnpins) {
+  FakeWorker w("/kvd_test_blend_gw");
+  w.Fill(12);
+  auto rr = StoreAndLookUp(w, "r");
+  w.ZeroBlocks(48, 16);
+  engine_->refuse_next = true;
+  std::string handle = "stale";
+  auto ran = blend().RetrievePreComputed(rr, &handle);
+  ASSERT_TRUE(ran.ok());
+  EXPECT_FALSE(*ran);
+  EXPECT_EQ(handle, "") << "nothing enqueued: no event";
+  EXPECT_EQ(svc_->l1_stats().pinned_objects, 0u);
+  EXPECT_EQ(engine_->queued(), 0u);
+  // A second lookup, and work cut short after part of it was enqueued: false with the event
+  // (the client must wait for it), the pins held until the engine reports back.
+  auto again = UnifiedLookup(Key(std::nullopt, {Segment(1), Segment(3), Segment(2)}, "r2"));
+  ASSERT_EQ(again.non_prefix_segments.size(), 1u);
+  rr.key.request_id = "r2";
+  rr.match_results = again.non_prefix_segments;
+  engine_->cut_short_next = true;
+  ran = blend().RetrievePreComputed(rr, &handle);
+  ASSERT_TRUE(ran.ok());
+  EXPECT_FALSE(*ran);
+  EXPECT_FALSE(handle.empty());
+  EXPECT_EQ(svc_->l1_stats().pinned_objects, 1u);
+  engine_->Run();
+  EXPECT_EQ(svc_->l1_stats().pinned_objects, 0u);
+  EXPECT_TRUE(w.BlocksAreZero(48, 16)) << "a failed device scatter wrote nothing";
+  svc_->EndSession("r");
+  svc_->EndSession("r2");
+}
+
+TEST_F(BlendDeviceTest, GpuRopeTableOnACpuInstanceOrUnreadableIsRefused) {
+  FakeWorker w("/kvd_test_blend_gw");
+  ASSERT_TRUE(svc_->RegisterKvCache(OnGpu(w.Registration(100, 1))).ok());
+  auto bad = GpuRope(100);
+  bad.cos_sin_caches[0].shm_name = "/kvd_test_no_such_table";
+  Status st = blend().RegisterRope(bad);
+  EXPECT_FALSE(st.ok());
+  EXPECT_EQ(st.message().rfind("cos_sin_caches[0]: ", 0), 0u) << st.ToString();
+  EXPECT_FALSE(blend().has_rope(100));
+  ASSERT_TRUE(blend().RegisterRope(GpuRope(100)).ok());
+  EXPECT_TRUE(blend().has_rope(100));
 }
 
 }  // namespace
