@@ -19,7 +19,11 @@
 #       CUDA CacheGen decoder with the CPU decoders byte for byte and times its kernel
 #       (docs/compression.md), and kvd-blend-gpu-check compares CacheBlend's CUDA scatter +
 #       re-RoPE with the CPU scatter byte for byte and times it against a pinned H2D copy of
-#       the same bytes (docs/gpu.md). Then one line: VERDICT: PASS or VERDICT: FAIL.
+#       the same bytes (docs/gpu.md). Last, a second kvd with --engine-type blend and
+#       tools/blend_server_check.py: CacheBlend through the server (a cos/sin cache in GPU
+#       memory, a document found behind another prefix and scattered re-rotated on the GPU by
+#       kvd's engine, checked against a float64 rotation). Then one line: VERDICT: PASS or
+#       VERDICT: FAIL.
 #       Takes about 1-3 minutes on an H200 (hard limit 8); prints progress as it goes.
 #
 # Environment: KVD_GPU_CHECK_OUT (logs and results; default $OUT, else /tmp/kvd-gpu-check),
@@ -62,7 +66,11 @@ PORT=${KVD_GPU_CHECK_PORT:-5590}
 HTTP_PORT=$((PORT + 1))
 L1_GB=${KVD_L1_GB:-12}
 KVD_PID=""
-cleanup() { [ -n "$KVD_PID" ] && kill "$KVD_PID" 2>/dev/null && wait "$KVD_PID" 2>/dev/null; }
+BLEND_PID=""
+cleanup() {
+  [ -n "$KVD_PID" ] && kill "$KVD_PID" 2>/dev/null && wait "$KVD_PID" 2>/dev/null
+  [ -n "$BLEND_PID" ] && kill "$BLEND_PID" 2>/dev/null && wait "$BLEND_PID" 2>/dev/null
+}
 trap cleanup EXIT
 
 say "machine: $(uname -m), $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo)"
@@ -168,6 +176,17 @@ for way in ("store", "load"):
         bad.append(way)
 sys.exit(1 if bad else 0)
 PYEOF
+# 5. CacheBlend through the server on the GPU (issue 24): a second kvd, --engine-type blend.
+BLEND_PORT=$((PORT + 2))
+say "starting kvd --engine-type blend: L1 2 GiB, port $BLEND_PORT; running tools/blend_server_check.py"
+LD_LIBRARY_PATH="$KVD_LD_PATH" "$KVD" server --host 127.0.0.1 --port "$BLEND_PORT" --chunk-size 256 \
+  --l1-size-gb 2 --eviction-policy LRU --engine-type blend --shm-name "kvd_gpu_blend_$$" \
+  --http-host 127.0.0.1 --http-port $((PORT + 3)) --log-level info >"$OUTDIR/kvd-blend.log" 2>&1 &
+BLEND_PID=$!
+PYTHONUNBUFFERED=1 timeout 120 "$PY" tools/blend_server_check.py --url "tcp://127.0.0.1:$BLEND_PORT" \
+  --device cuda 2>&1 | tee "$OUTDIR/blend_server_check.log"
+BLEND_SERVER_RC=${PIPESTATUS[0]}
+grep -E 'warn|error' "$OUTDIR/kvd-blend.log" | tail -10
 say "kvd log (warnings, errors and engine lines):"
 grep -E 'warn|error|cuda engine|CUDA|pinned' "$OUTDIR/kvd.log" | tail -25
 if [ "$rc" = 124 ]; then echo "VERDICT: FAIL (harness timed out)"; fi
@@ -185,6 +204,10 @@ if [ "$CODEC_RC" != 0 ]; then
 fi
 if [ "$BLEND_RC" != 0 ]; then
   echo "VERDICT: FAIL (CacheBlend GPU scatter: see $OUTDIR/blend_gpu_check.log)"
+  rc=1
+fi
+if [ "$BLEND_SERVER_RC" != 0 ]; then
+  echo "VERDICT: FAIL (CacheBlend through the server on the GPU: see $OUTDIR/blend_server_check.log)"
   rc=1
 fi
 say "done; logs in $OUTDIR"
