@@ -297,15 +297,16 @@ Status CudaCopyEngine::Open(const std::vector<layout::TensorDescriptor>& tensors
     cudaEventDestroy(ev);  // the wait already captured it
   }
 
-  // 6. L1 pinned for DMA (shared by every engine on this pool).
-  if (pool.base != nullptr && pool.bytes > 0) host_ = rt_->RegisterHost(pool.base, pool.bytes);
+  // 6. L1 pinned for DMA (shared by every engine on this pool), in the background: the
+  // registration does not wait for it (issue 26 item 4).
+  if (pool.base != nullptr && pool.bytes > 0) host_ = rt_->RegisterHost(device_, pool.base, pool.bytes);
 
   std::ostringstream os;
   os << "cuda engine on GPU " << device_ << " (" << rt_->device_name(device_) << ", "
      << FormatDeviceUuid(mem.front().device) << "): " << allocations_.size()
      << " IPC allocation(s) for " << mem.size() << " tensor(s); " << DescribePlan(plan_) << "; "
      << kSlots << " x " << slot_bytes_ << " B staging; L1 "
-     << (host_ && host_->pinned ? "pinned" : "pageable") << "; events "
+     << (host_ ? host_->state() : "pageable") << "; events "
      << (default_event_ == EventKind::kTimeline ? "timeline-semaphore" : "cuda-ipc");
   describe_ = os.str();
   return Status::Ok();

@@ -215,36 +215,43 @@ Result<std::shared_ptr<IpcAllocation>> CudaRuntime::OpenAllocation(int device,
   return a;
 }
 
-std::shared_ptr<HostRegistration> CudaRuntime::RegisterHost(uint8_t* base, uint64_t bytes) {
+std::shared_ptr<HostRegistration> CudaRuntime::RegisterHost(int device, uint8_t* base, uint64_t bytes) {
   MutexLock lock(&mu_);
   if (auto it = host_.find(base); it != host_.end()) {
     if (auto live = it->second.lock()) return live;
   }
-  auto t0 = Clock::now();
-  cudaError_t err = cudaHostRegister(base, bytes, cudaHostRegisterPortable);
-  const bool pinned = err == cudaSuccess;
-  if (!pinned) {
-    (void)cudaGetLastError();
-    spdlog::warn("{}: L1 ({} bytes) stays pageable, GPU copies will be slower",
-                 CudaErrorText("cudaHostRegister", err), bytes);
-  } else {
-    spdlog::info("pinned L1 for GPU copies: {:.1f} GiB in {:.2f} s", bytes / double(1ull << 30),
-                 std::chrono::duration<double>(Clock::now() - t0).count());
-  }
-  std::shared_ptr<HostRegistration> r(new HostRegistration{base, bytes, pinned},
+  // Released under mu_ (as the maps are): a registration of the same range waits until this
+  // one is unpinned, and the pin thread never takes mu_.
+  std::shared_ptr<HostRegistration> r(new HostRegistration{base, bytes, nullptr},
                                       [this](HostRegistration* p) {
                                         MutexLock l(&mu_);
                                         auto it = host_.find(p->base);
                                         if (it != host_.end() && it->second.expired()) host_.erase(it);
-                                        if (p->pinned) {
-                                          cudaError_t e = cudaHostUnregister(p->base);
-                                          if (e != cudaSuccess) {
-                                            spdlog::warn("{}", CudaErrorText("cudaHostUnregister", e));
-                                          }
-                                        }
-                                        delete p;
+                                        delete p;  // waits for the pin, then unpins
                                       });
+  r->pin = std::make_unique<BackgroundPin>(
+      [device, base, bytes] {
+        const auto t0 = Clock::now();
+        cudaError_t err = cudaSetDevice(device);
+        if (err == cudaSuccess) err = cudaHostRegister(base, bytes, cudaHostRegisterPortable);
+        if (err != cudaSuccess) {
+          (void)cudaGetLastError();
+          spdlog::warn("{}: L1 ({} bytes) stays pageable, GPU copies will be slower",
+                       CudaErrorText("cudaHostRegister", err), bytes);
+          return false;
+        }
+        spdlog::info("pinned L1 for GPU copies in the background: {:.1f} GiB in {:.2f} s",
+                     bytes / double(1ull << 30),
+                     std::chrono::duration<double>(Clock::now() - t0).count());
+        return true;
+      },
+      [base] {
+        cudaError_t e = cudaHostUnregister(base);
+        if (e != cudaSuccess) spdlog::warn("{}", CudaErrorText("cudaHostUnregister", e));
+      });
   host_[base] = r;
+  spdlog::info("pinning L1 for GPU copies ({:.1f} GiB) in the background; copies use it as "
+               "pageable memory until then", bytes / double(1ull << 30));
   return r;
 }
 

@@ -40,6 +40,7 @@
 #include "common/mutex.h"
 #include "common/status.h"
 #include "transfer/copy_engine.h"
+#include "transfer/cuda/background_pin.h"
 #include "transfer/cuda/ipc_handles.h"
 
 namespace kvd::transfer::cuda {
@@ -56,11 +57,15 @@ struct IpcAllocation {
   ~IpcAllocation();
 };
 
-// A page-locked host range. Unregistered when the last holder releases it.
+// A host range page-locked for DMA in the background (BackgroundPin): copies work before,
+// and without, the pin, slower. Unregistered when the last holder releases it (after the pin
+// returned).
 struct HostRegistration {
   uint8_t* base = nullptr;
   uint64_t bytes = 0;
-  bool pinned = false;      // false: cudaHostRegister failed; copies still work, slower
+  std::unique_ptr<BackgroundPin> pin;
+  // "pinning in the background", "pinned" or "pageable" (cudaHostRegister failed).
+  const char* state() const { return BackgroundPinStateName(pin->state()); }
   ~HostRegistration();
 };
 
@@ -113,7 +118,9 @@ class CudaRuntime {
   const std::string& device_name(int ordinal) const { return names_[ordinal]; }
 
   Result<std::shared_ptr<IpcAllocation>> OpenAllocation(int device, const IpcHandle& handle);
-  std::shared_ptr<HostRegistration> RegisterHost(uint8_t* base, uint64_t bytes);
+  // Starts pinning [base, base + bytes) on a thread of its own (device `device` current
+  // there) and returns at once; an existing registration of `base` is shared.
+  std::shared_ptr<HostRegistration> RegisterHost(int device, uint8_t* base, uint64_t bytes);
 
   // Interprocess event for a copy's completion; ExportEvent hands its handle out and keeps
   // the event retained (see above) until it may be recycled.
