@@ -17,11 +17,14 @@ namespace {
 
 blend::StorageKey KeyOf(const l1::ChunkKey& k) { return blend::StorageKey::FromHash32(k.chunk_hash); }
 
-// The cos/sin cache bytes of one descriptor, checked against the memory it names (`mapped`:
-// its shared-memory segment, or its GPU storage read to the host): contiguous
-// [max_positions, rot_dim], inside the mapped bytes.
-Result<std::span<const uint8_t>> CacheBytes(const wire::TensorDescriptor& d,
-                                            std::span<const uint8_t> mapped, size_t index) {
+// Where a cos/sin cache's view lies in the memory its descriptor names (a shared-memory
+// segment, or a GPU storage): contiguous [max_positions, rot_dim] from its storage offset.
+struct CacheView {
+  uint64_t offset = 0;
+  uint64_t length = 0;
+};
+
+Result<CacheView> CacheViewOf(const wire::TensorDescriptor& d, size_t index) {
   const std::string what = "cos_sin_caches[" + std::to_string(index) + "]";
   const int64_t elem = layout::DtypeSize(d.dtype);
   if (elem <= 0) return Status::InvalidArgument(what + ": unknown dtype '" + d.dtype + "'");
@@ -34,16 +37,11 @@ Result<std::span<const uint8_t>> CacheBytes(const wire::TensorDescriptor& d,
   if (d.storage_offset < 0) return Status::InvalidArgument(what + ": negative storage offset");
   const uint64_t n = static_cast<uint64_t>(d.shape[0]) * static_cast<uint64_t>(d.shape[1]);
   if (n > blend::RopeTable::kMaxFloats) return Status::InvalidArgument(what + ": too large");
-  const uint64_t off = static_cast<uint64_t>(d.storage_offset) * static_cast<uint64_t>(elem);
-  const uint64_t len = n * static_cast<uint64_t>(elem);
-  if (off > mapped.size() || len > mapped.size() - off) {
-    return Status::InvalidArgument(what + ": extends past its " +
-                                   std::string(d.memory == wire::TensorMemory::kCpuShm
-                                                   ? "shared-memory segment"
-                                                   : "GPU storage") +
-                                   " (" + std::to_string(mapped.size()) + " bytes mapped)");
+  if (static_cast<uint64_t>(d.storage_offset) > (uint64_t{1} << 40)) {
+    return Status::InvalidArgument(what + ": storage offset out of range");
   }
-  return mapped.subspan(off, len);
+  return CacheView{static_cast<uint64_t>(d.storage_offset) * static_cast<uint64_t>(elem),
+                   n * static_cast<uint64_t>(elem)};
 }
 
 }  // namespace
@@ -142,16 +140,22 @@ Status BlendOps::RegisterRope(const wire::CbRegisterRopeRequest& req) {
   for (size_t i = 0; i < req.cos_sin_caches.size(); ++i) {
     const auto& d = req.cos_sin_caches[i];
     const std::string what = "cos_sin_caches[" + std::to_string(i) + "]";
-    // The table's memory: a shared-memory segment mapped here, or GPU memory (CUDA IPC) the
-    // instance's engine reads to the host once.
+    // The table's memory: a shared-memory segment mapped here, or GPU memory (CUDA IPC) of
+    // which the instance's engine reads the view's bytes to the host once.
+    auto view = CacheViewOf(d, i);
+    if (!view.ok()) return view.status();
     std::optional<transfer::ShmMapping> segment;
     std::vector<uint8_t> from_device;
-    std::span<const uint8_t> mapped;
+    std::span<const uint8_t> table_bytes;
     if (d.memory == wire::TensorMemory::kCpuShm) {
       auto m = transfer::ShmMapping::Open(d.shm_name, d.nbytes, shm_policy_);
       if (!m.ok()) return m.status();
       segment.emplace(std::move(m).value());
-      mapped = {segment->data(), segment->size()};
+      if (view->offset > segment->size() || view->length > segment->size() - view->offset) {
+        return Status::InvalidArgument(what + ": extends past its shared-memory segment (" +
+                                       std::to_string(segment->size()) + " bytes mapped)");
+      }
+      table_bytes = {segment->data() + view->offset, view->length};
     } else {
       transfer::CopyEngine& engine = *inst->kvd().engine;
       if (!engine.caps().device_memory) {
@@ -159,21 +163,19 @@ Status BlendOps::RegisterRope(const wire::CbRegisterRopeRequest& req) {
                                        std::to_string(req.instance_id) +
                                        " keeps its KV cache in host shared memory");
       }
-      auto read = engine.ReadDeviceTensor(d, blend::RopeTable::kMaxFloats * sizeof(double));
+      auto read = engine.ReadDeviceTensor(d, view->offset, view->length);
       if (!read.ok()) {
         const std::string msg = what + ": " + read.status().message();
         return read.status().code() == StatusCode::kInvalidArgument ? Status::InvalidArgument(msg)
                                                                      : Status::Internal(msg);
       }
       from_device = std::move(read).value();
-      mapped = from_device;
+      table_bytes = from_device;
     }
-    auto bytes = CacheBytes(d, mapped, i);
-    if (!bytes.ok()) return bytes.status();
     // A client may truncate its segment under the read: the copy runs under the bus-error
     // guard, and a fault fails the registration.
     std::optional<Result<blend::RopeTable>> built;
-    auto build = [&] { built.emplace(blend::RopeTable::FromCosSinCache(*bytes, d.dtype, d.shape)); };
+    auto build = [&] { built.emplace(blend::RopeTable::FromCosSinCache(table_bytes, d.dtype, d.shape)); };
     if (!transfer::RunCatchingBusErrors(build) || !built) {
       return Status::InvalidArgument(what + ": the shared memory could not be read (truncated?)");
     }

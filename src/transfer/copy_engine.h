@@ -154,14 +154,15 @@ class CopyEngine {
     (void)work;
     return Status::FailedPrecondition(std::string(caps().name) + " engine runs no device work");
   }
-  // Copies the storage a "cuda" or "cuda_raw" descriptor maps (on this engine's GPU) to the
-  // host, synchronously: a small table a client registers (CacheBlend's cos/sin cache).
-  // InvalidArgument for a descriptor that does not parse, names another GPU or is over
-  // `max_bytes`.
+  // Copies bytes [offset, offset + length) of the storage a "cuda" or "cuda_raw" descriptor
+  // maps (on this engine's GPU) to the host, synchronously: a small table a client registers
+  // (CacheBlend's cos/sin cache). InvalidArgument for a descriptor that does not parse, names
+  // another GPU, or a range outside its storage.
   virtual Result<std::vector<uint8_t>> ReadDeviceTensor(const layout::TensorDescriptor& desc,
-                                                         uint64_t max_bytes) {
+                                                         uint64_t offset, uint64_t length) {
     (void)desc;
-    (void)max_bytes;
+    (void)offset;
+    (void)length;
     return Status::FailedPrecondition(std::string(caps().name) + " engine reads no device memory");
   }
 

@@ -88,7 +88,7 @@ class CudaCopyEngine final : public CopyEngine {
   std::vector<uint64_t> device_tensor_sizes() const override { return tensor_sizes_; }
   Result<Submitted> SubmitDeviceWork(DeviceWork work) override KVD_EXCLUDES(mu_);
   Result<std::vector<uint8_t>> ReadDeviceTensor(const layout::TensorDescriptor& desc,
-                                                uint64_t max_bytes) override;
+                                                uint64_t offset, uint64_t length) override;
 
  private:
   // A timeline-semaphore wait on a client (what Cancel writes to release it).
@@ -479,7 +479,7 @@ Status CudaCopyEngine::UploadParams(const std::vector<uint8_t>& params, void** d
 }
 
 Result<std::vector<uint8_t>> CudaCopyEngine::ReadDeviceTensor(const layout::TensorDescriptor& desc,
-                                                              uint64_t max_bytes) {
+                                                              uint64_t offset, uint64_t length) {
   auto m = DescribeTensorMemory(desc, std::string("the tensor"));
   if (!m.ok()) return m.status();
   if (m->device != rt_->device_uuids()[device_]) {
@@ -487,9 +487,10 @@ Result<std::vector<uint8_t>> CudaCopyEngine::ReadDeviceTensor(const layout::Tens
                                    ", not on this instance's GPU " +
                                    FormatDeviceUuid(rt_->device_uuids()[device_]));
   }
-  if (m->bytes > max_bytes) {
-    return Status::InvalidArgument("the tensor's memory is " + std::to_string(m->bytes) +
-                                   " bytes, over the " + std::to_string(max_bytes) + " allowed");
+  if (offset > m->bytes || length > m->bytes - offset) {
+    return Status::InvalidArgument("bytes [" + std::to_string(offset) + ", " +
+                                   std::to_string(offset + length) + ") extend past its " +
+                                   std::to_string(m->bytes) + "-byte GPU storage");
   }
   KVD_CUDA_TRY(cudaSetDevice(device_));
   auto a = rt_->OpenAllocation(device_, m->handle);
@@ -506,8 +507,8 @@ Result<std::vector<uint8_t>> CudaCopyEngine::ReadDeviceTensor(const layout::Tens
       (void)cudaGetLastError();
     }
   }
-  std::vector<uint8_t> out(m->bytes);
-  KVD_CUDA_TRY(cudaMemcpy(out.data(), (*a)->base + m->offset, m->bytes, cudaMemcpyDeviceToHost));
+  std::vector<uint8_t> out(length);
+  KVD_CUDA_TRY(cudaMemcpy(out.data(), (*a)->base + m->offset + offset, length, cudaMemcpyDeviceToHost));
   return out;
 }
 

@@ -265,6 +265,10 @@ TEST_F(BlendOpsTest, RegisterRopeRefusesAsLmcache) {
   auto cuda = Rope(100);
   cuda.cos_sin_caches[0].memory = wire::TensorMemory::kCuda;
   EXPECT_NE(blend().RegisterRope(cuda).message().find("GPU memory"), std::string::npos);
+  auto past = Rope(100);
+  past.cos_sin_caches[0].storage_offset = 1;  // the view's last element lies past the segment
+  EXPECT_NE(blend().RegisterRope(past).message().find("extends past its shared-memory segment"),
+            std::string::npos);
   EXPECT_FALSE(blend().has_rope(100));
   ASSERT_TRUE(blend().RegisterRope(r).ok());
   EXPECT_TRUE(blend().has_rope(100));
@@ -843,12 +847,13 @@ class GatedDeviceEngine final : public transfer::CopyEngine {
     }
     return out;
   }
-  Result<std::vector<uint8_t>> ReadDeviceTensor(const layout::TensorDescriptor& d, uint64_t max_bytes) override {
+  Result<std::vector<uint8_t>> ReadDeviceTensor(const layout::TensorDescriptor& d, uint64_t offset,
+                                                uint64_t length) override {
     ++reads;
-    if (d.cuda_storage_size > max_bytes) return Status::InvalidArgument("over the limit");
     auto m = transfer::ShmMapping::Open(d.shm_name, d.cuda_storage_size);
     if (!m.ok()) return m.status();
-    return std::vector<uint8_t>(m->data(), m->data() + m->size());
+    if (offset > m->size() || length > m->size() - offset) return Status::InvalidArgument("past the storage");
+    return std::vector<uint8_t>(m->data() + offset, m->data() + offset + length);
   }
   Result<bool> Poll(transfer::Ticket t) override { return t <= done_; }
   Status Wait(transfer::Ticket, std::chrono::milliseconds) override { return Status::Ok(); }
@@ -1034,6 +1039,11 @@ TEST_F(BlendDeviceTest, GpuRopeTableOnACpuInstanceOrUnreadableIsRefused) {
   bad.cos_sin_caches[0].shm_name = "/kvd_test_no_such_table";
   Status st = blend().RegisterRope(bad);
   EXPECT_FALSE(st.ok());
+  EXPECT_EQ(st.message().rfind("cos_sin_caches[0]: ", 0), 0u) << st.ToString();
+  auto past = GpuRope(100);
+  past.cos_sin_caches[0].storage_offset = 1;  // the engine is asked for bytes past the storage
+  st = blend().RegisterRope(past);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(st.message().rfind("cos_sin_caches[0]: ", 0), 0u) << st.ToString();
   EXPECT_FALSE(blend().has_rope(100));
   ASSERT_TRUE(blend().RegisterRope(GpuRope(100)).ok());
