@@ -184,6 +184,12 @@ def test_finding11_flood_of_max_size_frames_keeps_rss_within_the_documented_boun
     threads = min(max(os.cpu_count() or 2, 2), 16)
     bound = MAX_QUEUED + 2 * MAX_MESSAGE + MAX_PENDING + threads * 4 * MAX_TOKENS
     assert n * len(frames[0]) > bound  # the flood is larger than what kvd may hold
+    # Under AddressSanitizer, freed memory waits in its quarantine (quarantine_size_mb, 256 MiB
+    # by default) before it is reused, and RSS counts it: one freed 144 MiB frame more or less
+    # decides the check there (767 MiB against the 753 MiB bound in one fresh-clone run, about
+    # 700 MiB in three reruns). The plain run checks the bound itself.
+    if os.environ.get("KVD_TEST_SANITIZER") == "asan":
+        bound += 256 * 2**20
     # Whether one flood reaches the queue bound is a race between the loop reading the next
     # 144 MiB message and the pool decoding the earlier ones, on the same CPUs (1-4 of 10
     # refused in most runs, 0 in one CI run): floods are repeated, at most 4, until one is
