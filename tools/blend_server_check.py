@@ -30,9 +30,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import gpu_harness as G  # noqa: E402
 
-OPS = dict(G.OPS, cb_register_rope=25, cb_unregister_rope=26, cb_retrieve_pre_computed=27,
-           cb_unified_lookup=28, cb_protocol_handshake=33)
-G.OPS.update(OPS)
+# lmcache 0.5.6's blend op ids, beside the harness's own (Wire sends by name).
+G.OPS.update(cb_register_rope=25, cb_unregister_rope=26, cb_retrieve_pre_computed=27,
+             cb_unified_lookup=28, cb_protocol_handshake=33)
 
 CHUNK = 256
 MAX_POS = 4096
@@ -181,7 +181,7 @@ def main() -> int:
         for _ in range(REPS):
             _ev, h = events.record()
             t0 = time.perf_counter()
-            handle, ok = wire.call("retrieve", key(system + doc, "bsc-plain", 0), iid, [src], h, 0)
+            handle, _ok = wire.call("retrieve", key(system + doc, "bsc-plain", 0), iid, [src], h, 0)
             events.wait(bytes(handle))
             sync()
             plain.append(time.perf_counter() - t0)

@@ -170,12 +170,10 @@ Result<bool> BlendOps::RetrievePreComputed(const wire::CbRetrievePreComputedRequ
   }
   // On a GPU instance the destinations are device addresses: planning checks them against
   // the mapped sizes and dereferences nothing.
-  const std::vector<uint8_t*> device_bases = on_device ? engine.device_tensor_bases() : std::vector<uint8_t*>{};
-  const std::vector<uint64_t> device_sizes = on_device ? engine.device_tensor_sizes() : std::vector<uint64_t>{};
   blend::ScatterRequest sr;
   sr.layout = &inst->kvd().layout;
-  sr.tensor_bases = on_device ? std::span<uint8_t* const>(device_bases) : inst->kvd().cpu_tensor_bases;
-  sr.tensor_sizes = on_device ? std::span<const uint64_t>(device_sizes) : inst->kvd().cpu_tensor_sizes;
+  sr.tensor_bases = on_device ? engine.device_tensor_bases() : inst->kvd().cpu_tensor_bases;
+  sr.tensor_sizes = on_device ? engine.device_tensor_sizes() : inst->kvd().cpu_tensor_sizes;
   sr.block_ids = req.block_ids;
   sr.matches = matches;
   sr.rope = rope->groups;

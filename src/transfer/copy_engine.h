@@ -145,10 +145,11 @@ class CopyEngine {
 
   // Device engines (caps().device_memory) only; the defaults say the engine has none.
   // Where each registered tensor's mapping starts in device memory, by registration index
-  // (0 for a tensor the layout does not use); empty for a host engine.
-  virtual std::vector<uint8_t*> device_tensor_bases() const { return {}; }
+  // (0 for a tensor the layout does not use); empty for a host engine. Fixed for the
+  // engine's life.
+  virtual std::span<uint8_t* const> device_tensor_bases() const { return {}; }
   // Mapped bytes of each tensor, as device_tensor_bases.
-  virtual std::vector<uint64_t> device_tensor_sizes() const { return {}; }
+  virtual std::span<const uint64_t> device_tensor_sizes() const { return {}; }
   // Runs `work` (see DeviceWork); completion and errors as Submit's.
   virtual Result<Submitted> SubmitDeviceWork(DeviceWork work) {
     (void)work;

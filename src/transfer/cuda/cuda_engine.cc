@@ -84,8 +84,8 @@ class CudaCopyEngine final : public CopyEngine {
   Status Wait(Ticket t, std::chrono::milliseconds timeout) override { return book_->Wait(t, timeout); }
   std::string Describe() const override { return describe_; }
   void Cancel() override KVD_EXCLUDES(mu_);
-  std::vector<uint8_t*> device_tensor_bases() const override { return tensor_bases_; }
-  std::vector<uint64_t> device_tensor_sizes() const override { return tensor_sizes_; }
+  std::span<uint8_t* const> device_tensor_bases() const override { return tensor_bases_; }
+  std::span<const uint64_t> device_tensor_sizes() const override { return tensor_sizes_; }
   Result<Submitted> SubmitDeviceWork(DeviceWork work) override KVD_EXCLUDES(mu_);
   Result<std::vector<uint8_t>> ReadDeviceTensor(const layout::TensorDescriptor& desc,
                                                 uint64_t offset, uint64_t length) override;

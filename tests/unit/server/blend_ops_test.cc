@@ -823,8 +823,8 @@ class GatedDeviceEngine final : public transfer::CopyEngine {
     queue_.push_back({std::move(plan), {}, {}, nullptr});
     return Issued();
   }
-  std::vector<uint8_t*> device_tensor_bases() const override { return bases_; }
-  std::vector<uint64_t> device_tensor_sizes() const override { return sizes_; }
+  std::span<uint8_t* const> device_tensor_bases() const override { return bases_; }
+  std::span<const uint64_t> device_tensor_sizes() const override { return sizes_; }
   Result<transfer::Submitted> SubmitDeviceWork(transfer::DeviceWork work) override {
     if (refuse_next) {
       refuse_next = false;
