@@ -149,13 +149,7 @@ Status KvdCopyTransfers::Submit(const std::shared_ptr<const Instance>& inst,
   if (histogram && asynchronous) {
     on_copy_timed = [histogram, bytes](double seconds) { histogram->Record(bytes, seconds); };
   }
-  // An asynchronous copy is watched until it completes (CancelOverdueCopies), with the TTL of
-  // what it holds: write reservations for a STORE, read pins for a RETRIEVE.
-  InFlightCopies::Id watch = 0;
-  if (asynchronous) {
-    const double ttl = store ? config_.l1_write_ttl_seconds : config_.l1_read_ttl_seconds;
-    watch = inflight_->Add(inst, store, clock_->NowNanos() + static_cast<int64_t>(ttl * 1e9));
-  }
+  const InFlightCopies::Id watch = WatchIfAsynchronous(inst, store);
   // The copy's one completion, in this order: a synchronous copy's throughput, the caller's
   // completion (commit, or release), the transfer counted as finished, the watch removed.
   auto completion = [done = std::move(on_complete), counts, store, bytes,
@@ -187,14 +181,17 @@ Status KvdCopyTransfers::Submit(const std::shared_ptr<const Instance>& inst,
   return sub->status;
 }
 
+InFlightCopies::Id KvdCopyTransfers::WatchIfAsynchronous(const std::shared_ptr<const Instance>& inst,
+                                                          bool store) {
+  if (!inst->kvd().engine->caps().asynchronous) return 0;
+  const double ttl = store ? config_.l1_write_ttl_seconds : config_.l1_read_ttl_seconds;
+  return inflight_->Add(inst, store, clock_->NowNanos() + static_cast<int64_t>(ttl * 1e9));
+}
+
 Result<transfer::Submitted> KvdCopyTransfers::SubmitDeviceWork(
     const std::shared_ptr<const Instance>& inst, transfer::DeviceWork work) {
   transfer::CopyEngine& engine = *inst->kvd().engine;
-  InFlightCopies::Id watch = 0;
-  if (engine.caps().asynchronous) {
-    watch = inflight_->Add(inst, false,
-                           clock_->NowNanos() + static_cast<int64_t>(config_.l1_read_ttl_seconds * 1e9));
-  }
+  const InFlightCopies::Id watch = WatchIfAsynchronous(inst, false);
   work.on_complete = [done = std::move(work.on_complete), inflight = watch ? inflight_ : nullptr,
                       watch](const Status& st) {
     if (done) done(st);

@@ -101,6 +101,10 @@ class KvdCopyTransfers {
                 const wire::TransferRequest& req, std::vector<transfer::ChunkTask> tasks,
                 uint64_t bytes, std::function<void(const Status&)> on_complete,
                 std::string* event_handle);
+  // An asynchronous engine's copy (or device work) is watched until it completes
+  // (CancelOverdueCopies), with the TTL of what it holds: write reservations for a STORE,
+  // read pins otherwise. 0 (nothing watched) for a synchronous engine.
+  InFlightCopies::Id WatchIfAsynchronous(const std::shared_ptr<const Instance>& inst, bool store);
   // True when every block id of chunk `chunk` (all groups) is the null block.
   bool ChunkIsAllNull(const layout::KvLayout& layout,
                       const std::vector<std::vector<int64_t>>& block_ids, int64_t chunk) const;
