@@ -240,28 +240,40 @@ class RefLlama:
     def greedy_many(self, caches: list[list[LayerCache]], first_logits: list[torch.Tensor],
                     n_new: int) -> list[list[int]]:
         """greedy() for several prompt caches of the same length at once (one batched step per
-        token instead of one per cache)."""
+        token instead of one per cache). Each layer's K/V is one [B, kvh, n + n_new, d] buffer
+        filled in place, and query head h reads KV head h // (heads / kv_heads) without
+        repeating the cache per head."""
         b = len(caches)
-        ks = [torch.stack([c[l].k for c in caches]) for l in range(self.layers)]  # [B, n, kvh, d]
-        vs = [torch.stack([c[l].v for c in caches]) for l in range(self.layers)]
-        outs = [[int(lg.argmax())] for lg in first_logits]
+        n = caches[0][0].k.shape[0]
         rep = self.heads // self.kv_heads
+        scale = 1.0 / math.sqrt(self.head_dim)
+        ks, vs = [], []
+        for l in range(self.layers):
+            k = torch.empty(b, self.kv_heads, n + n_new, self.head_dim, dtype=self.dtype)
+            v = torch.empty_like(k)
+            for i, c in enumerate(caches):
+                k[i, :, :n] = c[l].k.transpose(0, 1)
+                v[i, :, :n] = c[l].v.transpose(0, 1)
+            ks.append(k)
+            vs.append(v)
+        outs = [[int(lg.argmax())] for lg in first_logits]
+        p = n
         while len(outs[0]) < n_new:
-            p = ks[0].shape[1]
-            pos = torch.tensor([p])
+            pos = torch.full((b,), p)
             h = self.w["model.embed_tokens.weight"][torch.tensor([o[-1] for o in outs])]  # [B, hidden]
             for l in range(self.layers):
                 q, k, v = self._qkv(l, h)  # [B, H|kvh, d]
-                q, k = self.rope(q, pos.expand(b)), self.rope(k, pos.expand(b))
-                ks[l] = torch.cat([ks[l], k[:, None]], dim=1)
-                vs[l] = torch.cat([vs[l], v[:, None]], dim=1)
-                kk = ks[l].repeat_interleave(rep, dim=2).transpose(1, 2)  # [B, H, n+1, d]
-                vv = vs[l].repeat_interleave(rep, dim=2).transpose(1, 2)
-                o = torch.nn.functional.scaled_dot_product_attention(
-                    q[:, :, None, :], kk, vv, scale=1.0 / math.sqrt(self.head_dim))  # [B, H, 1, d]
-                h = h + o.reshape(b, -1) @ self.w[f"model.layers.{l}.self_attn.o_proj.weight"].T
+                q, k = self.rope(q, pos), self.rope(k, pos)
+                ks[l][:, :, p] = k
+                vs[l][:, :, p] = v
+                kk, vv = ks[l][:, :, :p + 1], vs[l][:, :, :p + 1]  # [B, kvh, p+1, d]
+                qq = q.view(b, self.kv_heads, rep, self.head_dim)
+                att = torch.softmax((qq @ kk.transpose(-1, -2)) * scale, dim=-1)  # [B, kvh, rep, p+1]
+                o = (att @ vv).reshape(b, -1)
+                h = h + o @ self.w[f"model.layers.{l}.self_attn.o_proj.weight"].T
                 h = h + self._mlp(l, h)
             nxt = self._logits(h).argmax(-1).tolist()
             for o, t in zip(outs, nxt):
                 o.append(int(t))
+            p += 1
         return outs
