@@ -15,6 +15,8 @@ Every prompt is computed as:
               0.15, 0.3)
     random    blend: a random 15% of the reused rows
     boundary  blend: the first 38 rows (15%) of each reused 256-token chunk
+    attn@r    (only with --configs) an exploration beyond HKVD: the top r of reused rows by
+              the attention the question gives them at the check layer
 
 by the offline float32 reference of tests/e2e/blend_reference.py: the computation
 tests/e2e/test_blend_vllm.py checks kvd_blend's vLLM path against (same kept rows, same greedy
@@ -116,6 +118,15 @@ def kl(p_logits: torch.Tensor, q_logits: torch.Tensor) -> float:
     return float((lp.exp() * (lp - lq)).sum())
 
 
+# name -> (ratio, policy) of the reference's blend, or None for full prefill.
+CONFIGS = {"full": None, "reuse": (0.0, "hkvd"), "hkvd@0.05": (0.05, "hkvd"),
+           "hkvd@0.15": (0.15, "hkvd"), "hkvd@0.3": (0.3, "hkvd"),
+           "random@0.15": (0.15, "random"), "boundary:38": (0.0, "boundary:38"),
+           # Exploration: the reused rows the question attends to most at the check layer.
+           "attn@0.15": (0.15, "attn"), "attn@0.3": (0.3, "attn")}
+DEFAULT_CONFIGS = [c for c in CONFIGS if not c.startswith("attn")]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default=str(default_out_dir()))
@@ -125,7 +136,13 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--answer-tokens", type=int, default=32)
     ap.add_argument("--out", default=str(REPO / "build" / "blend-quality.json"))
+    ap.add_argument("--configs", default=",".join(DEFAULT_CONFIGS),
+                    help="comma-separated, from: " + ", ".join(CONFIGS) + " (default: all but attn@*; "
+                         "the goals need full, reuse, hkvd@0.15 and random@0.15)")
     args = ap.parse_args()
+    unknown = [c for c in args.configs.split(",") if c not in CONFIGS]
+    if unknown or "full" not in args.configs.split(","):
+        ap.error(f"--configs: unknown {unknown}" if unknown else "--configs must include full")
     if not os.path.exists(os.path.join(args.model, "config.json")):
         sys.exit(f"no checkpoint at {args.model}: run `.venv-e2e/bin/python tests/e2e/smollm2.py`")
     torch.set_grad_enabled(False)
@@ -145,9 +162,7 @@ def main() -> None:
             print(f"[blend-quality] precomputed {i + 1}/{len(pool)} documents "
                   f"({time.monotonic() - t0:.0f} s)", file=sys.stderr)
 
-    configs = {"full": None, "reuse": (0.0, "hkvd"), "hkvd@0.05": (0.05, "hkvd"),
-               "hkvd@0.15": (0.15, "hkvd"), "hkvd@0.3": (0.3, "hkvd"),
-               "random@0.15": (0.15, "random"), "boundary:38": (0.0, "boundary:38")}
+    configs = {c: CONFIGS[c] for c in args.configs.split(",")}
     rows = {c: {"correct": [], "kl": [], "agree": [], "k_err": [], "v_err": [], "kept": []} for c in configs}
     def report(done: int) -> dict:
         summary = {}
@@ -161,20 +176,25 @@ def main() -> None:
                           "k_err_mean": statistics.mean(k_layer), "v_err_mean": statistics.mean(v_layer),
                           "k_err_per_layer": k_layer, "v_err_per_layer": v_layer,
                           "rows_computed": statistics.mean(r["kept"])}
+        goals = {}
+        if all(c in summary for c in ("full", "reuse", "hkvd@0.15", "random@0.15")):
+            goals = goals_of(summary)
+        result = {"model": args.model, "prompts": done, "pool": args.pool, "check_layer": args.check_layer,
+                  "seed": args.seed, "seconds": time.monotonic() - t0, "summary": summary, "goals": goals}
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(result, indent=1))
+        return result
+
+    def goals_of(summary: dict) -> dict:
         f, z, b, rnd = (summary[c] for c in ("full", "reuse", "hkvd@0.15", "random@0.15"))
         gap = f["accuracy"] - z["accuracy"]
-        goals = {
+        return {
             "accuracy >= 0.95 x full": b["accuracy"] >= 0.95 * f["accuracy"],
             "recovers >= 50% of the reuse gap": (b["accuracy"] - z["accuracy"]) >= 0.5 * gap if gap > 0 else None,
             "median KL <= 0.5 x reuse": b["kl_median"] <= 0.5 * z["kl_median"],
             "hkvd < random on KL": b["kl_median"] < rnd["kl_median"],
             "hkvd < random on KV error": b["k_err_mean"] + b["v_err_mean"] < rnd["k_err_mean"] + rnd["v_err_mean"],
         }
-        result = {"model": args.model, "prompts": done, "pool": args.pool, "check_layer": args.check_layer,
-                  "seed": args.seed, "seconds": time.monotonic() - t0, "summary": summary, "goals": goals}
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(result, indent=1))
-        return result
 
 
     for i in range(args.n):
@@ -218,7 +238,7 @@ def main() -> None:
         if (i + 1) % 10 == 0 and i + 1 < args.n:
             report(i + 1)  # partial results on disk while the run goes on
         if (i + 1) % 5 == 0 or i + 1 == args.n:
-            acc = {c: sum(rows[c]["correct"]) / len(rows[c]["correct"]) for c in ("full", "reuse", "hkvd@0.15")}
+            acc = {c: sum(r["correct"]) / len(r["correct"]) for c, r in rows.items()}
             print(f"[blend-quality] {i + 1}/{args.n} prompts ({time.monotonic() - t0:.0f} s): accuracy "
                   + ", ".join(f"{c} {a:.2f}" for c, a in acc.items()), file=sys.stderr)
 

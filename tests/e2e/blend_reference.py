@@ -149,7 +149,9 @@ class RefLlama:
         """policy: hkvd (top ceil(ratio * n) reused rows by deviation, ties to the earlier
         row), random:SEED (ceil(ratio * n) rows drawn with torch's generator seeded SEED),
         boundary:K (the first K rows of each segment [cur_st, cur_ed) in `segments`, or of each
-        run of consecutive reused positions when not given)."""
+        run of consecutive reused positions when not given), attn (top ceil(ratio * n) reused
+        rows by the attention the rows after the last reused one give them at the check
+        layer: an exploration of the quality bench, not a kvd_blend policy)."""
         return self.blend_many(tokens, start, reused, check_layer, [(ratio, policy)], segments)[0]
 
     def blend_many(self, tokens: list[int], start: int,
@@ -193,7 +195,10 @@ class RefLlama:
                     if l == check_layer:
                         dev = ((k[rp] - kl[rp]) ** 2).flatten(1).sum(1)
                         deviation = {p: float(d) for p, d in zip(reused_pos, dev)}
-                        chosen = self._choose(reused_pos, deviation, ratio, policy, segments)
+                        score = deviation
+                        if policy.partition(":")[0] == "attn":
+                            score = self._question_attention(q, k, reused_pos)
+                        chosen = self._choose(reused_pos, score, ratio, policy, segments)
                         kept = sorted({p for p in range(n) if p not in reused_set} | chosen | {n - 1})
                         idx = torch.tensor(kept)
                         q, k, v, h, rows = q[idx], k[idx], v[idx], h[idx], rows[idx]
@@ -208,12 +213,25 @@ class RefLlama:
                                    logits=self._logits(h[-1:])[0], deviation=deviation))
         return out
 
+    def _question_attention(self, q: torch.Tensor, k: torch.Tensor, reused_pos: list[int]) -> dict[int, float]:
+        """Per reused position, the attention weight the rows after the last reused one (the
+        question) give it at this layer, summed over those rows and every head (fresh q and k
+        of all n rows, causal by position)."""
+        n = k.shape[0]
+        qrows = torch.arange(reused_pos[-1] + 1, n)
+        rep = self.heads // self.kv_heads
+        kk = k.repeat_interleave(rep, dim=1)  # [n, H, d]
+        s = torch.einsum("mhd,nhd->hmn", q[qrows], kk) / math.sqrt(self.head_dim)
+        s = s.masked_fill(torch.arange(n)[None, None, :] > qrows[None, :, None], float("-inf"))
+        a = torch.softmax(s, dim=-1).sum((0, 1))
+        return {p: float(a[p]) for p in reused_pos}
+
     @staticmethod
     def _choose(reused_pos: list[int], deviation: dict[int, float], ratio: float, policy: str,
                 segments: list[tuple[int, int]] | None) -> set[int]:
         quota = math.ceil(ratio * len(reused_pos) - 1e-9)
         name, _, arg = policy.partition(":")
-        if name == "hkvd":
+        if name in ("hkvd", "attn"):  # attn: `deviation` holds the question's attention
             return set(sorted(reused_pos, key=lambda p: (-deviation[p], p))[:quota])
         if name == "random":
             g = torch.Generator().manual_seed(int(arg or 0))

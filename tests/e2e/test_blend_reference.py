@@ -63,3 +63,28 @@ def test_greedy_many_decodes_a_blended_cache_like_its_prefill(ref, model_spec):
     assert ref.greedy(full.cache, full.logits, N_NEW) == _plain_greedy(ref, prompt, N_NEW)
     # ... and full reuse really is a different cache (the check above can tell).
     assert not torch.allclose(reuse.cache[-1].v, full.cache[-1].v)
+
+
+def test_question_attention_is_the_questions_softmax_mass_per_reused_row(ref):
+    """The quality bench's `attn` exploration ranks reused rows by this score: per reused
+    position, the softmax weight the rows after the last reused one give it, summed over
+    those rows and every query head (head h reads KV head h // (heads / kv_heads))."""
+    g = torch.Generator().manual_seed(3)
+    n, d = 12, ref.head_dim
+    q = torch.randn(n, ref.heads, d, generator=g, dtype=ref.dtype)
+    k = torch.randn(n, ref.kv_heads, d, generator=g, dtype=ref.dtype)
+    reused_pos = [2, 3, 4, 5, 7, 8]
+    got = ref._question_attention(q, k, reused_pos)
+    rep = ref.heads // ref.kv_heads
+    expected = {p: 0.0 for p in reused_pos}
+    for i in range(9, n):  # the rows after position 8
+        for h in range(ref.heads):
+            w = torch.softmax(torch.stack([q[i, h] @ k[j, h // rep] for j in range(i + 1)]) / d ** 0.5, 0)
+            for p in reused_pos:
+                expected[p] += float(w[p])
+    assert got.keys() == expected.keys()
+    for p in reused_pos:
+        assert abs(got[p] - expected[p]) < 1e-9, p
+    # The ranking the policy uses: rows by score, highest first, ties to the earlier row.
+    chosen = ref._choose(reused_pos, got, 0.5, "attn", None)
+    assert chosen == set(sorted(reused_pos, key=lambda p: (-expected[p], p))[:3])
