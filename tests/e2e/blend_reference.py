@@ -227,12 +227,12 @@ class RefLlama:
         return {p: float(a[p]) for p in reused_pos}
 
     @staticmethod
-    def _choose(reused_pos: list[int], deviation: dict[int, float], ratio: float, policy: str,
+    def _choose(reused_pos: list[int], score: dict[int, float], ratio: float, policy: str,
                 segments: list[tuple[int, int]] | None) -> set[int]:
         quota = math.ceil(ratio * len(reused_pos) - 1e-9)
         name, _, arg = policy.partition(":")
-        if name in ("hkvd", "attn"):  # attn: `deviation` holds the question's attention
-            return set(sorted(reused_pos, key=lambda p: (-deviation[p], p))[:quota])
+        if name in ("hkvd", "attn"):  # score: the K deviation (hkvd) or the question's attention (attn)
+            return set(sorted(reused_pos, key=lambda p: (-score[p], p))[:quota])
         if name == "random":
             g = torch.Generator().manual_seed(int(arg or 0))
             pick = torch.randperm(len(reused_pos), generator=g)[:quota].tolist()
