@@ -56,8 +56,11 @@ logger = logging.getLogger("vllm.kvd_blend")  # under vLLM's logger: its handler
 #                            K was read and before the kept rows' KV is written (the fallback
 #                            path must still give an exact prefill); check_layer@R: on
 #                            tensor-parallel rank R only
+#   KVD_BLEND_FAULT_WHILE=<file>  the fault above fires only while this file exists (one
+#                            vLLM runs blends that succeed, then blends that fail)
 _TRACE = os.environ.get("KVD_BLEND_TRACE", "")
 _FAULT = os.environ.get("KVD_BLEND_FAULT", "")
+_FAULT_WHILE = os.environ.get("KVD_BLEND_FAULT_WHILE", "")
 
 
 class _TensorParallel:
@@ -84,10 +87,10 @@ class _TensorParallel:
 
 
 def _fault_here(where: str, rank: int) -> bool:
-    if _FAULT == where:
-        return True
     name, _, at = _FAULT.partition("@")
-    return name == where and at.isdigit() and int(at) == rank
+    if name != where or (at and not (at.isdigit() and int(at) == rank)):
+        return False
+    return not _FAULT_WHILE or os.path.exists(_FAULT_WHILE)
 
 
 class BlendPeerFailed(Exception):
