@@ -6,8 +6,8 @@ Reusable pieces (see conftest.py for the fixtures built on them):
 
 - CacheServer(kind, logdir): start / kill (SIGKILL) / restart on the same port,
   metrics() from its Prometheus `/metrics`, registered_instances() (kvd only).
-- VllmProcess(settings, log_path): one vLLM process; generate(), reset_prefix_cache(),
-  metrics() (vLLM's own counters), close(). Settings are those of vllm_worker.py;
+- VllmProcess(settings, log_path): one vLLM process; start() (or launch() then
+  wait_ready()), generate(), reset_prefix_cache(), metrics() (vLLM's own counters), close(). Settings are those of vllm_worker.py;
   vllm_settings() builds them for a block size and an optional connector.
 
 Everything listens on 127.0.0.1 with free ports and per-process shared-memory names, so
@@ -233,6 +233,7 @@ class VllmProcess:
         self.env = dict(os.environ, **OFFLINE_ENV, VLLM_HOST_IP="127.0.0.1", **(env or {}))
         self.proc: subprocess.Popen | None = None
         self._lines: queue.Queue = queue.Queue()
+        self._t0 = 0.0
         self.startup_seconds = 0.0
 
     def __enter__(self) -> "VllmProcess":
@@ -242,15 +243,23 @@ class VllmProcess:
         self.close()
 
     def start(self, timeout: float = 600.0) -> "VllmProcess":
+        return self.launch().wait_ready(timeout)
+
+    def launch(self) -> "VllmProcess":
+        """Starts the process and returns at once (wait_ready() waits for the engine): two
+        vLLMs that need no cache server can load side by side."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        t0 = time.monotonic()
+        self._t0 = time.monotonic()
         self.proc = subprocess.Popen(
             [self.python, str(HERE / "vllm_worker.py"), json.dumps(self.settings)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
             env=self.env, start_new_session=True, cwd=str(self.log_path.parent))
         threading.Thread(target=self._pump, daemon=True).start()
+        return self
+
+    def wait_ready(self, timeout: float = 600.0) -> "VllmProcess":
         self._read(timeout)
-        self.startup_seconds = time.monotonic() - t0
+        self.startup_seconds = time.monotonic() - self._t0
         return self
 
     def _pump(self) -> None:

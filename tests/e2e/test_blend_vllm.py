@@ -153,15 +153,22 @@ def reference(model_dir) -> RefLlama:
 
 
 @pytest.fixture(scope="module")
-def runs(full_prefill, model_dir, start_server, start_vllm, logdir) -> dict[float, dict]:
-    """For each ratio: outputs, trace records by prompt, kvd counters, fallbacks."""
+def runs(full_prefill, model_dir, start_server, start_vllm, logdir,
+         tmp_path_factory) -> dict[float, dict]:
+    """For each ratio: outputs, trace records by prompt, kvd counters, fallbacks. The vLLM of
+    ratio 0 then runs the faults of test_exception_in_the_blend_loop_then_kvd_killed_... (its
+    KVD_BLEND_FAULT fires only once KVD_BLEND_FAULT_WHILE's file exists): "faults"."""
     out = {}
+    switch = tmp_path_factory.mktemp("blend-fault") / "fail-check-layer"
     for ratio in (1.0, 0.0, 0.15):
         server = start_server(kind="kvd", extra_args=["--engine-type", "blend"])
         trace = logdir / f"blend-trace-{ratio}.jsonl"
         trace.unlink(missing_ok=True)
-        v = start_vllm(_blend_settings(model_dir, server, ratio), f"blend-{ratio}",
-                       env={"KVD_BLEND_TRACE": str(trace)})
+        env = {"KVD_BLEND_TRACE": str(trace)}
+        if ratio == 0.0:
+            env.update(KVD_BLEND_FAULT="check_layer", KVD_BLEND_FAULT_WHILE=str(switch))
+        v = start_vllm(_blend_settings(model_dir, server, ratio), f"blend-{ratio}", env=env)
+        faults = None
         try:
             outputs = _run(v, PROMPTS)
             metrics = server.metrics()
@@ -183,14 +190,40 @@ def runs(full_prefill, model_dir, start_server, start_vllm, logdir) -> dict[floa
             for name, p in PROMPTS.items():
                 v.reset_prefix_cache()
                 hits[name] = v.generate([p], max_tokens=1)[1][0]
+            # vLLM writes a fallback's log line before it answers the request.
+            fallbacks = _fallbacks(v.log_path)
+            if ratio == 0.0:
+                _locks_released(server)
+                faults = _fault_phase(v, server, switch, fallbacks)
         finally:
             v.close()
         records = [json.loads(line) for line in trace.read_text().splitlines()] if trace.exists() else []
         out[ratio] = {"outputs": outputs, "records": records, "metrics": metrics, "mixed": mixed,
-                      "fallbacks": _fallbacks(v.log_path), "hits": hits, "server": server}
-        _locks_released(server)
+                      "fallbacks": fallbacks, "hits": hits, "server": server, "faults": faults}
+        if faults is None:  # the fault phase killed its kvd
+            _locks_released(server)
         server.stop()
     return out
+
+
+def _fault_phase(v, server, switch: Path, fallbacks_before: dict[str, int]) -> dict:
+    """Blends that fail in the check layer (after kvd scattered the documents), then kvd killed
+    before a lookup: what each request answered."""
+    switch.touch()
+    first = dict(list(PROMPTS.items())[:2])
+    scattered = server.metrics().get("lmcache_blend_scatter_tokens_total", 0)
+    faulted = _run(v, first)
+    fb = _fallbacks(v.log_path)
+    new_fallbacks = {k: n - fallbacks_before.get(k, 0) for k, n in fb.items()
+                     if n != fallbacks_before.get(k, 0)}
+    _locks_released(server)
+    scattered = server.metrics().get("lmcache_blend_scatter_tokens_total", 0) - scattered
+    server.kill()
+    name = "unaligned_docs"
+    v.reset_prefix_cache()
+    after_kill = v.generate([PROMPTS[name]], max_tokens=MAX_TOKENS)[0][0]
+    return {"faulted": faulted, "fallbacks": new_fallbacks, "scattered": scattered,
+            "after_kill": {name: after_kill}}
 
 
 def _trace_lines(trace) -> int:
@@ -403,65 +436,59 @@ def _tp2_settings(model_dir: str, server, ratio: float) -> dict:
 TP2_ENV = {"VLLM_CPU_OMP_THREADS_BIND": "0|1"}  # one core per rank (vLLM-CPU binds threads)
 
 
-def test_tensor_parallel_2_keeps_the_reference_rows_on_both_ranks(model_dir, reference,
-                                                                  start_server, start_vllm, logdir):
+@pytest.fixture(scope="module")
+def tp2(model_dir, start_server, start_vllm, logdir, tmp_path_factory) -> dict:
+    """One vLLM with two ranks: every prompt blended, then (KVD_BLEND_FAULT_WHILE's file
+    created) the first two prompts again with a fault in rank 1's check layer."""
     server = start_server(kind="kvd", extra_args=["--engine-type", "blend"])
     trace = logdir / "blend-trace-tp2.jsonl"
     trace.unlink(missing_ok=True)
+    switch = tmp_path_factory.mktemp("tp2") / "fail-rank-1"
     v = start_vllm(_tp2_settings(model_dir, server, 0.15), "blend-tp2",
-                   env={**TP2_ENV, "KVD_BLEND_TRACE": str(trace)})
+                   env={**TP2_ENV, "KVD_BLEND_TRACE": str(trace),
+                        "KVD_BLEND_FAULT": "check_layer@1", "KVD_BLEND_FAULT_WHILE": str(switch)})
     try:
         outputs = _run(v, PROMPTS)
-    finally:
-        v.close()
-    assert not _fallbacks(v.log_path), _fallbacks(v.log_path)
-    m = server.metrics()
-    docs = sum(len(x) for x in EXPECTED_SEGMENTS.values())
-    assert m.get("lmcache_blend_retrieve_chunks_total", 0) == 2 * docs, "each rank retrieved each document"
-    records = [json.loads(line) for line in trace.read_text().splitlines()]
-    assert len(records) == len(PROMPTS), "rank 0 traces each blended request once"
-    _assert_kept_rows_and_tokens_match({"records": records, "outputs": outputs}, reference, 0.15,
-                                       partial=True)
-    _locks_released(server)
-
-
-def test_tensor_parallel_2_a_fault_on_one_rank_makes_both_fall_back(full_prefill, model_dir,
-                                                                    start_server, start_vllm):
-    server = start_server(kind="kvd", extra_args=["--engine-type", "blend"])
-    v = start_vllm(_tp2_settings(model_dir, server, 0.15), "blend-tp2-fault",
-                   env={**TP2_ENV, "KVD_BLEND_FAULT": "check_layer@1"})
-    try:
+        metrics = server.metrics()
+        records = [json.loads(line) for line in trace.read_text().splitlines()]
+        _locks_released(server)
+        switch.touch()
         first = dict(list(PROMPTS.items())[:2])
-        assert _run(v, first) == {k: full_prefill[k] for k in first}
+        faulted = _run(v, first)
     finally:
         v.close()
-    fb = _fallbacks(v.log_path)
-    assert fb.get("exception", 0) == len(first), fb  # rank 1's own fault
-    assert fb.get("peer_rank", 0) == len(first), fb  # rank 0 followed it
+    out = {"outputs": outputs, "metrics": metrics, "records": records, "faulted": faulted,
+           "fallbacks": _fallbacks(v.log_path)}
     _locks_released(server)
+    return out
+
+
+def test_tensor_parallel_2_keeps_the_reference_rows_on_both_ranks(tp2, reference):
+    docs = sum(len(x) for x in EXPECTED_SEGMENTS.values())
+    assert tp2["metrics"].get("lmcache_blend_retrieve_chunks_total", 0) == 2 * docs, \
+        "each rank retrieved each document"
+    assert len(tp2["records"]) == len(PROMPTS), "rank 0 traces each blended request once"
+    _assert_kept_rows_and_tokens_match({"records": tp2["records"], "outputs": tp2["outputs"]},
+                                       reference, 0.15, partial=True)
+
+
+def test_tensor_parallel_2_a_fault_on_one_rank_makes_both_fall_back(tp2, full_prefill):
+    first = list(tp2["faulted"])
+    assert tp2["faulted"] == {k: full_prefill[k] for k in first}
+    # Every fallback of the run is the fault's (none before it): rank 1's own exception and
+    # rank 0 following it, once per faulted prompt.
+    assert tp2["fallbacks"] == {"exception": len(first), "peer_rank": len(first)}, tp2["fallbacks"]
 
 
 # --- faults -----------------------------------------------------------------------------------
 
-def test_exception_in_the_blend_loop_then_kvd_killed_fall_back_to_full_prefill(
-        full_prefill, model_dir, start_server, start_vllm):
-    server = start_server(kind="kvd", extra_args=["--engine-type", "blend"])
-    v = start_vllm(_blend_settings(model_dir, server, 0.0), "blend-fault",
-                   env={"KVD_BLEND_FAULT": "check_layer"})
-    try:
-        first = dict(list(PROMPTS.items())[:2])
-        assert _run(v, first) == {k: full_prefill[k] for k in first}
-        fb = _fallbacks(v.log_path)
-        assert fb.get("exception", 0) == len(first), fb
-        _locks_released(server)
-        assert server.metrics().get("lmcache_blend_scatter_tokens_total", 0) > 0  # it did scatter
-        server.kill()
-        name, p = "unaligned_docs", PROMPTS["unaligned_docs"]
-        v.reset_prefix_cache()
-        out, _ = v.generate([p], max_tokens=MAX_TOKENS)
-        assert out[0] == full_prefill[name]
-    finally:
-        v.close()
+def test_exception_in_the_blend_loop_then_kvd_killed_fall_back_to_full_prefill(runs, full_prefill):
+    f = runs[0.0]["faults"]
+    assert f["faulted"] == {k: full_prefill[k] for k in f["faulted"]}
+    assert f["fallbacks"] == {"exception": len(f["faulted"])}, f["fallbacks"]
+    assert f["scattered"] > 0  # kvd did scatter before the blend loop failed
+    # (no read lock was left: _fault_phase checked before killing kvd)
+    assert f["after_kill"] == {k: full_prefill[k] for k in f["after_kill"]}
 
 
 @pytest.mark.parametrize("backend", ["kvd-without-blend", "lmcache-blend"])

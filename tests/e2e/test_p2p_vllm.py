@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from e2e_harness import CHUNK, free_port, vllm_settings
+from e2e_harness import CHUNK, VllmProcess, free_port, vllm_settings
 
 PROMPT_LEN = 1000
 MAX_TOKENS = 8
@@ -57,7 +57,7 @@ def _prompt() -> list[int]:
 
 @pytest.mark.parametrize("mode", ["lmcache_driven", "engine_driven"])
 def test_vllm_on_b_gets_external_hits_from_what_a_vllm_on_a_computed(
-        mode, server_kind, model_dir, start_server, start_vllm, tmp_path):
+        mode, server_kind, model_dir, start_server, logdir, tmp_path):
     if server_kind != "kvd":
         pytest.skip("P2P between servers is kvd's (lmcache 0.5.6 uses NIXL)")
     redis = Redis()
@@ -70,12 +70,19 @@ def test_vllm_on_b_gets_external_hits_from_what_a_vllm_on_a_computed(
                 "--p2p-directory", f"redis://127.0.0.1:{redis.port}",
                 "--p2p-secret-file", str(secret), "--p2p-ucx-tls", "tcp"]
 
+    pa = pb = None
     try:
         a = start_server(extra_args=p2p_args())
         b = start_server(extra_args=p2p_args())
         prompt = _prompt()
-        pa = start_vllm(vllm_settings(model_dir, 128, a, mode), f"p2p-a-{mode}")
-        out_a, cached_a = pa.generate([prompt], MAX_TOKENS)
+        # Both vLLMs load at once (B asks for the prompt only once A stored it). Their
+        # adapters' pings get 10 s: a ping waiting for a core while the other loads must not
+        # mark a server unhealthy.
+        pa = VllmProcess(vllm_settings(model_dir, 128, a, mode, heartbeat=10.0),
+                         logdir / f"vllm-p2p-a-{mode}.log").launch()
+        pb = VllmProcess(vllm_settings(model_dir, 128, b, mode, heartbeat=10.0),
+                         logdir / f"vllm-p2p-b-{mode}.log").launch()
+        out_a, cached_a = pa.wait_ready().generate([prompt], MAX_TOKENS)
         assert cached_a == [0]
         # A stored the prompt's three chunks (the store is asynchronous).
         deadline = time.monotonic() + 30
@@ -84,8 +91,7 @@ def test_vllm_on_b_gets_external_hits_from_what_a_vllm_on_a_computed(
             time.sleep(0.2)
         pa.close()
 
-        pb = start_vllm(vllm_settings(model_dir, 128, b, mode), f"p2p-b-{mode}")
-        v0 = pb.metrics()
+        v0 = pb.wait_ready().metrics()
         out_b, cached_b = pb.generate([prompt], MAX_TOKENS)
         v1 = pb.metrics()
         pb.close()
@@ -97,4 +103,7 @@ def test_vllm_on_b_gets_external_hits_from_what_a_vllm_on_a_computed(
         # B loaded them from its peer tier, its only tier (every object of the three chunks).
         assert b.metrics().get("kvd_l2_loaded_objects_total", 0) >= 3, b.metrics()
     finally:
+        for p in (pa, pb):
+            if p is not None:
+                p.close()
         redis.close()
