@@ -9,25 +9,32 @@ PORT ?= 5555
 
 .PHONY: all deps build unit-test interop-test test run venv clean
 
+# Each stage of `make test` prints when it starts (UTC), so a CI log shows where the time went.
+STAGE = @echo "== kvd: $@ at $$(date -u +%T)"
+
 all: build
 
 deps:
 	@scripts/install-deps.sh
 
 build: deps
+	$(STAGE)
 	@cmake -S . -B $(BUILD_DIR) -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) >/dev/null
 	@cmake --build $(BUILD_DIR) -j$(JOBS)
 
 unit-test: build
+	$(STAGE)
 	@cd $(BUILD_DIR) && ctest --output-on-failure -j$(JOBS)
 
 venv:
 	@scripts/setup-venv.sh $(VENV)
 
 interop-test: build venv
-	@KVD_BIN=$(CURDIR)/$(BUILD_DIR)/kvd $(VENV)/bin/python -m pytest tests/integration -q
+	$(STAGE)
+	@KVD_BIN=$(CURDIR)/$(BUILD_DIR)/kvd $(VENV)/bin/python -m pytest tests/integration -q --durations=10
 
 test: unit-test interop-test e2e reliability-ci
+	@echo "== kvd: make test passed at $$(date -u +%T)"
 
 run: build
 	@scripts/run.sh $(BUILD_DIR)/kvd --port $(PORT)
@@ -63,6 +70,7 @@ SAN_FLAGS = -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="
 CUDA_HEADERS = $(patsubst %/cuda.h,%,$(firstword $(wildcard $(VENV)/lib/python3*/site-packages/nvidia/*/include/cuda.h)))
 
 fuzz-build: deps
+	$(STAGE)
 	@CC=clang CXX=clang++ cmake -S . -B $(FUZZ_DIR) $(SAN_FLAGS) -DKVD_FUZZ=ON \
 	  -DKVD_BUILD_TESTS=OFF -DKVD_CUDA_HEADERS="$(CUDA_HEADERS)" >/dev/null
 	@[ -n "$(CUDA_HEADERS)" ] || command -v nvcc >/dev/null || [ -x /usr/local/cuda/bin/nvcc ] || \
@@ -71,15 +79,18 @@ fuzz-build: deps
 	@cmake --build $(FUZZ_DIR) -j$(JOBS) --target kvd_fuzzers
 
 fuzz: fuzz-build
+	$(STAGE)
 	@python3 tests/fuzz/make_seeds.py $(FUZZ_DIR)/seeds
 	@tests/fuzz/run_fuzzers.sh $(FUZZ_DIR) $(FUZZ_SECONDS)
 
 test-asan: deps venv
+	$(STAGE)
 	@cmake -S . -B $(ASAN_DIR) $(SAN_FLAGS) -DKVD_SANITIZE=ON >/dev/null
 	@cmake --build $(ASAN_DIR) -j$(JOBS)
 	@tests/sanitizers/run.sh asan $(ASAN_DIR) $(VENV)
 
 test-tsan: deps venv
+	$(STAGE)
 	@cmake -S . -B $(TSAN_DIR) $(SAN_FLAGS) -DKVD_TSAN=ON >/dev/null
 	@cmake --build $(TSAN_DIR) -j$(JOBS) --target kvd l1_tests l2_tests server_tests http_tests \
 	  fuzz_replay_request fuzz_replay_payload fuzz_replay_descriptor fuzz_replay_stream \
@@ -87,6 +98,7 @@ test-tsan: deps venv
 	@tests/sanitizers/run.sh tsan $(TSAN_DIR) $(VENV)
 
 soak: build venv
+	$(STAGE)
 	@KVD_SOAK_LOGDIR=$(CURDIR)/$(BUILD_DIR)/soak $(VENV)/bin/python tests/soak/soak.py \
 	  --kvd $(BUILD_DIR)/kvd --seconds $(SOAK_SECONDS) --report $(BUILD_DIR)/soak/report.json
 
@@ -116,7 +128,8 @@ e2e-venv:
 e2e-smollm2: e2e-venv
 
 e2e: build e2e-venv
-	@KVD_E2E_KVD_BIN=$(CURDIR)/$(BUILD_DIR)/kvd $(E2E_VENV)/bin/python -m pytest tests/e2e python/kvd_blend/tests -q -rxXs
+	$(STAGE)
+	@KVD_E2E_KVD_BIN=$(CURDIR)/$(BUILD_DIR)/kvd $(E2E_VENV)/bin/python -m pytest tests/e2e python/kvd_blend/tests -q -rxXs --durations=15
 
 bench-e2e: build e2e-venv
 	@KVD_E2E_KVD_BIN=$(CURDIR)/$(BUILD_DIR)/kvd $(E2E_VENV)/bin/python bench/ttft_e2e.py \
