@@ -328,9 +328,16 @@ Status MemoryPool::Populate(uint64_t offset, uint64_t length) {
         "populated");
   }
   // One atomic no-op write per page: faults the page in writable and cannot lose a
-  // concurrent writer's byte (a locked read-modify-write of the same value).
+  // concurrent writer's byte (a compare-and-swap of the byte with itself, retried if a writer
+  // changed it in between). Not `fetch_or(0)`: clang turns that idempotent read-modify-write
+  // into a plain load (even through a volatile pointer), which maps the shared zero page and
+  // populates nothing.
   for (uint64_t p = start; p < end; p += page) {
-    __atomic_fetch_or(base_ + p, uint8_t{0}, __ATOMIC_RELAXED);
+    uint8_t* byte = base_ + p;
+    uint8_t seen = 0;  // a page never written holds 0: one write fault, no read fault first
+    while (!__atomic_compare_exchange_n(byte, &seen, seen, /*weak=*/false, __ATOMIC_RELAXED,
+                                        __ATOMIC_RELAXED)) {
+    }
   }
   return Status::Ok();
 }
