@@ -7,8 +7,9 @@ Reusable pieces (see conftest.py for the fixtures built on them):
 - CacheServer(kind, logdir): start / kill (SIGKILL) / restart on the same port,
   metrics() from its Prometheus `/metrics`, registered_instances() (kvd only).
 - VllmProcess(settings, log_path): one vLLM process; start() (or launch() then
-  wait_ready()), generate(), reset_prefix_cache(), metrics() (vLLM's own counters), close(). Settings are those of vllm_worker.py;
-  vllm_settings() builds them for a block size and an optional connector.
+  wait_ready()), generate(), reset_prefix_cache(), metrics() (vLLM's own counters),
+  close(). Settings are those of vllm_worker.py; vllm_settings() builds them for a block
+  size and an optional connector.
 
 Everything listens on 127.0.0.1 with free ports and per-process shared-memory names, so
 several runs on one machine never collide.

@@ -38,6 +38,7 @@ import random
 import re
 import time
 import urllib.request
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -73,6 +74,8 @@ PROMPTS = {
     "unaligned_docs": T["q0"] + T["doc4"] + T["doc2"] + T["q"],
     "one_doc": T["sys2"] + T["doc1"] + T["q"],
 }
+# The prompts run again once an injected fault makes their blends fail.
+FAULT_PROMPTS = dict(list(PROMPTS.items())[:2])
 # (cur_st, cur_ed) of the reused documents in each prompt (each stored at [256, 512)).
 EXPECTED_SEGMENTS = {
     "two_docs_reordered": [(256, 512), (512, 768)],
@@ -210,12 +213,9 @@ def _fault_phase(v, server, switch: Path, fallbacks_before: dict[str, int]) -> d
     """Blends that fail in the check layer (after kvd scattered the documents), then kvd killed
     before a lookup: what each request answered."""
     switch.touch()
-    first = dict(list(PROMPTS.items())[:2])
     scattered = server.metrics().get("lmcache_blend_scatter_tokens_total", 0)
-    faulted = _run(v, first)
-    fb = _fallbacks(v.log_path)
-    new_fallbacks = {k: n - fallbacks_before.get(k, 0) for k, n in fb.items()
-                     if n != fallbacks_before.get(k, 0)}
+    faulted = _run(v, FAULT_PROMPTS)
+    new_fallbacks = dict(Counter(_fallbacks(v.log_path)) - Counter(fallbacks_before))
     _locks_released(server)
     scattered = server.metrics().get("lmcache_blend_scatter_tokens_total", 0) - scattered
     server.kill()
@@ -453,8 +453,7 @@ def tp2(model_dir, start_server, start_vllm, logdir, tmp_path_factory) -> dict:
         records = [json.loads(line) for line in trace.read_text().splitlines()]
         _locks_released(server)
         switch.touch()
-        first = dict(list(PROMPTS.items())[:2])
-        faulted = _run(v, first)
+        faulted = _run(v, FAULT_PROMPTS)
     finally:
         v.close()
     out = {"outputs": outputs, "metrics": metrics, "records": records, "faulted": faulted,
