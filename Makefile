@@ -43,14 +43,15 @@ clean:
 	rm -rf $(BUILD_DIR)
 
 # ---- Reliability (docs/reliability.md): fuzzing, sanitizers, soak --------------------------
-#   make fuzz [FUZZ_SECONDS=N]    build the libFuzzer targets (clang, build-fuzz/) and run each
+#   make fuzz [FUZZ_SECONDS=N]    build the libFuzzer targets (clang, build-asan/) and run each
 #                                 for N seconds on its seeds + saved corpus
-#   make test-asan                unit + interop tests with kvd built with ASan + UBSan
+#   make test-asan                unit + interop tests with kvd built with ASan + UBSan (the
+#                                 same clang build as the fuzzers)
 #   make test-tsan                concurrent unit tests + a short TP=8 soak under TSan
 #   make soak [SOAK_SECONDS=N]    scheduler + 8 workers against a small-L1 kvd, N seconds
 # `make test` runs the short CI versions (reliability-ci) after the plain tests.
-FUZZ_DIR ?= build-fuzz
 ASAN_DIR ?= build-asan
+FUZZ_DIR = $(ASAN_DIR)
 TSAN_DIR ?= build-tsan
 FUZZ_SECONDS ?= 60
 SOAK_SECONDS ?= 300
@@ -69,10 +70,15 @@ SAN_FLAGS = -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="
 # those NVIDIA's runtime wheel installs in the venv (torch's dependency), when it exists.
 CUDA_HEADERS = $(patsubst %/cuda.h,%,$(firstword $(wildcard $(VENV)/lib/python3*/site-packages/nvidia/*/include/cuda.h)))
 
+# One clang build (ASAN_DIR, KVD_FUZZ=ON: every target with ASan, UBSan and libFuzzer's
+# coverage) serves the fuzzers and the ASan tests, so CI compiles the sources once for both:
+# fuzz-build builds the fuzzers and what they link, test-asan the rest (the unit tests, kvd).
+SAN_CONFIGURE = CC=clang CXX=clang++ cmake -S . -B $(ASAN_DIR) $(SAN_FLAGS) -DKVD_FUZZ=ON \
+  -DKVD_CUDA_HEADERS="$(CUDA_HEADERS)" >/dev/null
+
 fuzz-build: deps
 	$(STAGE)
-	@CC=clang CXX=clang++ cmake -S . -B $(FUZZ_DIR) $(SAN_FLAGS) -DKVD_FUZZ=ON \
-	  -DKVD_BUILD_TESTS=OFF -DKVD_CUDA_HEADERS="$(CUDA_HEADERS)" >/dev/null
+	@$(SAN_CONFIGURE)
 	@[ -n "$(CUDA_HEADERS)" ] || command -v nvcc >/dev/null || [ -x /usr/local/cuda/bin/nvcc ] || \
 	  echo "kvd: no CUDA headers ($(VENV) has none yet: make venv), so this clang build does" \
 	       "not check the CUDA engine's lock annotations" >&2
@@ -85,7 +91,7 @@ fuzz: fuzz-build
 
 test-asan: deps venv
 	$(STAGE)
-	@cmake -S . -B $(ASAN_DIR) $(SAN_FLAGS) -DKVD_SANITIZE=ON >/dev/null
+	@$(SAN_CONFIGURE)
 	@cmake --build $(ASAN_DIR) -j$(JOBS)
 	@tests/sanitizers/run.sh asan $(ASAN_DIR) $(VENV)
 
