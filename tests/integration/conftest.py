@@ -32,6 +32,11 @@ def pytest_configure(config):
     # lmcache's own deprecation noise (opentelemetry, google api core).
     config.addinivalue_line("filterwarnings", "ignore::DeprecationWarning")
     config.addinivalue_line("filterwarnings", "ignore::FutureWarning")
+    # `make test` runs this suite in full against the ASan kvd and, against the Release kvd,
+    # only the tests marked release_kvd (Makefile: interop-release).
+    config.addinivalue_line(
+        "markers", "release_kvd: make test also runs this against the Release kvd: the "
+        "sanitizer run skips it or checks a looser bound")
 
 
 def pytest_report_header(config):

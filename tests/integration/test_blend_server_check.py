@@ -19,8 +19,10 @@ import ops_fixtures as F
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
-pytestmark = pytest.mark.skipif(os.environ.get("KVD_TEST_SANITIZER") is not None,
-                                reason="tests the GPU check's tool, not kvd: once, in the plain run")
+pytestmark = [pytest.mark.release_kvd,
+              pytest.mark.skipif(os.environ.get("KVD_TEST_SANITIZER") is not None,
+                                 reason="tests the GPU check's tool, not kvd: once, in the "
+                                        "plain run")]
 
 
 def test_blend_server_check_cpu_mode_passes_against_kvd(tmp_path):

@@ -22,8 +22,9 @@ import ops_fixtures as F
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
-pytestmark = pytest.mark.skipif(os.environ.get("KVD_TEST_SANITIZER") is not None,
-                                reason="tests the GPU harness, not kvd: once, in the plain run")
+pytestmark = [pytest.mark.release_kvd,
+              pytest.mark.skipif(os.environ.get("KVD_TEST_SANITIZER") is not None,
+                                 reason="tests the GPU harness, not kvd: once, in the plain run")]
 
 
 def test_gpu_harness_cpu_mode_runs_m3_ranks_as_processes_and_checks_every_byte(tmp_path):

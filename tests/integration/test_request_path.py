@@ -171,6 +171,7 @@ def max_size_store_frames(instance_id: int) -> list[bytes]:
     return [bytes(body), enc(instance_id), enc([[0] * 16]), enc(b"")]
 
 
+@pytest.mark.release_kvd
 def test_finding11_flood_of_max_size_frames_keeps_rss_within_the_documented_bound(tmp_path):
     import msgspec
     import zmq
