@@ -17,6 +17,8 @@ Every prompt is computed as:
     boundary  blend: the first 38 rows (15%) of each reused 256-token chunk
     attn@r    (only with --configs) an exploration beyond HKVD: the top r of reused rows by
               the attention the question gives them at the check layer
+    kv@r      (only with --configs) an exploration too: the top r of reused rows by K
+              deviation plus V deviation at the check layer, each over its mean
 
 by the offline float32 reference of tests/e2e/blend_reference.py: the computation
 tests/e2e/test_blend_vllm.py checks kvd_blend's vLLM path against (same kept rows, same greedy
@@ -123,8 +125,10 @@ CONFIGS = {"full": None, "reuse": (0.0, "hkvd"), "hkvd@0.05": (0.05, "hkvd"),
            "hkvd@0.15": (0.15, "hkvd"), "hkvd@0.3": (0.3, "hkvd"),
            "random@0.15": (0.15, "random"), "boundary:38": (0.0, "boundary:38"),
            # Exploration: the reused rows the question attends to most at the check layer.
-           "attn@0.15": (0.15, "attn"), "attn@0.3": (0.3, "attn")}
-DEFAULT_CONFIGS = [c for c in CONFIGS if not c.startswith("attn")]
+           "attn@0.15": (0.15, "attn"), "attn@0.3": (0.3, "attn"),
+           # Exploration: the reused rows whose K and V deviate most (each over its mean).
+           "kv@0.15": (0.15, "kv"), "kv@0.3": (0.3, "kv")}
+DEFAULT_CONFIGS = [c for c in CONFIGS if not c.startswith(("attn", "kv"))]
 
 
 def main() -> None:
@@ -137,8 +141,8 @@ def main() -> None:
     ap.add_argument("--answer-tokens", type=int, default=32)
     ap.add_argument("--out", default=str(REPO / "build" / "blend-quality.json"))
     ap.add_argument("--configs", default=",".join(DEFAULT_CONFIGS),
-                    help="comma-separated, from: " + ", ".join(CONFIGS) + " (default: all but attn@*; "
-                         "the goals need full, reuse, hkvd@0.15 and random@0.15)")
+                    help="comma-separated, from: " + ", ".join(CONFIGS) + " (default: all but "
+                         "attn@* and kv@*; the goals need full, reuse, hkvd@0.15 and random@0.15)")
     args = ap.parse_args()
     unknown = [c for c in args.configs.split(",") if c not in CONFIGS]
     if unknown or "full" not in args.configs.split(","):

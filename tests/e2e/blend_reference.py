@@ -151,7 +151,9 @@ class RefLlama:
         boundary:K (the first K rows of each segment [cur_st, cur_ed) in `segments`, or of each
         run of consecutive reused positions when not given), attn (top ceil(ratio * n) reused
         rows by the attention the rows after the last reused one give them at the check
-        layer: an exploration of the quality bench, not a kvd_blend policy)."""
+        layer: an exploration of the quality bench, not a kvd_blend policy), kv (top
+        ceil(ratio * n) reused rows by K deviation over its mean plus V deviation over its
+        mean: an exploration too)."""
         return self.blend_many(tokens, start, reused, check_layer, [(ratio, policy)], segments)[0]
 
     def blend_many(self, tokens: list[int], start: int,
@@ -198,6 +200,8 @@ class RefLlama:
                         score = deviation
                         if policy.partition(":")[0] == "attn":
                             score = self._question_attention(q, k, reused_pos)
+                        elif policy.partition(":")[0] == "kv":
+                            score = self._kv_deviation(k[rp], kl[rp], v[rp], vl[rp], reused_pos)
                         chosen = self._choose(reused_pos, score, ratio, policy, segments)
                         kept = sorted({p for p in range(n) if p not in reused_set} | chosen | {n - 1})
                         idx = torch.tensor(kept)
@@ -227,11 +231,24 @@ class RefLlama:
         return {p: float(a[p]) for p in reused_pos}
 
     @staticmethod
+    def _kv_deviation(k: torch.Tensor, k_reused: torch.Tensor, v: torch.Tensor, v_reused: torch.Tensor,
+                      reused_pos: list[int]) -> dict[int, float]:
+        """Per reused position, its squared K deviation over the mean of those of every reused
+        row, plus the same of V (fresh against reused, rows in reused_pos order): the `kv`
+        exploration's score, so that neither of K and V outweighs the other by its scale."""
+        dk = ((k - k_reused) ** 2).flatten(1).sum(1)
+        dv = ((v - v_reused) ** 2).flatten(1).sum(1)
+        both = dk / dk.mean().clamp_min(1e-30) + dv / dv.mean().clamp_min(1e-30)
+        return {p: float(d) for p, d in zip(reused_pos, both)}
+
+    @staticmethod
     def _choose(reused_pos: list[int], score: dict[int, float], ratio: float, policy: str,
                 segments: list[tuple[int, int]] | None) -> set[int]:
         quota = math.ceil(ratio * len(reused_pos) - 1e-9)
         name, _, arg = policy.partition(":")
-        if name in ("hkvd", "attn"):  # score: the K deviation (hkvd) or the question's attention (attn)
+        # score: the K deviation (hkvd), K and V deviations each over its mean (kv), or the
+        # question's attention (attn)
+        if name in ("hkvd", "kv", "attn"):
             return set(sorted(reused_pos, key=lambda p: (-score[p], p))[:quota])
         if name == "random":
             g = torch.Generator().manual_seed(int(arg or 0))

@@ -88,3 +88,22 @@ def test_question_attention_is_the_questions_softmax_mass_per_reused_row(ref):
     # The ranking the policy uses: rows by score, highest first, ties to the earlier row.
     chosen = ref._choose(reused_pos, got, 0.5, "attn", None)
     assert chosen == set(sorted(reused_pos, key=lambda p: (-expected[p], p))[:3])
+
+
+def test_kv_deviation_weighs_k_and_v_each_over_its_mean(ref):
+    """The quality bench's `kv` exploration ranks reused rows by K deviation over its mean plus
+    V deviation over its mean; a row that deviates only in V ranks high in it and low by K."""
+    g = torch.Generator().manual_seed(5)
+    rows, heads, d = 6, ref.kv_heads, ref.head_dim
+    k, kr, v, vr = (torch.randn(rows, heads, d, generator=g, dtype=ref.dtype) for _ in range(4))
+    vr[4] = v[4] + 50.0   # row 4: a large V deviation
+    kr[4] = k[4]          # and no K deviation
+    reused_pos = [10, 11, 12, 13, 14, 15]
+    got = ref._kv_deviation(k, kr, v, vr, reused_pos)
+    dk = [float(((k[i] - kr[i]) ** 2).sum()) for i in range(rows)]
+    dv = [float(((v[i] - vr[i]) ** 2).sum()) for i in range(rows)]
+    for i, p in enumerate(reused_pos):
+        expected = dk[i] / (sum(dk) / rows) + dv[i] / (sum(dv) / rows)
+        assert abs(got[p] - expected) < 1e-6 * max(1.0, expected), p
+    assert 14 in ref._choose(reused_pos, got, 1 / 6, "kv", None)
+    assert 14 not in ref._choose(reused_pos, {p: dk[i] for i, p in enumerate(reused_pos)}, 0.5, "hkvd", None)
