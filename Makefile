@@ -60,7 +60,6 @@ clean:
 #   make soak [SOAK_SECONDS=N]    scheduler + 8 workers against a small-L1 kvd, N seconds
 # `make test` runs the short CI versions (reliability-ci) after the plain tests.
 ASAN_DIR ?= build-asan
-FUZZ_DIR = $(ASAN_DIR)
 TSAN_DIR ?= build-tsan
 FUZZ_SECONDS ?= 60
 SOAK_SECONDS ?= 300
@@ -91,12 +90,12 @@ fuzz-build: deps
 	@[ -n "$(CUDA_HEADERS)" ] || command -v nvcc >/dev/null || [ -x /usr/local/cuda/bin/nvcc ] || \
 	  echo "kvd: no CUDA headers ($(VENV) has none yet: make venv), so this clang build does" \
 	       "not check the CUDA engine's lock annotations" >&2
-	@cmake --build $(FUZZ_DIR) -j$(JOBS) --target kvd_fuzzers
+	@cmake --build $(ASAN_DIR) -j$(JOBS) --target kvd_fuzzers
 
 fuzz: fuzz-build
 	$(STAGE)
-	@python3 tests/fuzz/make_seeds.py $(FUZZ_DIR)/seeds
-	@tests/fuzz/run_fuzzers.sh $(FUZZ_DIR) $(FUZZ_SECONDS)
+	@python3 tests/fuzz/make_seeds.py $(ASAN_DIR)/seeds
+	@tests/fuzz/run_fuzzers.sh $(ASAN_DIR) $(FUZZ_SECONDS)
 
 test-asan: deps venv
 	$(STAGE)

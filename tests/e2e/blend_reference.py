@@ -198,9 +198,10 @@ class RefLlama:
                         dev = ((k[rp] - kl[rp]) ** 2).flatten(1).sum(1)
                         deviation = {p: float(d) for p, d in zip(reused_pos, dev)}
                         score = deviation
-                        if policy.partition(":")[0] == "attn":
+                        name = policy.partition(":")[0]
+                        if name == "attn":
                             score = self._question_attention(q, k, reused_pos)
-                        elif policy.partition(":")[0] == "kv":
+                        elif name == "kv":
                             score = self._kv_deviation(k[rp], kl[rp], v[rp], vl[rp], reused_pos)
                         chosen = self._choose(reused_pos, score, ratio, policy, segments)
                         kept = sorted({p for p in range(n) if p not in reused_set} | chosen | {n - 1})

@@ -2,7 +2,8 @@
 # Runs kvd's tests against a sanitizer build: tests/sanitizers/run.sh asan|tsan BUILD_DIR VENV
 #
 #   asan  every unit test (ctest) and the interop suite (tests/integration, real lmcache
-#         client) against BUILD_DIR/kvd built with -DKVD_SANITIZE=ON (ASan + UBSan + LSan).
+#         client) against BUILD_DIR/kvd built with ASan + UBSan + LSan (`make test-asan`:
+#         -DKVD_FUZZ=ON, which implies them; -DKVD_SANITIZE=ON works too).
 #   tsan  the unit tests of the concurrent modules (l1: cache, concurrency; l2: tiers, TierSet
 #         store-behind/prefetch/eviction, Redis and Redis Cluster against a real
 #         redis-server; server: KvService, sessions, lookups with tiers, liveness, device path,
