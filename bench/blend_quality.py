@@ -19,6 +19,11 @@ Every prompt is computed as:
               the attention the question gives them at the check layer
     kv@r      (only with --configs) an exploration too: the top r of reused rows by K
               deviation plus V deviation at the check layer, each over its mean
+    grad@r    (only with --configs) the paper's gradual filter: the top 2r by K deviation at
+              the check layer, then the top r of those by K deviation at the next layer
+    oracle@r  (only with --configs) a bound, not a policy: the top r of reused rows by their
+              KV error against full prefill over every layer (RefLlama.error_score), which
+              only an offline run knows; with hkvd@0.5, how far this method can go here
 
 by the offline float32 reference of tests/e2e/blend_reference.py: the computation
 tests/e2e/test_blend_vllm.py checks kvd_blend's vLLM path against (same kept rows, same greedy
@@ -127,8 +132,14 @@ CONFIGS = {"full": None, "reuse": (0.0, "hkvd"), "hkvd@0.05": (0.05, "hkvd"),
            # Exploration: the reused rows the question attends to most at the check layer.
            "attn@0.15": (0.15, "attn"), "attn@0.3": (0.3, "attn"),
            # Exploration: the reused rows whose K and V deviate most (each over its mean).
-           "kv@0.15": (0.15, "kv"), "kv@0.3": (0.3, "kv")}
-DEFAULT_CONFIGS = [c for c in CONFIGS if not c.startswith(("attn", "kv"))]
+           "kv@0.15": (0.15, "kv"), "kv@0.3": (0.3, "kv"),
+           # Exploration: the paper's gradual filter (2r at the check layer, r at the next).
+           "grad@0.15": (0.15, "grad"),
+           # A bound, not a policy: the reused rows whose KV is furthest from full prefill's
+           # over every layer (known only offline), and HKVD at a larger budget.
+           "oracle@0.15": (0.15, "oracle"), "oracle@0.3": (0.3, "oracle"), "hkvd@0.5": (0.5, "hkvd")}
+EXPLORATIONS = ("attn", "kv", "grad", "oracle", "hkvd@0.5")
+DEFAULT_CONFIGS = [c for c in CONFIGS if not c.startswith(EXPLORATIONS)]
 
 
 def main() -> None:
@@ -142,7 +153,8 @@ def main() -> None:
     ap.add_argument("--out", default=str(REPO / "build" / "blend-quality.json"))
     ap.add_argument("--configs", default=",".join(DEFAULT_CONFIGS),
                     help="comma-separated, from: " + ", ".join(CONFIGS) + " (default: all but "
-                         "attn@* and kv@*; the goals need full, reuse, hkvd@0.15 and random@0.15)")
+                         "the explorations attn@*, kv@*, grad@*, oracle@* and hkvd@0.5; the goals need "
+                         "full, reuse, hkvd@0.15 and random@0.15)")
     args = ap.parse_args()
     unknown = [c for c in args.configs.split(",") if c not in CONFIGS]
     if unknown or "full" not in args.configs.split(","):
@@ -222,7 +234,10 @@ def main() -> None:
             if spec is not None:
                 ratio, policy = spec
                 blend_specs.append((ratio, f"random:{args.seed * 100003 + i}" if policy == "random" else policy))
-        blended = ref.blend_many(tokens, CHUNK, reused, args.check_layer, blend_specs, segments)
+        given = None
+        if any(spec is not None and spec[1] == "oracle" for spec in configs.values()):
+            given = ref.error_score(full_cache, reused, sorted(reused))
+        blended = ref.blend_many(tokens, CHUNK, reused, args.check_layer, blend_specs, segments, given)
         caches = [full_cache] + [r.cache for r in blended]
         logits_all = [full_logits] + [r.logits for r in blended]
         kept_all = [len(tokens) - CHUNK] + [len(r.kept) for r in blended]

@@ -41,7 +41,8 @@ class BlendResult:
     kept: list[int]
     cache: list[LayerCache]
     logits: torch.Tensor
-    deviation: dict[int, float]
+    deviation: dict[int, float]  # K deviation per reused position at the check layer
+    score: dict[int, float] | None = None  # what the policy ranked by (hkvd: the deviation)
 
 
 class RefLlama:
@@ -153,15 +154,19 @@ class RefLlama:
         rows by the attention the rows after the last reused one give them at the check
         layer: an exploration of the quality bench, not a kvd_blend policy), kv (top
         ceil(ratio * n) reused rows by K deviation over its mean plus V deviation over its
-        mean: an exploration too)."""
+        mean: an exploration too), grad (a gradual filter: the top ceil(2 * ratio * n) by K
+        deviation at the check layer, then the top ceil(ratio * n) of those by K deviation at
+        the next layer), oracle (top ceil(ratio * n) by `given`, a score per reused position
+        known offline, e.g. error_score's: a bound, not a policy)."""
         return self.blend_many(tokens, start, reused, check_layer, [(ratio, policy)], segments)[0]
 
     def blend_many(self, tokens: list[int], start: int,
                    reused: dict[int, list[tuple[torch.Tensor, torch.Tensor]]], check_layer: int,
                    specs: list[tuple[float, str]],
-                   segments: list[tuple[int, int]] | None = None) -> list[BlendResult]:
+                   segments: list[tuple[int, int]] | None = None,
+                   given: dict[int, float] | None = None) -> list[BlendResult]:
         """blend() for several (ratio, policy) at once: the layers before the check layer are
-        the same for all of them and run once."""
+        the same for all of them and run once. `given`: the oracle policy's score."""
         n = len(tokens)
         pos = torch.arange(n)
         reused_pos = sorted(p for p in reused if p >= start)
@@ -185,6 +190,8 @@ class RefLlama:
             h, rows, cache = h0, pos.clone(), list(front)
             kept: list[int] = list(range(n))
             deviation: dict[int, float] = {}
+            score: dict[int, float] | None = None
+            second: float | None = None  # grad: the ratio of the filter at check_layer + 1
             for l in range(len(front), self.layers):
                 q, k, v = self._qkv(l, h)
                 q, k = self.rope(q, rows), self.rope(k, rows)
@@ -203,9 +210,29 @@ class RefLlama:
                             score = self._question_attention(q, k, reused_pos)
                         elif name == "kv":
                             score = self._kv_deviation(k[rp], kl[rp], v[rp], vl[rp], reused_pos)
-                        chosen = self._choose(reused_pos, score, ratio, policy, segments)
+                        elif name == "oracle":
+                            assert given is not None, "the oracle policy needs a given score"
+                            score = given
+                        if name == "grad":
+                            chosen = self._choose(reused_pos, score, min(1.0, 2 * ratio), "hkvd", segments)
+                            second = ratio
+                        else:
+                            chosen = self._choose(reused_pos, score, ratio, policy, segments)
                         kept = sorted({p for p in range(n) if p not in reused_set} | chosen | {n - 1})
                         idx = torch.tensor(kept)
+                        q, k, v, h, rows = q[idx], k[idx], v[idx], h[idx], rows[idx]
+                    elif second is not None and l == check_layer + 1:
+                        # grad's second filter: among the reused rows still computed, the top
+                        # ceil(second * n) by this layer's K deviation (ties to the earlier row).
+                        cur = rows.tolist()
+                        cand = [i for i, p in enumerate(cur) if p in reused_set and p != n - 1]
+                        dev2 = ((k[cand] - kl[rows[cand]]) ** 2).flatten(1).sum(1).tolist()
+                        quota = math.ceil(second * len(reused_pos) - 1e-9)
+                        top = sorted(range(len(cand)), key=lambda j: (-dev2[j], cur[cand[j]]))[:quota]
+                        keep = sorted({i for i, p in enumerate(cur) if p not in reused_set or p == n - 1}
+                                      | {cand[j] for j in top})
+                        kept = [cur[i] for i in keep]
+                        idx = torch.tensor(keep)
                         q, k, v, h, rows = q[idx], k[idx], v[idx], h[idx], rows[idx]
                     # The kept rows' fresh KV replaces the reused.
                     kl[rows] = k
@@ -215,7 +242,7 @@ class RefLlama:
                 h = h + self._attend(l, q, rows, kl, vl)
                 h = h + self._mlp(l, h)
             out.append(BlendResult(kept=[p for p in kept if p >= start], cache=cache,
-                                   logits=self._logits(h[-1:])[0], deviation=deviation))
+                                   logits=self._logits(h[-1:])[0], deviation=deviation, score=score))
         return out
 
     def _question_attention(self, q: torch.Tensor, k: torch.Tensor, reused_pos: list[int]) -> dict[int, float]:
@@ -230,6 +257,23 @@ class RefLlama:
         s = s.masked_fill(torch.arange(n)[None, None, :] > qrows[None, :, None], float("-inf"))
         a = torch.softmax(s, dim=-1).sum((0, 1))
         return {p: float(a[p]) for p in reused_pos}
+
+    def error_score(self, full: list[LayerCache], reused: dict[int, list[tuple[torch.Tensor, torch.Tensor]]],
+                    reused_pos: list[int]) -> dict[int, float]:
+        """Per reused position, how far its reused KV is from full prefill's over every layer:
+        the sum over layers of its squared K error (K rotated to the position) over the mean
+        squared norm of full prefill's K at that layer over the reused rows, plus the same of V.
+        Known only offline: the oracle policy's score, a bound on what a choice of rows can
+        recover at a ratio, not something an engine can compute."""
+        rp = torch.tensor(reused_pos, dtype=torch.long)
+        total = torch.zeros(len(reused_pos), dtype=torch.float64)
+        for l in range(self.layers):
+            kr = self.rope(torch.stack([reused[p][l][0] for p in reused_pos]).to(self.dtype), rp)
+            vr = torch.stack([reused[p][l][1] for p in reused_pos]).to(self.dtype)
+            for fresh, old in ((full[l].k[rp], kr), (full[l].v[rp], vr)):
+                d = ((fresh - old) ** 2).flatten(1).sum(1).to(torch.float64)
+                total += d / (fresh.to(torch.float64) ** 2).flatten(1).sum(1).mean().clamp_min(1e-30)
+        return {p: float(x) for p, x in zip(reused_pos, total)}
 
     @staticmethod
     def _kv_deviation(k: torch.Tensor, k_reused: torch.Tensor, v: torch.Tensor, v_reused: torch.Tensor,
@@ -247,9 +291,9 @@ class RefLlama:
                 segments: list[tuple[int, int]] | None) -> set[int]:
         quota = math.ceil(ratio * len(reused_pos) - 1e-9)
         name, _, arg = policy.partition(":")
-        # score: the K deviation (hkvd), K and V deviations each over its mean (kv), or the
-        # question's attention (attn)
-        if name in ("hkvd", "kv", "attn"):
+        # score: the K deviation (hkvd), K and V deviations each over its mean (kv), the
+        # question's attention (attn), or the offline error (oracle)
+        if name in ("hkvd", "kv", "attn", "oracle"):
             return set(sorted(reused_pos, key=lambda p: (-score[p], p))[:quota])
         if name == "random":
             g = torch.Generator().manual_seed(int(arg or 0))

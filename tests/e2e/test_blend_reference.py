@@ -107,3 +107,60 @@ def test_kv_deviation_weighs_k_and_v_each_over_its_mean(ref):
         assert abs(got[p] - expected) < 1e-6 * max(1.0, expected), p
     assert 14 in ref._choose(reused_pos, got, 1 / 6, "kv", None)
     assert 14 not in ref._choose(reused_pos, {p: dk[i] for i, p in enumerate(reused_pos)}, 0.5, "hkvd", None)
+
+
+def _doc_in_new_place(ref: RefLlama, model_spec, seed: int):
+    """A 24-token document stored behind an 8-token head, reused at position 5 of a prompt
+    (the positions move, the context before it changes): (prompt, reused)."""
+    rng = random.Random(seed)
+    doc = [rng.randrange(model_spec.vocab) for _ in range(24)]
+    head = [rng.randrange(model_spec.vocab) for _ in range(8)]
+    stored, k_pre, _ = ref.prefill(head + doc)
+    prompt = [rng.randrange(model_spec.vocab) for _ in range(5)] + doc + [rng.randrange(model_spec.vocab)]
+    reused = {5 + j: [(k_pre[l][len(head) + j], stored[l].v[len(head) + j]) for l in range(ref.layers)]
+              for j in range(len(doc))}
+    return prompt, reused
+
+
+def test_grad_at_half_is_hkvd_checked_one_layer_later(ref, model_spec):
+    """The bench's `grad` exploration (the paper's gradual filter) keeps 2r of the reused rows
+    at the check layer and r of those by the next layer's K deviation. At r = 0.5 the first
+    filter keeps every row, so the next layer's input is full prefill's and grad must equal
+    HKVD at 0.5 with the check one layer later: the same rows, the same cache and logits."""
+    prompt, reused = _doc_in_new_place(ref, model_spec, 13)
+    grad = ref.blend(prompt, 0, reused, 0, 0.5, "grad")
+    later = ref.blend(prompt, 0, reused, 1, 0.5, "hkvd")
+    assert grad.kept == later.kept
+    assert torch.allclose(grad.logits, later.logits)
+    assert all(torch.equal(a.v, b.v) for a, b in zip(grad.cache, later.cache))
+    # At a smaller ratio it keeps ceil(r * n) reused rows, a subset of what the first filter kept.
+    grad = ref.blend(prompt, 0, reused, 0, 0.25, "grad")
+    wide = ref.blend(prompt, 0, reused, 0, 0.5, "hkvd")
+    kept_reused = [p for p in grad.kept if p in reused]
+    assert len(kept_reused) == 6 and set(kept_reused) <= set(wide.kept)
+
+
+def test_error_score_is_each_rows_kv_error_over_every_layer(ref, model_spec):
+    """The bench's oracle bound ranks reused rows by error_score: per row, the sum over layers
+    of its squared K error against full prefill (K rotated to its new position) over the mean
+    squared K norm of that layer, plus the same of V. A row whose reused KV is full prefill's
+    scores 0."""
+    prompt, reused = _doc_in_new_place(ref, model_spec, 17)
+    full, k_pre, _ = ref.prefill(prompt)
+    exact = 9
+    reused[exact] = [(k_pre[l][exact], full[l].v[exact]) for l in range(ref.layers)]
+    pos = sorted(reused)
+    got = ref.error_score(full, reused, pos)
+    per_layer = []
+    for l in range(ref.layers):
+        dk = [float(((full[l].k[p] - ref.rope(reused[p][l][0][None], torch.tensor([p]))[0]) ** 2).sum())
+              for p in pos]
+        dv = [float(((full[l].v[p] - reused[p][l][1]) ** 2).sum()) for p in pos]
+        nk = sum(float((full[l].k[p] ** 2).sum()) for p in pos) / len(pos)
+        nv = sum(float((full[l].v[p] ** 2).sum()) for p in pos) / len(pos)
+        per_layer.append((dk, nk, dv, nv))
+    for i, p in enumerate(pos):
+        expected = sum(dk[i] / nk + dv[i] / nv for dk, nk, dv, nv in per_layer)
+        assert abs(got[p] - expected) < 1e-6 * max(1.0, expected), p
+    assert got[exact] < 1e-9 * max(got.values())
+    assert exact not in ref._choose(pos, got, 0.5, "oracle", None)
