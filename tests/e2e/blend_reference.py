@@ -229,6 +229,7 @@ class RefLlama:
                         dev2 = ((k[cand] - kl[rows[cand]]) ** 2).flatten(1).sum(1).tolist()
                         quota = math.ceil(second * len(reused_pos) - 1e-9)
                         top = sorted(range(len(cand)), key=lambda j: (-dev2[j], cur[cand[j]]))[:quota]
+                        score = {cur[i]: d for i, d in zip(cand, dev2)}  # what the last filter ranked by
                         keep = sorted({i for i, p in enumerate(cur) if p not in reused_set or p == n - 1}
                                       | {cand[j] for j in top})
                         kept = [cur[i] for i in keep]

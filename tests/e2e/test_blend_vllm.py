@@ -20,10 +20,14 @@ chunk 1 deleted from L1 and the tier through DELETE /cache/objects) gets the chu
 gap as exact segments at their own positions; only the gap and the question are recomputed,
 and the tokens equal full prefill's.
 
-With tensor parallelism 2 (two vLLM-CPU workers, one core each): at ratio 0.15 the kept rows
-and tokens are the reference's (the ranks sum their heads' deviations, so both keep the same
-rows), and a fault in the check layer of rank 1 only makes both ranks fall back to full
-prefill.
+Policy grad (the paper's gradual filter), on a 3-layer model of the same kind: at ratio 0.15
+the rows that run after the next layer's second filter are the reference's, not HKVD's on some
+prompt, and the tokens are the reference's.
+
+With tensor parallelism 2 (two vLLM-CPU workers, one core each), policy kv: at ratio 0.15 the
+kept rows and tokens are the reference's kv choice (K and V deviations, each over its mean:
+the ranks sum their heads' deviations before the division, so both keep the same rows), and a
+fault in the check layer of rank 1 only makes both ranks fall back to full prefill.
 
 Faults, each with every request finishing with full prefill's tokens, no read lock left in
 kvd, and the fallback logged: an exception in the blend loop (KVD_BLEND_FAULT), kvd killed
@@ -45,6 +49,7 @@ import pytest
 
 from blend_reference import RefLlama
 from e2e_harness import vllm_settings
+from model import ModelSpec, write_model
 
 CHUNK = 256
 BS = 32
@@ -251,14 +256,14 @@ def _record_for(records: list[dict], name: str) -> dict:
     return found[0]
 
 
-def _reference(ref: RefLlama, name: str, start: int, ratio: float):
+def _reference(ref: RefLlama, name: str, start: int, ratio: float, policy: str = "hkvd"):
     """The reference blend of a prompt: each document's KV from its stored context."""
     reused = {}
     for (a, b), ctx in zip(EXPECTED_SEGMENTS[name], DOC_AT[name]):
         cache, k_pre, _ = ref.prefill(CONTEXTS[ctx][:512])
         for j in range(b - a):
             reused[a + j] = [(k_pre[l][256 + j], cache[l].v[256 + j]) for l in range(ref.layers)]
-    res = ref.blend(PROMPTS[name], start, reused, CHECK_LAYER, ratio)
+    res = ref.blend(PROMPTS[name], start, reused, CHECK_LAYER, ratio, policy)
     return res, ref.greedy(res.cache, res.logits, MAX_TOKENS)
 
 
@@ -300,23 +305,24 @@ def test_ratio_zero_equals_the_offline_full_reuse_reference(runs, full_prefill, 
 
 
 def _assert_kept_rows_and_tokens_match(r: dict, ref: RefLlama, ratio: float,
-                                       partial: bool = False) -> None:
-    """Each prompt's kept rows (from the trace) are the reference's HKVD rows, up to ties at the
-    quota's edge in at most 5% of the prompts, and its greedy tokens the reference's. With
-    `partial`, every prompt must also have kept fewer rows than it has (it really blended)."""
+                                       partial: bool = False, policy: str = "hkvd") -> None:
+    """Each prompt's kept rows (from the trace) are the reference's rows for `policy`, up to
+    ties at the quota's edge in at most 5% of the prompts, and its greedy tokens the
+    reference's. With `partial`, every prompt must also have kept fewer rows than it has (it
+    really blended)."""
     same = 0
     for name in PROMPTS:
         rec = _record_for(r["records"], name)
         if partial:
             assert len(rec["kept"]) < rec["end"] - rec["start"], f"{name}: every row was recomputed"
-        res, tokens = _reference(ref, name, rec["start"], ratio)
+        res, tokens = _reference(ref, name, rec["start"], ratio, policy)
         mine, theirs = set(rec["kept"]), set(res.kept)
         if mine == theirs:
             same += 1
         else:
-            # Only a tie at the quota's edge may differ: rows whose deviations are within 1e-6.
+            # Only a tie at the quota's edge may differ: rows whose scores are within 1e-6.
             diff = sorted(mine ^ theirs)
-            devs = [res.deviation[p] for p in diff]
+            devs = [res.score[p] for p in diff]
             assert max(devs) - min(devs) <= 1e-6 * max(1.0, max(devs)), \
                 f"{name}: kept rows differ at {diff[:8]} (reference deviations {devs[:8]})"
         assert len(rec["kept"]) == len(res.kept)
@@ -422,13 +428,49 @@ def test_segmented_prefix_loads_the_chunks_after_a_gap_exactly_and_recomputes_th
     _locks_released(server)
 
 
+# --- policy grad --------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def grad_model(tmp_path_factory) -> str:
+    """The model of model_dir with a third layer: grad filters at the check layer (1) and again
+    at the next (2), which must not be the last for the second filter to matter."""
+    return write_model(str(tmp_path_factory.mktemp("model-3-layers")), ModelSpec(layers=3))
+
+
+@pytest.fixture(scope="module")
+def grad_run(kvd_only, grad_model, start_server, start_vllm, logdir) -> dict:
+    server = start_server(kind="kvd", extra_args=["--engine-type", "blend"])
+    trace = logdir / "blend-trace-grad.jsonl"
+    trace.unlink(missing_ok=True)
+    v = start_vllm(_blend_settings(grad_model, server, 0.15, **{"kvd.blend.policy": "grad"}),
+                   "blend-grad", env={"KVD_BLEND_TRACE": str(trace)})
+    try:
+        outputs = _run(v, PROMPTS)
+        fallbacks = _fallbacks(v.log_path)
+    finally:
+        v.close()
+    _locks_released(server)
+    server.stop()
+    return {"outputs": outputs, "fallbacks": fallbacks,
+            "records": [json.loads(line) for line in trace.read_text().splitlines()]}
+
+
+def test_grad_keeps_the_reference_rows_after_its_second_filter(grad_run, grad_model):
+    ref = RefLlama(grad_model)
+    assert not grad_run["fallbacks"], grad_run["fallbacks"]
+    _assert_kept_rows_and_tokens_match(grad_run, ref, 0.15, partial=True, policy="grad")
+    starts = {name: _record_for(grad_run["records"], name)["start"] for name in PROMPTS}
+    assert any(_reference(ref, n, st, 0.15, "grad")[0].kept != _reference(ref, n, st, 0.15)[0].kept
+               for n, st in starts.items()), "grad chose HKVD's rows on every prompt"
+
+
 # --- tensor parallelism -----------------------------------------------------------------------
 
 def _tp2_settings(model_dir: str, server, ratio: float) -> dict:
     # Two ranks, each pinned to one of the host's 2 cores at full load: the adapters' pings
     # (answered by kvd in microseconds) can wait over 2 s for a core, and a ping that times out
     # marks the server unhealthy (a `server_unhealthy` fallback). Pings get 10 s here.
-    s = _blend_settings(model_dir, server, ratio, heartbeat=10.0)
+    s = _blend_settings(model_dir, server, ratio, heartbeat=10.0, **{"kvd.blend.policy": "kv"})
     s["engine_args"]["tensor_parallel_size"] = 2
     return s
 
@@ -468,7 +510,11 @@ def test_tensor_parallel_2_keeps_the_reference_rows_on_both_ranks(tp2, reference
         "each rank retrieved each document"
     assert len(tp2["records"]) == len(PROMPTS), "rank 0 traces each blended request once"
     _assert_kept_rows_and_tokens_match({"records": tp2["records"], "outputs": tp2["outputs"]},
-                                       reference, 0.15, partial=True)
+                                       reference, 0.15, partial=True, policy="kv")
+    # ... which is not HKVD's choice on some prompt (the check above can tell the policies apart).
+    starts = {name: _record_for(tp2["records"], name)["start"] for name in PROMPTS}
+    assert any(_reference(reference, n, st, 0.15, "kv")[0].kept != _reference(reference, n, st, 0.15)[0].kept
+               for n, st in starts.items())
 
 
 def test_tensor_parallel_2_a_fault_on_one_rank_makes_both_fall_back(tp2, full_prefill):

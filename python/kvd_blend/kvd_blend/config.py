@@ -4,7 +4,7 @@
     kvd.blend.check_layer        1       layers before it run on every row; at it the deviation of
                                          fresh K against reused K picks the rows recomputed after it
     kvd.blend.recompute_ratio    0.15    share of the reused rows recomputed (highest deviation)
-    kvd.blend.policy             hkvd    hkvd | boundary:K | hkvd+boundary[:K] | random[:SEED]
+    kvd.blend.policy             hkvd    hkvd | kv | grad | boundary:K | hkvd+boundary[:K] | random[:SEED]
     kvd.blend.min_reused_tokens  256     a request reusing fewer tokens runs a normal prefill
     kvd.blend.retrieve_timeout_s 30      how long the worker waits for the non-prefix retrieve
 
@@ -31,6 +31,18 @@ class BlendConfig:
     # rows of each reused segment (boundary), both, or a seeded random `recompute_ratio`
     # (random: a control for measurements, not for serving).
     hkvd: bool = True
+    # The deviation hkvd ranks by: K's alone (policy hkvd, lmcache's), or K's over its mean
+    # plus V's over its mean (policy kv: one more read of the reused V per row).
+    kv_deviation: bool = False
+    # Policy grad, the paper's gradual filter: the top min(1, 2 * recompute_ratio) by K
+    # deviation at the check layer, then the top recompute_ratio (of all reused rows) among
+    # those by K deviation at the next layer, from which on only they run.
+    gradual: bool = False
+
+    @property
+    def first_ratio(self) -> float:
+        """The share of the reused rows kept at the check layer."""
+        return min(1.0, 2.0 * self.recompute_ratio) if self.gradual else self.recompute_ratio
     boundary_k: int = 0
     random_seed: int | None = None
     min_reused_tokens: int = 256
@@ -40,6 +52,10 @@ class BlendConfig:
     def policy(self) -> str:
         if self.random_seed is not None:
             return f"random:{self.random_seed}"
+        if self.kv_deviation:
+            return "kv"
+        if self.gradual:
+            return "grad"
         if self.hkvd and self.boundary_k:
             return f"hkvd+boundary:{self.boundary_k}"
         if self.boundary_k:
@@ -98,16 +114,19 @@ def _parse_policy(key: str, v: Any) -> dict[str, Any]:
     if not isinstance(v, str):
         raise ValueError(f"{key} must be a string, got {v!r}")
     s = v.strip().lower()
-    if s == "hkvd":
-        return {"hkvd": True, "boundary_k": 0, "random_seed": None}
+    if s in ("hkvd", "kv", "grad"):
+        return {"hkvd": True, "kv_deviation": s == "kv", "gradual": s == "grad", "boundary_k": 0,
+                "random_seed": None}
     name, _, arg = s.partition(":")
     if name in ("boundary", "hkvd+boundary"):
         k = DEFAULT_BOUNDARY_K if arg == "" else _as_int(key, arg, lo=1)
-        return {"hkvd": name == "hkvd+boundary", "boundary_k": k, "random_seed": None}
+        return {"hkvd": name == "hkvd+boundary", "kv_deviation": False, "gradual": False,
+                "boundary_k": k, "random_seed": None}
     if name == "random":
         seed = 0 if arg == "" else _as_int(key, arg, lo=0)
-        return {"hkvd": False, "boundary_k": 0, "random_seed": seed}
-    raise ValueError(f"{key} must be one of hkvd, boundary:K, hkvd+boundary[:K], random[:SEED]; "
+        return {"hkvd": False, "kv_deviation": False, "gradual": False, "boundary_k": 0,
+                "random_seed": seed}
+    raise ValueError(f"{key} must be one of hkvd, kv, grad, boundary:K, hkvd+boundary[:K], random[:SEED]; "
                      f"got {v!r}")
 
 

@@ -10,10 +10,13 @@ forward unchanged. A step with plans (kvd_blend.connector) runs `BlendForward`:
     2. layers before the check layer run on every row (their fresh KV replaces the reused);
     3. in the check layer's attention (the module vLLM calls with post-RoPE q, k, v), the
        deviation of each reused row's fresh K from the reused K still in the cache is
-       measured, and `plan.choose_rows` picks the rows that go on; only those rows' K/V are
-       written and attend (to every position of their request, causally, through vLLM's own
-       CPU attention kernel: a run of consecutive rows is one query chunk);
-    4. later layers run on the kept rows only; the other rows keep the reused KV;
+       measured (and of V, for policy kv), and `plan.choose_rows` picks the rows that go on;
+       only those rows' K/V are written and attend (to every position of their request,
+       causally, through vLLM's own CPU attention kernel: a run of consecutive rows is one
+       query chunk);
+    4. later layers run on the kept rows only; the other rows keep the reused KV (policy
+       grad: the check layer keeps twice the share, and the next layer's attention filters
+       those again by its own K deviation, the same way);
     5. the final hidden states are scattered back to a full-size tensor (vLLM picks each
        request's last row, which is always kept).
 
@@ -45,7 +48,8 @@ from typing import Any
 import torch
 
 from kvd_blend import cpu_layout
-from kvd_blend.plan import BlendRequestPlan, choose_rows, k_deviation, reused_mask, runs
+from kvd_blend.plan import (BlendRequestPlan, choose_rows, exact_mask, k_deviation, kv_score,
+                            reused_mask, runs)
 
 logger = logging.getLogger("vllm.kvd_blend")  # under vLLM's logger: its handlers and level
 
@@ -155,6 +159,7 @@ class BlendForward:
         self.tp = _TensorParallel()
         self._swapped: list[tuple[dict, str, Any]] = []
         self._patched: list[Any] = []  # attention modules whose forward is intercepted
+        self.n_rows = 0  # the step's batch rows
 
     # --- the loop -----------------------------------------------------------------------------
 
@@ -188,6 +193,7 @@ class BlendForward:
         if getattr(attns[0].impl, "sliding_window", -1) not in (-1, None):
             raise BlendUnsupported("sliding-window attention")
         n_rows = int(input_ids.shape[0]) if input_ids is not None else int(inputs_embeds.shape[0])
+        self.n_rows = n_rows
         if md.num_actual_tokens != n_rows or not md.causal or md.dynamic_causal is not None:
             raise BlendUnsupported("padded, non-causal or dynamically causal batch")
 
@@ -219,14 +225,27 @@ class BlendForward:
         for layer in layers[:check]:
             hidden, residual = layer(positions, hidden, residual)
 
+        # Policy grad filters twice: at the check layer and at the next.
+        second = self.cfg.gradual and check + 1 < len(layers)
         kept: dict[str, torch.Tensor] = {}  # "keep": the rows that go on, unless all of them
-        self._intercept(attns[check], md, fc, names, blended, positions, kept)
+        self._intercept(attns[check], fc, names, blended, positions, None, kept, final=not second)
         hidden, residual = layers[check](positions, hidden, residual)
         self._unintercept()
         keep = kept.get("keep")
         if keep is not None:
             hidden, residual, positions = hidden[keep], residual[keep], positions[keep]
-        for layer in layers[check + 1:]:
+        rest = layers[check + 1:]
+        if second:
+            kept = {}
+            self._intercept(attns[check + 1], fc, names, blended, positions, keep, kept, final=True)
+            hidden, residual = layers[check + 1](positions, hidden, residual)
+            self._unintercept()
+            keep2 = kept.get("keep")  # among the rows that ran the layer
+            if keep2 is not None:
+                hidden, residual, positions = hidden[keep2], residual[keep2], positions[keep2]
+                keep = keep2 if keep is None else keep[keep2]
+            rest = layers[check + 2:]
+        for layer in rest:
             hidden, residual = layer(positions, hidden, residual)
         hidden, _ = model.norm(hidden, residual)
         if keep is not None:
@@ -271,28 +290,48 @@ class BlendForward:
 
     # --- the check layer ----------------------------------------------------------------------
 
-    def _intercept(self, attn: Any, md: Any, fc: Any, names: list[str],
-                   blended: dict[str, tuple[BlendRequestPlan, int]],
-                   positions: torch.Tensor, kept: dict[str, torch.Tensor]) -> None:
+    def _intercept(self, attn: Any, fc: Any, names: list[str],
+                   blended: dict[str, tuple[BlendRequestPlan, int]], positions: torch.Tensor,
+                   cur: torch.Tensor | None, kept: dict[str, torch.Tensor], final: bool) -> None:
+        """Makes `attn`'s next call choose the rows that go on. `cur`: the batch rows that run
+        this layer, in order (None: every row; else what an earlier filter kept), whose
+        positions are `positions`. A first filter (cur None) keeps the policy's share (grad:
+        its first, wider share); a second (grad's) keeps the policy's share among `cur`.
+        kept["keep"]: the indices into `cur` that go on, unless all of them. `final`: the
+        choice is the last one (traced)."""
         original = attn.forward
-        n_rows = int(md.num_actual_tokens)
+        wide = cur is None and not final  # grad's first filter
 
         def check_forward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                           *args: Any, **kwargs: Any) -> torch.Tensor:
-            keep_mask = torch.ones(n_rows, dtype=torch.bool)
+            n_cur = int(query.shape[0])
+            md = fc.attn_metadata[attn.layer_name]  # the metadata of the rows that run here
             slot_mapping = fc.slot_mapping[attn.layer_name]
-            devs: list[torch.Tensor] = []
+            keep_mask = torch.ones(n_cur, dtype=torch.bool)
+            with_v = self.cfg.kv_deviation
+            mine: list[tuple[torch.Tensor, torch.Tensor]] = []  # per plan: its indices here, its rows
+            devs: list[torch.Tensor] = []   # per plan: K deviations (then K and V's, with_v)
             error: Exception | None = None
             try:
-                k3 = key.view(n_rows, attn.num_kv_heads, attn.head_size)
+                batch_rows = torch.arange(n_cur) if cur is None else cur
+                k3 = key.view(n_cur, attn.num_kv_heads, attn.head_size)
+                v3 = value.view(n_cur, attn.num_kv_heads, attn.head_size) if with_v else None
                 for plan, row0 in blended.values():
-                    mask = reused_mask(plan)
-                    rows = torch.nonzero(mask, as_tuple=False).flatten() + row0
-                    dev = torch.zeros(plan.end - plan.start, dtype=torch.float32)
-                    old_k = cpu_layout.read_k(attn.kv_cache, slot_mapping[rows])
-                    dev[mask] = k_deviation(k3[rows], old_k)
+                    n = plan.end - plan.start
+                    rel = batch_rows - row0
+                    here = torch.nonzero((rel >= 0) & (rel < n), as_tuple=False).flatten()
+                    rel = rel[here]  # the plan's rows (0-based within the request) that run here
+                    mine.append((here, rel))
+                    reused = reused_mask(plan)[rel]
+                    at, rows = here[reused], rel[reused]
+                    dev = torch.zeros((2 if with_v else 1) * n, dtype=torch.float32)  # K's, then V's
+                    old_k = cpu_layout.read_k(attn.kv_cache, slot_mapping[at])
+                    dev[:n][rows] = k_deviation(k3[at], old_k)
+                    if with_v:
+                        old_v = cpu_layout.read_v(attn.kv_cache, slot_mapping[at])
+                        dev[n:][rows] = k_deviation(v3[at], old_v)  # the same distance, of V
                     devs.append(dev)
-                if _fault_here("check_layer", self.tp.rank):
+                if cur is None and _fault_here("check_layer", self.tp.rank):
                     raise RuntimeError(f"KVD_BLEND_FAULT={_FAULT}")
             except Exception as e:  # noqa: BLE001 - every rank learns of it before going on
                 error = e
@@ -305,12 +344,19 @@ class BlendForward:
             if self.tp.size > 1 and devs:
                 # Each rank's deviations sum over its own heads: their sum is the whole model's.
                 devs = list(torch.split(self.tp.sum(torch.cat(devs)), [d.numel() for d in devs]))
-            for (plan, row0), dev in zip(blended.values(), devs):
-                chosen = choose_rows(plan, dev, self.cfg)
-                if _TRACE and self.tp.rank == 0:
-                    _trace(plan, chosen, dev, n_rows)
-                keep_mask[row0:row0 + plan.end - plan.start] = False
-                keep_mask[chosen + row0] = True
+            if with_v:  # the whole model's K and V deviations, each over its mean
+                devs = [kv_score(d[:p.end - p.start], d[p.end - p.start:], reused_mask(p) & ~exact_mask(p))
+                        for (p, _), d in zip(blended.values(), devs)]
+            for (plan, _), dev, (here, rel) in zip(blended.values(), devs, mine):
+                if cur is None:
+                    chosen = choose_rows(plan, dev, self.cfg, ratio=self.cfg.first_ratio if wide else None)
+                else:
+                    among = torch.zeros(plan.end - plan.start, dtype=torch.bool)
+                    among[rel] = True
+                    chosen = choose_rows(plan, dev, self.cfg, among=among)
+                if _TRACE and final and self.tp.rank == 0:
+                    _trace(plan, chosen, dev, self.n_rows)
+                keep_mask[here] = torch.isin(rel, chosen)
             if bool(keep_mask.all()):
                 return original(query, key, value, *args, **kwargs)
             keep = torch.nonzero(keep_mask, as_tuple=False).flatten()
@@ -318,7 +364,7 @@ class BlendForward:
             self._swap(fc, names, self._subset_metadata(md, attn, keep, keep_mask, positions,
                                                         query.dtype), slot_mapping[keep])
             out = original(query[keep], key[keep], value[keep], *args, **kwargs)
-            full = out.new_zeros((n_rows,) + tuple(out.shape[1:]))
+            full = out.new_zeros((n_cur,) + tuple(out.shape[1:]))
             full[keep] = out
             return full
 

@@ -9,11 +9,14 @@ before the check layer runs on all rows. At the check layer the rows that go on 
 
     - every row no segment covers (the question, gaps between documents, partial tails),
     - the last row of the request (its hidden state gives the next token),
-    - of the reused rows: the top `ratio` by deviation (hkvd), the first k rows of each
-      segment (boundary), both, or a seeded random `ratio` (random, a control),
+    - of the reused rows: the top `ratio` by deviation (hkvd: K's; kv: K's and V's, each over
+      its mean, `kv_score`), the first k rows of each segment (boundary), both, or a seeded
+      random `ratio` (random, a control),
 
 and from there on only those rows run; the other rows keep the reused KV in every later
-layer. `keep_rows` returns them sorted; `runs` cuts a sorted row list into runs of
+layer. Policy grad (the paper's gradual filter) keeps twice the ratio at the check layer and
+filters again at the next: `choose_rows(..., ratio, among)` keeps the top `ratio` of all the
+reused rows among the rows `among` that are still computed. `keep_rows` returns them sorted; `runs` cuts a sorted row list into runs of
 consecutive rows (each run attends causally to every position up to its last one, which is
 how the engine's attention kernels see a chunk of a prefill).
 """
@@ -113,21 +116,33 @@ def exact_mask(plan: BlendRequestPlan) -> torch.Tensor:
     return m
 
 
-def choose_rows(plan: BlendRequestPlan, deviation: torch.Tensor, cfg: BlendConfig) -> torch.Tensor:
+def choose_rows(plan: BlendRequestPlan, deviation: torch.Tensor, cfg: BlendConfig,
+                ratio: float | None = None, among: torch.Tensor | None = None) -> torch.Tensor:
     """Which of the request's rows (0-based within the request) run after the check layer.
 
-    `deviation`: float [end - start], the per-row deviation of fresh K against reused K at the
-    check layer (only reused rows' entries are read). Ties in hkvd go to the earlier row.
+    `deviation`: float [end - start], the per-row deviation of fresh against reused KV at the
+    check layer (`k_deviation`, or `kv_score` for policy kv; only reused rows' entries are
+    read). Ties in hkvd go to the earlier row.
     Exact segments' rows are never chosen and do not count toward the ratio.
+    `ratio`: instead of cfg.recompute_ratio. `among` (bool [end - start], hkvd only): the
+    quota stays `ratio` of every counted reused row, but only rows marked here are chosen
+    (grad's second filter, among the rows the first kept).
     Returns the sorted int64 row indices.
     """
     n = plan.end - plan.start
+    ratio = cfg.recompute_ratio if ratio is None else ratio
     reused = reused_mask(plan)
     keep = ~reused
     keep[n - 1] = True
-    reused_idx = torch.nonzero(reused & ~exact_mask(plan), as_tuple=False).flatten()
-    n_reused = int(reused_idx.numel())
-    quota = min(n_reused, math.ceil(cfg.recompute_ratio * n_reused - 1e-9)) if n_reused else 0
+    counted = reused & ~exact_mask(plan)
+    n_reused = int(counted.sum())
+    quota = min(n_reused, math.ceil(ratio * n_reused - 1e-9)) if n_reused else 0
+    if among is not None:
+        if cfg.random_seed is not None or not cfg.hkvd or cfg.boundary_k:
+            raise ValueError("choose_rows among earlier choices: hkvd only")
+        counted = counted & among
+    reused_idx = torch.nonzero(counted, as_tuple=False).flatten()
+    quota = min(quota, int(reused_idx.numel()))
     if cfg.random_seed is not None:
         if quota:
             g = torch.Generator().manual_seed(cfg.random_seed)
@@ -163,3 +178,18 @@ def k_deviation(fresh_k: torch.Tensor, reused_k: torch.Tensor) -> torch.Tensor:
     """Per-row squared L2 distance of fresh and reused K ([rows, ...] each), in float32."""
     d = fresh_k.float().reshape(fresh_k.shape[0], -1) - reused_k.float().reshape(reused_k.shape[0], -1)
     return (d * d).sum(dim=1)
+
+
+def kv_score(dk: torch.Tensor, dv: torch.Tensor, counted: torch.Tensor) -> torch.Tensor:
+    """Policy kv's per-row deviation: the K deviation over its mean plus the V deviation over
+    its mean, the means taken over the `counted` rows (bool, the reused rows the ratio counts),
+    so that neither of K and V outweighs the other by its scale. dk, dv: float [rows], each a
+    `k_deviation` (summed over every tensor-parallel rank first: a mean of per-rank sums is not
+    the model's). Rows outside `counted` score 0."""
+    dk, dv = dk.to(torch.float64), dv.to(torch.float64)
+    out = torch.zeros_like(dk)
+    if bool(counted.any()):
+        mk = dk[counted].mean().clamp_min(1e-30)
+        mv = dv[counted].mean().clamp_min(1e-30)
+        out[counted] = dk[counted] / mk + dv[counted] / mv
+    return out

@@ -9,7 +9,7 @@ from kvd_blend.config import BlendConfig
 from types import SimpleNamespace
 
 from kvd_blend.plan import (BlendRequestPlan, Segment, choose_rows, exact_mask, k_deviation,
-                            reused_mask, runs, segments_from_reply, usable_segments)
+                            kv_score, reused_mask, runs, segments_from_reply, usable_segments)
 
 
 def seg(cur_st: int, n: int, old_st: int = 0) -> Segment:
@@ -40,10 +40,12 @@ def test_config_reads_kvd_keys_and_lmcache_spellings():
 
 @pytest.mark.parametrize("policy,hkvd,k,seed", [
     ("hkvd", True, 0, None), ("boundary:4", False, 4, None), ("hkvd+boundary", True, 8, None),
-    ("hkvd+boundary:2", True, 2, None), ("random", False, 0, 0), ("random:7", False, 0, 7)])
+    ("hkvd+boundary:2", True, 2, None), ("random", False, 0, 0), ("random:7", False, 0, 7),
+    ("kv", True, 0, None), ("grad", True, 0, None)])
 def test_config_policies(policy, hkvd, k, seed):
     c = BlendConfig.from_extra_config({"kvd.blend.policy": policy})
     assert (c.hkvd, c.boundary_k, c.random_seed) == (hkvd, k, seed)
+    assert (c.kv_deviation, c.gradual) == (policy == "kv", policy == "grad")
     assert BlendConfig.from_extra_config({"kvd.blend.policy": c.policy}) == c
 
 
@@ -185,3 +187,40 @@ def test_k_deviation_sums_over_heads_so_tensor_parallel_ranks_can_add_theirs():
     whole = k_deviation(fresh, reused)
     parts = k_deviation(fresh[:, :1], reused[:, :1]) + k_deviation(fresh[:, 1:], reused[:, 1:])
     assert torch.allclose(whole, parts)
+
+
+def test_kv_score_adds_k_and_v_deviations_each_over_its_mean_over_the_counted_rows():
+    dk = torch.tensor([1.0, 3.0, 100.0, 2.0])
+    dv = torch.tensor([40.0, 0.0, 7.0, 20.0])
+    counted = torch.tensor([True, True, False, True])  # row 2: exact or not reused
+    got = kv_score(dk, dv, counted)
+    mk, mv = (1 + 3 + 2) / 3, (40 + 0 + 20) / 3
+    assert torch.allclose(got, torch.tensor([1 / mk + 40 / mv, 3 / mk, 0.0, 2 / mk + 20 / mv],
+                                            dtype=torch.float64))
+    # The row that deviates most in V ranks first by kv, another by K alone.
+    p = plan(0, 4, [seg(0, 3)])   # rows 0-2 reused, row 3 (the last) computed
+    dk, dv = torch.tensor([1.0, 3.0, 2.0, 0.0]), torch.tensor([40.0, 0.0, 20.0, 0.0])
+    score = kv_score(dk, dv, reused_mask(p))   # 2.5, 1.5, 2.0
+    cfg = BlendConfig(recompute_ratio=1 / 3)
+    assert choose_rows(p, score, cfg).tolist() == [0, 3]         # kv: row 0, plus the last row
+    assert choose_rows(p, dk, cfg).tolist() == [1, 3]            # K alone: row 1
+    # Nothing counted: every score 0, no division by zero.
+    assert kv_score(dk, dv, torch.zeros(4, dtype=torch.bool)).tolist() == [0.0] * 4
+
+
+def test_grad_keeps_twice_the_ratio_first_then_the_ratio_among_those():
+    c = BlendConfig.from_extra_config({"kvd.blend.policy": "grad", "kvd.blend.recompute_ratio": 0.15})
+    assert (c.first_ratio, BlendConfig(recompute_ratio=0.15).first_ratio) == (0.3, 0.15)
+    assert BlendConfig(recompute_ratio=0.6, gradual=True).first_ratio == 1.0
+    p = plan(0, 12, [seg(0, 10)])             # rows 0-9 reused, 10-11 computed
+    first = torch.tensor([9.0, 8, 7, 6, 5, 4, 3, 2, 1, 0, 0, 0])
+    wide = choose_rows(p, first, c, ratio=c.first_ratio)
+    assert wide.tolist() == [0, 1, 2, 10, 11]  # ceil(0.3 * 10) = 3 reused rows
+    among = torch.zeros(12, dtype=torch.bool)
+    among[wide] = True
+    # The next layer's deviations rank differently; rows outside `among` never come back, and
+    # the quota is 0.15 of all 10 reused rows (2), not of the 3 still computed.
+    second = torch.tensor([1.0, 5, 3, 0, 0, 0, 0, 0, 0, 99, 0, 0])
+    assert choose_rows(p, second, c, among=among).tolist() == [1, 2, 10, 11]
+    with pytest.raises(ValueError, match="hkvd only"):
+        choose_rows(p, second, BlendConfig(hkvd=False, boundary_k=2), among=among)
