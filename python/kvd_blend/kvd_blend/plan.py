@@ -4,8 +4,8 @@ A request's forward computes prompt positions [start, end) as rows [row0, row0 +
 of the batch. Some of those positions lie in reused segments: their KV was scattered into the
 paged cache by the server (re-rotated to these positions) before the forward. A segment may be
 exact (a segmented-prefix chunk: same position, same tokens before it): its rows are reused
-and never recomputed. Every layer
-before the check layer runs on all rows. At the check layer the rows that go on are:
+and never recomputed. Every layer before the check layer runs on all rows. At the check layer
+the rows that go on are:
 
     - every row no segment covers (the question, gaps between documents, partial tails),
     - the last row of the request (its hidden state gives the next token),
@@ -16,9 +16,10 @@ before the check layer runs on all rows. At the check layer the rows that go on 
 and from there on only those rows run; the other rows keep the reused KV in every later
 layer. Policy grad (the paper's gradual filter) keeps twice the ratio at the check layer and
 filters again at the next: `choose_rows(..., ratio, among)` keeps the top `ratio` of all the
-reused rows among the rows `among` that are still computed. `keep_rows` returns them sorted; `runs` cuts a sorted row list into runs of
-consecutive rows (each run attends causally to every position up to its last one, which is
-how the engine's attention kernels see a chunk of a prefill).
+reused rows among the rows `among` that are still computed. `choose_rows` returns the rows
+sorted; `runs` cuts a sorted row list into runs of consecutive rows (each run attends causally
+to every position up to its last one, which is how the engine's attention kernels see a chunk
+of a prefill).
 """
 
 from __future__ import annotations
