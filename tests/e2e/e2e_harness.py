@@ -219,6 +219,43 @@ def vllm_settings(model: str, block_size: int, server: "CacheServer | ServerAt |
     return s
 
 
+SHM_DIR = "/dev/shm"
+# lmcache's client (CpuShmTensorWrapper) backs each registered CPU KV cache with a POSIX shared
+# memory segment "/lmcache_kv_<pid>_<n>", created exclusively and unlinked when the tensor is
+# freed. A worker that dies by SIGKILL leaves its segment behind, and a later worker that gets
+# the same pid (pids wrap at 32768 on a busy host) then fails at start with "File exists".
+_LMCACHE_SEGMENT = re.compile(r"lmcache_kv_(\d+)_\d+")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_stale_lmcache_segments(shm_dir: str = SHM_DIR) -> list[str]:
+    """Removes the lmcache KV segments whose creating process is gone; returns their names.
+    A live process's segment is never touched."""
+    removed = []
+    try:
+        names = os.listdir(shm_dir)
+    except FileNotFoundError:
+        return removed
+    for name in names:
+        m = _LMCACHE_SEGMENT.fullmatch(name)
+        if m and not _pid_alive(int(m.group(1))):
+            try:
+                os.unlink(os.path.join(shm_dir, name))
+                removed.append(name)
+            except FileNotFoundError:
+                pass
+    return sorted(removed)
+
+
 class VllmError(RuntimeError):
     pass
 
@@ -250,6 +287,7 @@ class VllmProcess:
         """Starts the process and returns at once (wait_ready() waits for the engine): two
         vLLMs that need no cache server can load side by side."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        remove_stale_lmcache_segments()  # a dead worker's segment must not block a new one
         self._t0 = time.monotonic()
         self.proc = subprocess.Popen(
             [self.python, str(HERE / "vllm_worker.py"), json.dumps(self.settings)],
@@ -325,6 +363,7 @@ class VllmProcess:
             pass
         self.proc.wait(timeout=30)
         self.proc = None
+        remove_stale_lmcache_segments()  # what the SIGKILL left behind
 
     def log_tail(self, n: int = 40) -> str:
         try:
