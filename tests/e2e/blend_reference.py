@@ -227,11 +227,10 @@ class RefLlama:
                         cur = rows.tolist()
                         cand = [i for i, p in enumerate(cur) if p in reused_set and p != n - 1]
                         dev2 = ((k[cand] - kl[rows[cand]]) ** 2).flatten(1).sum(1).tolist()
-                        quota = math.ceil(second * len(reused_pos) - 1e-9)
-                        top = sorted(range(len(cand)), key=lambda j: (-dev2[j], cur[cand[j]]))[:quota]
                         score = {cur[i]: d for i, d in zip(cand, dev2)}  # what the last filter ranked by
-                        keep = sorted({i for i, p in enumerate(cur) if p not in reused_set or p == n - 1}
-                                      | {cand[j] for j in top})
+                        chosen = self._choose(sorted(score), score, second, "hkvd", segments,
+                                              of=len(reused_pos))
+                        keep = [i for i, p in enumerate(cur) if p not in score or p in chosen]
                         kept = [cur[i] for i in keep]
                         idx = torch.tensor(keep)
                         q, k, v, h, rows = q[idx], k[idx], v[idx], h[idx], rows[idx]
@@ -289,8 +288,11 @@ class RefLlama:
 
     @staticmethod
     def _choose(reused_pos: list[int], score: dict[int, float], ratio: float, policy: str,
-                segments: list[tuple[int, int]] | None) -> set[int]:
-        quota = math.ceil(ratio * len(reused_pos) - 1e-9)
+                segments: list[tuple[int, int]] | None, of: int | None = None) -> set[int]:
+        """The reused positions a policy keeps; the quota is ceil(ratio * of), `of` being
+        len(reused_pos) unless given (grad's second filter: a share of all reused rows, chosen
+        among fewer)."""
+        quota = math.ceil(ratio * (len(reused_pos) if of is None else of) - 1e-9)
         name, _, arg = policy.partition(":")
         # score: the K deviation (hkvd), K and V deviations each over its mean (kv), the
         # question's attention (attn), or the offline error (oracle)

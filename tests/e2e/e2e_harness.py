@@ -229,11 +229,11 @@ _LMCACHE_SEGMENT = re.compile(r"lmcache_kv_(\d+)_\d+")
 
 def _pid_alive(pid: int) -> bool:
     try:
-        os.kill(pid, 0)
+        os.kill(pid, 0)  # PermissionError: alive, another user's
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True
+        pass
     return True
 
 

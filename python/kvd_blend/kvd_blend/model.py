@@ -309,7 +309,8 @@ class BlendForward:
             slot_mapping = fc.slot_mapping[attn.layer_name]
             keep_mask = torch.ones(n_cur, dtype=torch.bool)
             with_v = self.cfg.kv_deviation
-            mine: list[tuple[torch.Tensor, torch.Tensor]] = []  # per plan: its indices here, its rows
+            # per plan: its indices here, its rows, and (with_v) the rows its ratio counts
+            mine: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]] = []
             devs: list[torch.Tensor] = []   # per plan: K deviations (then K and V's, with_v)
             error: Exception | None = None
             try:
@@ -321,8 +322,9 @@ class BlendForward:
                     rel = batch_rows - row0
                     here = torch.nonzero((rel >= 0) & (rel < n), as_tuple=False).flatten()
                     rel = rel[here]  # the plan's rows (0-based within the request) that run here
-                    mine.append((here, rel))
-                    reused = reused_mask(plan)[rel]
+                    reused_all = reused_mask(plan)
+                    mine.append((here, rel, reused_all & ~exact_mask(plan) if with_v else None))
+                    reused = reused_all[rel]
                     at, rows = here[reused], rel[reused]
                     dev = torch.zeros((2 if with_v else 1) * n, dtype=torch.float32)  # K's, then V's
                     old_k = cpu_layout.read_k(attn.kv_cache, slot_mapping[at])
@@ -345,9 +347,9 @@ class BlendForward:
                 # Each rank's deviations sum over its own heads: their sum is the whole model's.
                 devs = list(torch.split(self.tp.sum(torch.cat(devs)), [d.numel() for d in devs]))
             if with_v:  # the whole model's K and V deviations, each over its mean
-                devs = [kv_score(d[:p.end - p.start], d[p.end - p.start:], reused_mask(p) & ~exact_mask(p))
-                        for (p, _), d in zip(blended.values(), devs)]
-            for (plan, _), dev, (here, rel) in zip(blended.values(), devs, mine):
+                devs = [kv_score(d[:d.numel() // 2], d[d.numel() // 2:], counted)
+                        for d, (_, _, counted) in zip(devs, mine)]
+            for (plan, _), dev, (here, rel, _) in zip(blended.values(), devs, mine):
                 if cur is None:
                     chosen = choose_rows(plan, dev, self.cfg, ratio=self.cfg.first_ratio if wide else None)
                 else:
