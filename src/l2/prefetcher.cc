@@ -196,7 +196,9 @@ void Prefetcher::RunJob(const std::shared_ptr<Job>& job) {
         }
         for (size_t i = 0; i < results.size() && i < job->keys.size(); ++i) {
           if (results[i].status.ok()) {
-            t.AccountLocked(job->keys[i], results[i].bytes ? results[i].bytes : job->req.format.object_bytes);
+            const ChunkSlot slot{job->req.chunks[i / job->ranks], static_cast<uint32_t>(i % job->ranks)};
+            t.AccountLocked(job->keys[i], results[i].bytes ? results[i].bytes : job->req.format.object_bytes,
+                            &slot);
           }
         }
       }

@@ -152,7 +152,8 @@ void StoreBehind::StoreTo(TierState& t, const std::shared_ptr<Batch>& batch, con
           } else {
             t.st.store_existing_objects++;
           }
-          t.AccountLocked(obj.key, r.bytes > 0 ? r.bytes : batch->pins[index[j]].size());
+          const ChunkSlot slot{obj.chunk, obj.slot};
+          t.AccountLocked(obj.key, r.bytes > 0 ? r.bytes : batch->pins[index[j]].size(), &slot);
         } else if (r.status.code() == StatusCode::kResourceExhausted) {
           t.st.store_full_objects++;
           t.NoteError(r.status.message());

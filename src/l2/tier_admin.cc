@@ -36,6 +36,7 @@ void TierSet::DeleteObjects(size_t index, std::vector<ObjectKey> keys, Tier::Don
   t.spec.tier->Delete(std::move(keys), [this, &t, ids, done = std::move(done)](
                                            std::vector<ItemResult> results) {
     uint64_t n = 0;
+    std::vector<ChunkSlot> slots;
     {
       MutexLock lock(&t.mu);
       for (size_t i = 0; i < results.size() && i < ids->size(); ++i) {
@@ -44,10 +45,13 @@ void TierSet::DeleteObjects(size_t index, std::vector<ObjectKey> keys, Tier::Don
           continue;
         }
         if (results[i].bytes > 0) n++;
-        t.index.Remove((*ids)[i]);
+        std::optional<ChunkSlot> slot;
+        t.index.Remove((*ids)[i], &slot);
+        if (slot) slots.push_back(*slot);
       }
     }
     spdlog::info("l2 {}: {} object(s) deleted on request", t.name, n);
+    SlotsLeftATier(std::move(slots));
     done(std::move(results));
     calls_.End();
   });

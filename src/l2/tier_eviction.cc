@@ -9,9 +9,9 @@
 
 namespace kvd::l2 {
 
-void TierState::AccountLocked(const ObjectKey& key, uint64_t bytes) {
+void TierState::AccountLocked(const ObjectKey& key, uint64_t bytes, const ChunkSlot* chunk) {
   if (capacity == 0) return;  // no declared capacity: usage only, no index
-  index.Account(RespKey(key), bytes);
+  index.Account(RespKey(key), bytes, chunk);
 }
 
 void TierState::BusyLocked(const ObjectKey& key, int busy_delta) {
@@ -52,7 +52,7 @@ void TierState::ScanEarlierRuns(TierCalls& calls) {
   });
 }
 
-void TierState::Evict(TierCalls& calls) {
+void TierState::Evict(TierCalls& calls, std::function<void(std::vector<ChunkSlot>)> removed) {
   TierState& t = *this;
   if (!t.eviction || t.eviction->policy == "noop" || t.capacity == 0) return;
   std::vector<ObjectKey> victims;
@@ -72,8 +72,10 @@ void TierState::Evict(TierCalls& calls) {
   }
   calls.Begin();
   auto keys = std::make_shared<std::vector<ObjectKey>>(victims);
-  t.spec.tier->Delete(std::move(victims), [&t, &calls, keys](std::vector<ItemResult> results) {
+  t.spec.tier->Delete(std::move(victims), [&t, &calls, keys, removed = std::move(removed)](
+                                             std::vector<ItemResult> results) {
     uint64_t n = 0, bytes = 0;
+    std::vector<ChunkSlot> slots;
     {
       MutexLock lock(&t.mu);
       for (size_t i = 0; i < keys->size(); ++i) {
@@ -86,7 +88,9 @@ void TierState::Evict(TierCalls& calls) {
         // Gone from the tier, so gone from the index, even when a load of it started after
         // the round was planned (that load answers NotFound, or read it before the delete).
         if (!t.index.contains(id)) continue;
-        bytes += t.index.Remove(id);
+        std::optional<ChunkSlot> slot;
+        bytes += t.index.Remove(id, &slot);
+        if (slot) slots.push_back(*slot);
         n++;
       }
       t.st.evicted_objects += n;
@@ -94,6 +98,7 @@ void TierState::Evict(TierCalls& calls) {
       t.evicting = false;
     }
     spdlog::info("l2 {}: evicted {} object(s), {:.1f} MiB", t.name, n, static_cast<double>(bytes) / (1 << 20));
+    if (removed && !slots.empty()) removed(std::move(slots));
     calls.End();
   });
 }

@@ -42,12 +42,17 @@ void TierIndex::Insert(const std::string& id, uint64_t bytes, uint64_t last_use)
   policy_->Insert(e);
 }
 
-void TierIndex::Account(const std::string& id, uint64_t bytes) {
+void TierIndex::Account(const std::string& id, uint64_t bytes, const ChunkSlot* chunk) {
   if (contains(id)) {
     Touch(id);
-    return;
+  } else {
+    Insert(id, bytes, ++sequence_);
   }
-  Insert(id, bytes, ++sequence_);
+  if (chunk == nullptr) return;
+  Entry& en = entries_[ids_.at(id)];
+  if (en.chunk) return;
+  en.chunk = *chunk;
+  ++chunk_slots_[*chunk];
 }
 
 void TierIndex::Touch(const std::string& id) {
@@ -120,12 +125,18 @@ void TierIndex::Unplan(const std::string& id) {
   if (!Held(en)) policy_->Release(it->second);
 }
 
-uint64_t TierIndex::Remove(const std::string& id) {
+uint64_t TierIndex::Remove(const std::string& id, std::optional<ChunkSlot>* chunk) {
+  if (chunk) chunk->reset();
   auto it = ids_.find(id);
   if (it == ids_.end()) return 0;
   const eviction::EntryId e = it->second;
   Entry& en = entries_[e];
   const uint64_t bytes = en.bytes;
+  if (en.chunk) {
+    auto cs = chunk_slots_.find(*en.chunk);
+    if (cs != chunk_slots_.end() && --cs->second == 0) chunk_slots_.erase(cs);
+    if (chunk) *chunk = en.chunk;
+  }
   if (en.planned && en.busy == 0) {
     policy_->Release(e);  // evictable again, then evicted: the policy may remember it
     policy_->Evicted(e);

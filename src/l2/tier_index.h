@@ -15,7 +15,12 @@
 //                planned (its delete is in flight: not offered again) ── Remove ──▶ gone
 //
 //   Remove works from any state (a delete by the operator, or a tier delete that succeeded);
-//   Touch (a write or a hit) makes an idle entry the most recent. An entry planned while a
+//   Touch (a write or a hit) makes an idle entry the most recent.
+//
+// CHUNK SLOTS. An object this run wrote or found for an L1 chunk is also indexed by that
+// chunk and rank (ChunkSlot), so that the blend matcher can be told when the last copy of a
+// chunk's object leaves the tiers (tier_set.h, ChunkInNoTier). Objects only a scan saw have
+// no chunk slot (their namespace is not known); a later write or hit gives them one. An entry planned while a
 //   load starts stays planned; the delete decides (the load then answers NotFound or read it
 //   before).
 //
@@ -25,14 +30,29 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <utility>
 #include <vector>
 
 #include "eviction/eviction_policy.h"
+#include "l1/chunk_key.h"
 
 namespace kvd::l2 {
+
+// One rank's object of one L1 chunk (the L1 entry's slot).
+struct ChunkSlot {
+  l1::ChunkKey chunk;
+  uint32_t slot = 0;
+  bool operator==(const ChunkSlot&) const = default;
+};
+
+struct ChunkSlotHash {
+  size_t operator()(const ChunkSlot& s) const noexcept {
+    return l1::ChunkKeyDigest(s.chunk, 0x5107ull + s.slot);
+  }
+};
 
 class TierIndex final : private eviction::HookArena {
  public:
@@ -44,8 +64,9 @@ class TierIndex final : private eviction::HookArena {
   TierIndex& operator=(const TierIndex&) = delete;
 
   // An object written, found or loaded: added as the most recent (`bytes` its size), or, when
-  // present, touched (its size unchanged).
-  void Account(const std::string& id, uint64_t bytes);
+  // present, touched (its size unchanged). `chunk`, when given, is the L1 chunk slot the
+  // object holds (kept from its first use that names one).
+  void Account(const std::string& id, uint64_t bytes, const ChunkSlot* chunk = nullptr);
   // A hit on `id` (when present): it becomes the most recent.
   void Touch(const std::string& id);
   // Objects of earlier runs (a scan), oldest first, with their sizes: added as less recent
@@ -60,8 +81,11 @@ class TierIndex final : private eviction::HookArena {
   std::vector<std::string> PlanVictims(uint64_t target);
   // A planned object whose delete failed: idle again.
   void Unplan(const std::string& id);
-  // The object left the tier; returns its bytes (0: it was not indexed).
-  uint64_t Remove(const std::string& id);
+  // The object left the tier; returns its bytes (0: it was not indexed). `chunk`, when not
+  // null, receives the object's chunk slot, or nullopt when it had none.
+  uint64_t Remove(const std::string& id, std::optional<ChunkSlot>* chunk = nullptr);
+  // An indexed object holds `slot`.
+  bool holds(const ChunkSlot& slot) const { return chunk_slots_.count(slot) != 0; }
 
   uint64_t usage() const { return usage_; }  // bytes of the indexed objects
   size_t size() const { return ids_.size(); }
@@ -74,6 +98,7 @@ class TierIndex final : private eviction::HookArena {
     int busy = 0;
     bool planned = false;
     uint64_t last_use = 0;  // recency sequence (AddOlder rebuilds the order from it)
+    std::optional<ChunkSlot> chunk;
     eviction::Hook hook;
   };
   eviction::Hook& hook(eviction::EntryId e) override { return entries_[e].hook; }
@@ -89,6 +114,8 @@ class TierIndex final : private eviction::HookArena {
   std::vector<Entry> entries_;
   std::vector<eviction::EntryId> free_;
   std::unordered_map<std::string, eviction::EntryId> ids_;
+  // Indexed objects per chunk slot (several layouts of one chunk are several objects).
+  std::unordered_map<ChunkSlot, uint32_t, ChunkSlotHash> chunk_slots_;
   uint64_t usage_ = 0;
   uint64_t sequence_ = 0;  // last_use of the most recent use
 };

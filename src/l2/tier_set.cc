@@ -42,6 +42,10 @@ Result<std::unique_ptr<TierSet>> TierSet::Create(const TierSetOptions& options,
     set->tiers_.push_back(std::move(st));
   }
   TierSet& ts = *set;
+  ts.every_tier_indexed_ = !ts.tiers_.empty() &&
+                           std::all_of(ts.tiers_.begin(), ts.tiers_.end(), [](const auto& t) {
+                             return t->spec.tier->stores() && t->capacity > 0;
+                           });
   const std::span<const std::unique_ptr<TierState>> states(ts.tiers_);
   if (options.prefetch_policy == "default") ts.prefetched_ = std::make_unique<PrefetchedChunks>(l1, options.clock);
   if (options.store_policy == "skip_l1") ts.skip_l1_ = std::make_unique<SkipL1Chunks>(l1);
@@ -124,11 +128,42 @@ void TierSet::ControlLoop(int64_t start_ns) {
       last_second = now;
       if (prefetched_) prefetched_->Sweep();
       if (skip_l1_) skip_l1_->Sweep();
-      for (auto& t : tiers_) t->Evict(calls_);
+      for (auto& t : tiers_) t->Evict(calls_, [this](std::vector<ChunkSlot> s) { SlotsLeftATier(std::move(s)); });
     }
     control_mu_.Lock();
   }
   control_mu_.Unlock();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Chunk slots in no tier
+
+bool TierSet::ChunkInNoTier(const l1::ChunkKey& chunk, uint32_t slots) const {
+  if (!every_tier_indexed_) return false;
+  for (uint32_t s = 0; s < slots; ++s) {
+    const ChunkSlot slot{chunk, s};
+    bool held = false;
+    for (const auto& t : tiers_) {
+      MutexLock lock(&t->mu);
+      if (t->index.holds(slot)) {
+        held = true;
+        break;
+      }
+    }
+    if (!held) return true;
+  }
+  return false;
+}
+
+void TierSet::SlotsLeftATier(std::vector<ChunkSlot> slots) const {
+  if (!every_tier_indexed_ || !options_.on_chunk_slots_gone || slots.empty()) return;
+  std::erase_if(slots, [this](const ChunkSlot& slot) {
+    return std::any_of(tiers_.begin(), tiers_.end(), [&slot](const auto& t) {
+      MutexLock lock(&t->mu);
+      return t->index.holds(slot);
+    });
+  });
+  if (!slots.empty()) options_.on_chunk_slots_gone(slots);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -30,7 +30,9 @@
 //   filled at startup by scanning the tier, so objects of earlier runs and of other servers
 //   are accounted and evicted too. With an LRU eviction block, once usage reaches
 //   trigger_watermark x capacity the least recently used objects are deleted until
-//   eviction_ratio x capacity bytes are freed (objects being loaded are skipped).
+//   eviction_ratio x capacity bytes are freed (objects being loaded are skipped). When every
+//   tier is indexed, the set can say which L1 chunk slots no tier holds (ChunkInNoTier) and
+//   tells on_chunk_slots_gone when a delete takes the last copy of one.
 //
 // THE PARTS. TierSet composes them and owns what they share (the TierStates and TierCalls):
 //   StoreBehind (store_behind.h), Prefetcher (prefetcher.h), each tier's TierState with its
@@ -78,6 +80,10 @@ struct TierSetOptions {
   uint32_t store_max_inflight_batches = 64;
   bool scan_at_start = true;                // account objects of earlier runs (capacity tiers)
   const Clock* clock = nullptr;             // required
+  // Told of chunk slots whose last indexed copy a tier deleted (an eviction round or an
+  // operator delete), when every tier is indexed (ChunkInNoTier): the blend matcher's
+  // synchronous removal. Runs on a tier thread, no lock of the set held. May be empty.
+  std::function<void(std::span<const ChunkSlot>)> on_chunk_slots_gone;
 };
 
 class TierSet {
@@ -111,6 +117,14 @@ class TierSet {
 
   TierSetStats stats() const;
 
+  // Whether some slot in [0, slots) of `chunk` is known to be in no tier: every tier is
+  // indexed (it stores, and has a capacity: kvd indexes what it holds and deletes it itself)
+  // and no tier's index holds that slot. False whenever a tier cannot tell (no capacity, so
+  // no index; a peer tier). An object another server wrote after the startup scan, or one
+  // only the scan saw, is not known to hold a slot: the answer errs towards "in no tier".
+  // Takes each tier's mutex briefly (lock order: an L1 shard mutex, then these).
+  bool ChunkInNoTier(const l1::ChunkKey& chunk, uint32_t slots) const;
+
   // Operator calls (GET / DELETE /cache/objects), tier_admin.cc; `index` < size() (else
   // InvalidArgument, inline). ListObjects: every object tier `index` holds (Tier::Scan).
   // DeleteObjects: removes `keys` from the tier and from its accounting; one result per key
@@ -127,6 +141,11 @@ class TierSet {
  private:
   explicit TierSet(const TierSetOptions& options);
   void ControlLoop(int64_t start_ns) KVD_EXCLUDES(control_mu_);  // once-a-second work from start_ns + 1 s
+  // Objects holding `slots` left a tier: those no tier holds any more go to
+  // options_.on_chunk_slots_gone (when every tier is indexed). No tier mutex held.
+  void SlotsLeftATier(std::vector<ChunkSlot> slots) const;
+
+  bool every_tier_indexed_ = false;  // set by Create, then constant
 
   const TierSetOptions options_;
   std::vector<std::unique_ptr<TierState>> tiers_;

@@ -10,9 +10,11 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "common/mutex.h"
 #include "l2/tier_index.h"
@@ -70,8 +72,10 @@ struct TierState {
   void NoteError(const std::string& what, bool operational = true) KVD_REQUIRES(mu);
   void NoteSuccess() KVD_REQUIRES(mu) { failures_in_a_row = 0; }
   // Accounting of the object index (tier_eviction.cc; nothing without a capacity): an
-  // object written or found; a load starting (busy_delta +1) or ending (-1).
-  void AccountLocked(const ObjectKey& key, uint64_t bytes) KVD_REQUIRES(mu);
+  // object written or found (`chunk`: the L1 chunk slot it holds, when known); a load
+  // starting (busy_delta +1) or ending (-1).
+  void AccountLocked(const ObjectKey& key, uint64_t bytes, const ChunkSlot* chunk = nullptr)
+      KVD_REQUIRES(mu);
   void BusyLocked(const ObjectKey& key, int busy_delta) KVD_REQUIRES(mu);
 
   // Startup: adds the objects the tier already holds (earlier runs) to the index as the least
@@ -79,8 +83,10 @@ struct TierState {
   void ScanEarlierRuns(TierCalls& calls) KVD_EXCLUDES(mu);
   // One eviction round (the control loop's, once a second): at the trigger watermark, deletes
   // the policy's victims until eviction_ratio x capacity is freed. Nothing without an
-  // eviction block or a capacity, or while the last round's deletes are pending.
-  void Evict(TierCalls& calls) KVD_EXCLUDES(mu);
+  // eviction block or a capacity, or while the last round's deletes are pending. `removed`
+  // (may be empty) is given the chunk slots of the deleted objects, on the tier's thread,
+  // without `mu` held.
+  void Evict(TierCalls& calls, std::function<void(std::vector<ChunkSlot>)> removed) KVD_EXCLUDES(mu);
 };
 
 }  // namespace kvd::l2

@@ -58,11 +58,42 @@ Result<std::unique_ptr<BlendIndex>> BlendIndex::Create(const ServerConfig& confi
   return std::unique_ptr<BlendIndex>(new BlendIndex(std::move(m).value()));
 }
 
+void BlendIndex::AttachTiers(const l2::TierSet* tiers, l1::L1Cache* l1) {
+  l1_.store(l1);
+  WriterMutexLock lock(&attach_mu_);
+  tier_set_ = tiers;
+}
+
+void BlendIndex::DetachTiers() {
+  WriterMutexLock lock(&attach_mu_);
+  tier_set_ = nullptr;
+}
+
 void BlendIndex::OnEntriesRemoved(std::span<const l1::ChunkKey> keys, l1::RemovalCause) {
-  // Parity mode learns of removals through strikes, as lmcache does; with tiers the chunk
-  // may still be in one.
-  if (tiers_ || parity()) return;
-  for (const auto& k : keys) RemoveChunk(k);
+  // Parity mode learns of removals through strikes, as lmcache does.
+  if (parity()) return;
+  if (!tiers_) {
+    for (const auto& k : keys) RemoveChunk(k);
+    return;
+  }
+  // With tiers the chunk may still be in one: only the tiers' indexes can say it is not.
+  l1::L1Cache* const l1 = l1_.load();
+  ReaderMutexLock lock(&attach_mu_);
+  if (tier_set_ == nullptr || l1 == nullptr) return;
+  for (const auto& k : keys) {
+    const auto world = static_cast<uint32_t>(std::max(l1->namespaces().Get(k.ns).world_size, 1));
+    if (tier_set_->ChunkInNoTier(k, world)) RemoveChunk(k);
+  }
+}
+
+void BlendIndex::OnChunkSlotsGone(std::span<const l2::ChunkSlot> slots) {
+  if (parity()) return;
+  // No lock held while asking L1: its shard mutexes come before attach_mu_ (the listener).
+  l1::L1Cache* const l1 = l1_.load();
+  if (l1 == nullptr) return;
+  for (const auto& s : slots) {
+    if (!l1->IsResident(s.chunk, s.slot)) RemoveChunk(s.chunk);
+  }
 }
 
 void BlendIndex::RemoveChunk(const l1::ChunkKey& chunk) {

@@ -38,12 +38,16 @@
 //                                            the locks anyway); END_SESSION/TTL also end a
 //                                            [locked] state, releasing its locks
 //
-// Fingerprints leave the matcher when their chunk leaves L1 and no tier is configured
-// (BlendIndex, an L1 listener, synchronously); with tiers, a lookup that finds a fingerprint's
-// chunk missing from L1 keeps it and asks the tiers for it ([tier loading]). When every tier
-// then answers "not found" for it (no error, no timeout: l2::PrefetchAnswer), and L1 still
-// lacks it, the fingerprint is removed (issue 24); a tier that failed or was late removes
-// nothing. In parity mode (--blend-lmcache-parity) a chunk still missing then is struck
+// Fingerprints leave the matcher synchronously (BlendIndex) when their chunk leaves L1 and no
+// tier is configured; or, when every tier is indexed (each has a max_capacity_gb: kvd knows
+// what it holds and deletes it itself, l2::TierSet::ChunkInNoTier), when the chunk leaves L1
+// while some rank's object is in no tier, or when a tier deletes the last copy of a rank's
+// object L1 lacks (an eviction round, an operator delete). Otherwise (a tier without an index,
+// or one that dropped an object on its own) a lookup that finds a fingerprint's chunk missing
+// from L1 keeps it and asks the tiers for it ([tier loading]). When every tier then answers
+// "not found" for it (no error, no timeout: l2::PrefetchAnswer), and L1 still lacks it, the
+// fingerprint is removed (issue 24); a tier that failed or was late removes nothing. In
+// parity mode (--blend-lmcache-parity) a chunk still missing then is struck
 // (Matcher::Strike), as lmcache does.
 //
 // Files: blend_ops.cc (rope, fingerprints, lookups, reorder, state), blend_retrieve.cc
@@ -79,6 +83,7 @@
 #include "common/status.h"
 #include "l1/l1_cache.h"
 #include "l1/l1_listener.h"
+#include "l2/tier_set.h"
 #include "server/chunk_io.h"
 #include "server/config.h"
 #include "server/instance_registry.h"
@@ -110,20 +115,33 @@ class L1ListenerFanOut : public l1::L1Listener {
   std::vector<l1::L1Listener*> listeners_;
 };
 
-// The fingerprint index: the matcher plus its removal on L1 eviction. Created before the L1
-// cache (it is one of its listeners). Partitions are l1 NamespaceIds.
+// The fingerprint index: the matcher plus its removal when a chunk leaves L1 and the tiers.
+// Created before the L1 cache (it is one of its listeners) and the tier set (it is told of
+// their deletes); AttachTiers once both exist. Partitions are l1 NamespaceIds.
+// Threads: the listener calls run with an L1 shard mutex held (lock order: L1 shard ->
+// attach_mu_ -> each tier's mutex -> matcher); OnChunkSlotsGone runs on a tier thread and
+// takes no lock of its own before it asks L1 (the tier set's calls end before the cache goes).
 class BlendIndex : public l1::L1Listener {
  public:
   static Result<std::unique_ptr<BlendIndex>> Create(const ServerConfig& config);
   blend::Matcher& matcher() { return *matcher_; }
   bool parity() const { return matcher_->options().lmcache_parity; }
-  // With tiers, an L1 removal does not remove the fingerprint (the chunk may be in a tier).
+  // With tiers, an L1 removal removes the fingerprint only when the tiers can tell that the
+  // chunk is in none of them. Set before the L1 cache is made.
   void set_tiers(bool tiers) { tiers_ = tiers; }
+  // The tier set (null: none) and the cache, once both exist. DetachTiers before the tier set
+  // is closed: it waits for the listener calls using the set.
+  void AttachTiers(const l2::TierSet* tiers, l1::L1Cache* l1) KVD_EXCLUDES(attach_mu_);
+  void DetachTiers() KVD_EXCLUDES(attach_mu_);
 
   void OnEntryComplete(const l1::ChunkKey&) override {}
-  void OnEntriesRemoved(std::span<const l1::ChunkKey> keys, l1::RemovalCause cause) override;
-  // `chunk` is in neither L1 nor any tier (OnEntriesRemoved without tiers; with tiers, the
-  // tiers' answer to a lookup): removes its fingerprint, if any (counted in `removed`).
+  void OnEntriesRemoved(std::span<const l1::ChunkKey> keys, l1::RemovalCause cause) override
+      KVD_EXCLUDES(attach_mu_);
+  // A tier deleted the last copy of these chunk slots (l2::TierSetOptions::
+  // on_chunk_slots_gone): a chunk whose slot L1 lacks too loses its fingerprint.
+  void OnChunkSlotsGone(std::span<const l2::ChunkSlot> slots) KVD_EXCLUDES(attach_mu_);
+  // `chunk` is in neither L1 nor any tier (OnEntriesRemoved, OnChunkSlotsGone, or the tiers'
+  // answer to a lookup): removes its fingerprint, if any (counted in `removed`).
   void RemoveChunk(const l1::ChunkKey& chunk);
 
   metrics::Counter removed;  // fingerprints removed because their chunk left L1 (and the tiers)
@@ -132,6 +150,10 @@ class BlendIndex : public l1::L1Listener {
   explicit BlendIndex(std::unique_ptr<blend::Matcher> m) : matcher_(std::move(m)) {}
   std::unique_ptr<blend::Matcher> matcher_;
   bool tiers_ = false;
+  SharedMutex attach_mu_;  // guards tier_set_ (DetachTiers waits for its users)
+  const l2::TierSet* tier_set_ KVD_GUARDED_BY(attach_mu_) = nullptr;
+  // Set once by AttachTiers; it outlives every listener call and tier call.
+  std::atomic<l1::L1Cache*> l1_{nullptr};
 };
 
 class BlendOps {

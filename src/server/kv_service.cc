@@ -67,8 +67,12 @@ Result<std::unique_ptr<KvService>> KvService::Create(const ServerConfig& config,
     shm.refused.push_back(*pool);
   }
   if (*peers) KVD_RETURN_IF_ERROR((*peers)->Attach(l1->get()));
-  auto tiers = MakeTierSet(config, l1->get(), clock, *peers ? (*peers)->tier() : nullptr);
+  std::function<void(std::span<const l2::ChunkSlot>)> on_slots_gone;  // the matcher's removal
+  if (blend_index) on_slots_gone = [index = blend_index.get()](auto slots) { index->OnChunkSlotsGone(slots); };
+  auto tiers = MakeTierSet(config, l1->get(), clock, *peers ? (*peers)->tier() : nullptr,
+                           std::move(on_slots_gone));
   if (!tiers.ok()) return tiers.status();
+  if (blend_index) blend_index->AttachTiers(tiers->get(), l1->get());
   return std::unique_ptr<KvService>(new KvService(config, clock, std::move(events),
                                                   std::move(fanout), std::move(blend_index),
                                                   std::move(peers).value(),
@@ -134,6 +138,7 @@ StoreCommittedHook KvService::BlendStoreHook() {
 }
 
 KvService::~KvService() {
+  if (blend_index_) blend_index_->DetachTiers();  // its L1 listener calls stop using tiers_
   if (tiers_) tiers_->Close();  // before anything its callbacks use goes away
   if (peers_) peers_->Detach();  // drops its L1 pins while the cache is alive
 }

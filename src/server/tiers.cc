@@ -54,9 +54,10 @@ std::string Fnv32Hex(const std::string& s) {
 
 }  // namespace
 
-Result<std::unique_ptr<l2::TierSet>> MakeTierSet(const ServerConfig& config, l1::L1Cache* l1,
-                                                 const Clock* clock,
-                                                 std::shared_ptr<l2::Tier> peer_tier) {
+Result<std::unique_ptr<l2::TierSet>> MakeTierSet(
+    const ServerConfig& config, l1::L1Cache* l1, const Clock* clock,
+    std::shared_ptr<l2::Tier> peer_tier,
+    std::function<void(std::span<const l2::ChunkSlot>)> on_chunk_slots_gone) {
   if (config.l2_adapters.empty() && !peer_tier) return std::unique_ptr<l2::TierSet>();
   std::vector<l2::TierSpec> specs;
   for (size_t i = 0; i < config.l2_adapters.size(); ++i) {
@@ -97,6 +98,7 @@ Result<std::unique_ptr<l2::TierSet>> MakeTierSet(const ServerConfig& config, l1:
   o.store_max_inflight_bytes =
       std::clamp<uint64_t>(config.l1_size_bytes() / 8, 64ull << 20, 4ull << 30);
   o.clock = clock;
+  o.on_chunk_slots_gone = std::move(on_chunk_slots_gone);
   return l2::TierSet::Create(o, std::move(specs), l1);
 }
 

@@ -28,9 +28,11 @@ struct Instance;
 // Null (and OK) when no --l2-adapter was given and there is no `peer_tier` (P2P's, placed
 // last: peers are asked only for what no tier of this node holds). Invalid JSON or
 // configuration is an error; an unreachable back-end is not (its tier retries).
-Result<std::unique_ptr<l2::TierSet>> MakeTierSet(const ServerConfig& config, l1::L1Cache* l1,
-                                                 const Clock* clock,
-                                                 std::shared_ptr<l2::Tier> peer_tier = nullptr);
+// `on_chunk_slots_gone`: l2::TierSetOptions's (the blend matcher's removal; may be empty).
+Result<std::unique_ptr<l2::TierSet>> MakeTierSet(
+    const ServerConfig& config, l1::L1Cache* l1, const Clock* clock,
+    std::shared_ptr<l2::Tier> peer_tier = nullptr,
+    std::function<void(std::span<const l2::ChunkSlot>)> on_chunk_slots_gone = {});
 
 // The tier format of objects of an lmcache-driven layout / an engine-driven registration.
 // A non-empty key namespace (objects kept apart in L1, server/chunk_keys.h) makes them

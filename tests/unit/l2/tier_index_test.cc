@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -72,6 +73,41 @@ TEST(TierIndexTest, AFailedDeleteMakesTheObjectACandidateAgainAndRemoveForgetsIt
   // Slots are reused.
   index.Account("c", 1);
   EXPECT_EQ(index.PlanVictims(1), (Ids{"c"}));
+}
+
+// Issue 24: the blend matcher is told when the last copy of a chunk's object leaves the
+// tiers, so the index knows which chunk slot each object holds.
+TEST(TierIndexTest, KnowsWhichChunkSlotsItsObjectsHoldUntilTheLastLeaves) {
+  l1::ChunkKey chunk;
+  chunk.ns = 3;
+  chunk.chunk_hash[0] = 7;
+  const ChunkSlot s0{chunk, 0}, s1{chunk, 1};
+  TierIndex index;
+  index.Account("scanned", 1);          // only a scan saw it: no slot
+  index.Account("rank0", 1, &s0);
+  index.Account("rank0-other-layout", 1, &s0);
+  index.Account("rank1", 1);            // written without a slot...
+  EXPECT_FALSE(index.holds(s1));
+  index.Account("rank1", 1, &s1);       // ...then found for chunk slot 1
+  EXPECT_TRUE(index.holds(s0));
+  EXPECT_TRUE(index.holds(s1));
+  index.Account("rank1", 1, &s0);       // the first slot named is kept
+  std::optional<ChunkSlot> gone;
+  EXPECT_EQ(index.Remove("rank0", &gone), 1u);
+  EXPECT_EQ(gone, s0);
+  EXPECT_TRUE(index.holds(s0)) << "the other layout's object still holds slot 0";
+  index.Remove("rank0-other-layout", &gone);
+  EXPECT_EQ(gone, s0);
+  EXPECT_FALSE(index.holds(s0));
+  index.Remove("scanned", &gone);
+  EXPECT_FALSE(gone.has_value());
+  index.Remove("rank1", &gone);
+  EXPECT_EQ(gone, s1);
+  EXPECT_FALSE(index.holds(s1));
+  // A reused entry does not inherit the slot of the object it replaced.
+  index.Account("fresh", 1);
+  index.Remove("fresh", &gone);
+  EXPECT_FALSE(gone.has_value());
 }
 
 TEST(TierIndexTest, TakesAnyPolicyOfTheEvictionModule) {

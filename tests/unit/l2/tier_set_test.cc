@@ -1,12 +1,14 @@
 // TierSet over a real L1 cache and in-memory tiers (with the fault decorator): store-behind
 // never blocks and stays within its budget, prefetch loads byte-exact prefixes and shrinks on
 // failure, the prefetch policies, skip_l1, and eviction that covers objects of earlier runs.
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <cstring>
 #include <functional>
 #include <future>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include <gtest/gtest.h>
@@ -1026,6 +1028,109 @@ TEST_F(TierSetTest, Finding11HealthFollowsFailingWritesAndRecovers) {
   set_->StoreBehind(WriteL1(6), Format());
   ASSERT_TRUE(set_->WaitIdle(10));
   EXPECT_TRUE(set_->stats().tiers[0].health.healthy) << "a write went through again";
+}
+
+}  // namespace
+}  // namespace kvd::l2
+
+namespace kvd::l2 {
+namespace {
+
+// Issue 24 (synchronous fingerprint removal): with every tier indexed, the set says which
+// chunk slots no tier holds, and tells on_chunk_slots_gone when a delete takes the last copy.
+class TierSetChunkSlotsTest : public TierSetTest {
+ protected:
+  static AdapterConfig Capacity(std::optional<TierEvictionConfig> eviction = std::nullopt) {
+    AdapterConfig cfg;
+    cfg.type = "memory";
+    cfg.max_capacity_gb = 64.0 * kObj / (1ull << 30);
+    cfg.eviction = eviction;
+    return cfg;
+  }
+  TierSetOptions Listening() {
+    TierSetOptions o;
+    o.on_chunk_slots_gone = [this](std::span<const ChunkSlot> slots) {
+      std::lock_guard<std::mutex> lock(mu_);
+      gone_.insert(gone_.end(), slots.begin(), slots.end());
+    };
+    return o;
+  }
+  std::vector<ChunkSlot> Gone() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return gone_;
+  }
+  std::vector<ItemResult> DeleteSync(size_t tier, std::vector<ObjectKey> keys) {
+    auto pr = std::make_shared<std::promise<std::vector<ItemResult>>>();
+    auto f = pr->get_future();
+    set_->DeleteObjects(tier, std::move(keys), [pr](std::vector<ItemResult> r) { pr->set_value(std::move(r)); });
+    EXPECT_EQ(f.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+    return f.get();
+  }
+  void WaitScanned() {
+    for (size_t t = 0; t < set_->size(); ++t) {
+      if (set_->stats().tiers[t].capacity_bytes == 0) continue;  // no index, no scan
+      for (int i = 0; i < 2000 && !set_->stats().tiers[t].scanned; ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
+    }
+  }
+
+  std::mutex mu_;
+  std::vector<ChunkSlot> gone_;
+};
+
+TEST_F(TierSetChunkSlotsTest, Issue24TheLastCopysDeleteIsReportedOnceNoIndexedTierHoldsTheSlot) {
+  Make({std::make_shared<MemoryTier>(), std::make_shared<MemoryTier>()}, Listening(), {Capacity(), Capacity()});
+  WaitScanned();
+  const auto objects = WriteL1(0);
+  set_->StoreBehind(objects, Format());
+  ASSERT_TRUE(set_->WaitIdle(10));
+  EXPECT_FALSE(set_->ChunkInNoTier(Chunk(0), kRanks));
+  EXPECT_TRUE(set_->ChunkInNoTier(Chunk(1), kRanks)) << "never written";
+  // Tier 0 drops rank 0's object: tier 1 still holds it.
+  ASSERT_TRUE(DeleteSync(0, {Obj(0, 0)})[0].status.ok());
+  EXPECT_TRUE(Gone().empty());
+  EXPECT_FALSE(set_->ChunkInNoTier(Chunk(0), kRanks));
+  // Tier 1 drops it too: the last copy of slot 0 went; slot 1 is untouched.
+  ASSERT_TRUE(DeleteSync(1, {Obj(0, 0)})[0].status.ok());
+  ASSERT_EQ(Gone().size(), 1u);
+  EXPECT_EQ(Gone()[0], (ChunkSlot{Chunk(0), 0}));
+  EXPECT_TRUE(set_->ChunkInNoTier(Chunk(0), kRanks));
+  EXPECT_FALSE(set_->ChunkInNoTier(Chunk(0), 0)) << "no slot asked about";
+  // Written again: held again, with its slots.
+  set_->StoreBehind(objects, Format());
+  ASSERT_TRUE(set_->WaitIdle(10));
+  EXPECT_FALSE(set_->ChunkInNoTier(Chunk(0), kRanks));
+}
+
+TEST_F(TierSetChunkSlotsTest, Issue24AnEvictionRoundReportsTheSlotsItTookTheLastCopyOf) {
+  Make({std::make_shared<MemoryTier>()}, Listening(), {Capacity(TierEvictionConfig{"LRU", 0.0, 1.0})});
+  WaitScanned();
+  set_->StoreBehind(WriteL1(0), Format());
+  ASSERT_TRUE(set_->WaitIdle(10));
+  clock_.AdvanceSeconds(2);
+  for (int i = 0; i < 2000 && Gone().size() < kRanks; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  ASSERT_TRUE(set_->WaitIdle(10));
+  auto gone = Gone();
+  ASSERT_EQ(gone.size(), kRanks);
+  std::sort(gone.begin(), gone.end(), [](const ChunkSlot& a, const ChunkSlot& b) { return a.slot < b.slot; });
+  EXPECT_EQ(gone[0], (ChunkSlot{Chunk(0), 0}));
+  EXPECT_EQ(gone[1], (ChunkSlot{Chunk(0), 1}));
+  EXPECT_TRUE(set_->ChunkInNoTier(Chunk(0), kRanks));
+}
+
+// A tier without a capacity keeps no index, so nothing can be known: never "in no tier",
+// never reported (the lookup's existence check decides instead).
+TEST_F(TierSetChunkSlotsTest, Issue24ATierWithoutAnIndexMakesEveryAnswerUnknown) {
+  Make({std::make_shared<MemoryTier>(), std::make_shared<MemoryTier>()}, Listening(), {Capacity(), {}});
+  WaitScanned();
+  set_->StoreBehind(WriteL1(0), Format());
+  ASSERT_TRUE(set_->WaitIdle(10));
+  EXPECT_FALSE(set_->ChunkInNoTier(Chunk(1), kRanks));
+  ASSERT_TRUE(DeleteSync(0, {Obj(0, 0)})[0].status.ok());
+  ASSERT_TRUE(DeleteSync(1, {Obj(0, 0)})[0].status.ok());
+  EXPECT_FALSE(set_->ChunkInNoTier(Chunk(0), kRanks));
+  EXPECT_TRUE(Gone().empty());
 }
 
 }  // namespace

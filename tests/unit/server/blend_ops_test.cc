@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <future>
 #include <random>
 #include <thread>
 
@@ -624,7 +625,7 @@ class BlendOpsTierTest : public BlendOpsTest {
     char tmpl[] = "/tmp/kvd_blend_tier_XXXXXX";
     ASSERT_NE(mkdtemp(tmpl), nullptr);
     dir_ = tmpl;
-    cfg_.l2_adapters = {R"({"type":"fs","base_path":")" + dir_ + R"("})"};
+    cfg_.l2_adapters = {R"({"type":"fs","base_path":")" + dir_ + "\"" + TierExtra() + "}"};
     BlendOpsTest::SetUp();
     svc_->RegisterMetrics(registry_);
   }
@@ -635,6 +636,8 @@ class BlendOpsTierTest : public BlendOpsTest {
   wire::CbUnifiedLookupResult LookupPolling(const wire::CacheKey& key, int* nils) {
     return PollUnifiedLookup(blend(), key, nils);
   }
+  // More fields of the tier's adapter JSON (a subclass's).
+  virtual std::string TierExtra() const { return ""; }
   double Metric(const std::string& name) { return metrics::ValueOf(registry_.Collect(), name, -1); }
   // `w` registered, sys + doc stored and written to the tier, then dropped from L1; with
   // `empty_tier` the tier's objects are deleted too.
@@ -1048,6 +1051,69 @@ TEST_F(BlendDeviceTest, GpuRopeTableOnACpuInstanceOrUnreadableIsRefused) {
   EXPECT_FALSE(blend().has_rope(100));
   ASSERT_TRUE(blend().RegisterRope(GpuRope(100)).ok());
   EXPECT_TRUE(blend().has_rope(100));
+}
+
+}  // namespace
+}  // namespace kvd::server
+
+namespace kvd::server {
+namespace {
+
+// Issue 24, synchronous removal with tiers: an fs tier with a capacity is indexed (kvd knows
+// what it holds and deletes it itself), so a fingerprint goes as soon as its chunk is in
+// neither L1 nor the tier, whichever of the two lets it go last; no lookup is needed.
+class BlendOpsIndexedTierTest : public BlendOpsTierTest {
+ protected:
+  std::string TierExtra() const override { return R"(,"max_capacity_gb":1)"; }
+  void SetUp() override {
+    BlendOpsTierTest::SetUp();
+    for (int i = 0; i < 2000 && !svc_->tiers()->stats().tiers[0].scanned; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    ASSERT_TRUE(svc_->tiers()->stats().tiers[0].scanned);
+  }
+  // Deletes every object of the tier as the operator's DELETE /cache/objects does; returns
+  // how many there were.
+  size_t DeleteEveryTierObject() {
+    std::promise<Result<std::vector<l2::ScannedObject>>> listed;
+    svc_->tiers()->ListObjects(0, [&](Result<std::vector<l2::ScannedObject>> r) { listed.set_value(std::move(r)); });
+    auto objects = listed.get_future().get();
+    EXPECT_TRUE(objects.ok());
+    if (!objects.ok()) return 0;
+    std::vector<l2::ObjectKey> keys;
+    for (const auto& o : *objects) keys.push_back(o.key);
+    std::promise<std::vector<l2::ItemResult>> deleted;
+    svc_->tiers()->DeleteObjects(0, keys, [&](std::vector<l2::ItemResult> r) { deleted.set_value(std::move(r)); });
+    for (const auto& r : deleted.get_future().get()) EXPECT_TRUE(r.status.ok()) << r.status.ToString();
+    return keys.size();
+  }
+};
+
+TEST_F(BlendOpsIndexedTierTest, Issue24TheTiersDeleteOfAChunkL1LacksRemovesItsFingerprintAtOnce) {
+  FakeWorker w("/kvd_test_blend_itw1");
+  w.Fill(16);
+  ASSERT_NO_FATAL_FAILURE(StoredThenOutOfL1(w, /*empty_tier=*/false));
+  EXPECT_EQ(blend().matcher().Stats().live, 2u) << "the tier holds both chunks";
+  EXPECT_EQ(DeleteEveryTierObject(), 2u);
+  EXPECT_EQ(blend().matcher().Stats().live, 0u);
+  EXPECT_EQ(Metric("lmcache_blend_chunks_evicted_total"), 2);
+  EXPECT_EQ(Metric("kvd_blend_lookup_tier_load_chunks_total"), 0) << "no lookup asked the tier";
+}
+
+TEST_F(BlendOpsIndexedTierTest, Issue24AnL1EvictionOfAChunkTheTierDroppedRemovesItsFingerprintAtOnce) {
+  FakeWorker w("/kvd_test_blend_itw2");
+  w.Fill(17);
+  ASSERT_TRUE(svc_->RegisterKvCache(w.Registration(100, 1)).ok());
+  StoreSysDoc();
+  ASSERT_TRUE(svc_->WaitTiersIdle(10));
+  EXPECT_EQ(DeleteEveryTierObject(), 2u);
+  EXPECT_EQ(blend().matcher().Stats().live, 2u) << "L1 still holds both chunks";
+  svc_->Clear();
+  EXPECT_EQ(blend().matcher().Stats().live, 0u);
+  EXPECT_EQ(Metric("lmcache_blend_chunks_evicted_total"), 2);
+  // Stored again, both are matchable again.
+  StoreSysDoc();
+  EXPECT_EQ(blend().matcher().Stats().live, 2u);
 }
 
 }  // namespace
