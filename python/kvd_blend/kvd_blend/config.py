@@ -19,6 +19,65 @@ from dataclasses import dataclass
 from typing import Any
 
 DEFAULT_BOUNDARY_K = 8
+POLICY_NAMES = ("hkvd", "kv", "grad", "boundary", "hkvd+boundary", "random")
+
+
+@dataclass(frozen=True)
+class Policy:
+    """Which reused rows are recomputed after the check layer, besides every row no chunk
+    covered and the last row (`kvd.blend.policy`, spelled as str() gives it):
+
+        hkvd             the top recompute_ratio of the reused rows by K deviation (lmcache's)
+        kv               the same ranked by K's deviation over its mean plus V's over its mean
+                         (one more read of the reused V per row)
+        grad             the paper's gradual filter: the top min(1, 2 * recompute_ratio) by K
+                         deviation at the check layer, then the top recompute_ratio (of all
+                         reused rows) among those by K deviation at the next layer, from which
+                         on only they run
+        boundary:K       the first K rows of each reused segment
+        hkvd+boundary:K  both hkvd's rows and boundary's
+        random:SEED      a seeded random recompute_ratio (a control for measurements, not for
+                         serving)
+
+    Every combination the fields allow is one of these (checked when made)."""
+    name: str = "hkvd"
+    boundary_k: int = 0  # boundary and hkvd+boundary only (>= 1 there)
+    seed: int = 0        # random only
+
+    def __post_init__(self) -> None:
+        if self.name not in POLICY_NAMES:
+            raise ValueError(f"unknown blend policy {self.name!r} (known: {', '.join(POLICY_NAMES)})")
+        if (self.boundary_k >= 1) != self.name.endswith("boundary"):
+            raise ValueError(f"blend policy {self.name}: boundary_k {self.boundary_k} "
+                             "(>= 1 with boundary, 0 otherwise)")
+        if self.seed < 0 or (self.seed and self.name != "random"):
+            raise ValueError(f"blend policy {self.name}: seed {self.seed} (>= 0, random only)")
+
+    @property
+    def ranks_by_deviation(self) -> bool:
+        """Rows are chosen by deviation (top ratio)."""
+        return self.name in ("hkvd", "kv", "grad", "hkvd+boundary")
+
+    @property
+    def with_v(self) -> bool:
+        """The deviation weighs V's too (kv)."""
+        return self.name == "kv"
+
+    @property
+    def gradual(self) -> bool:
+        """Two filters: at the check layer and at the next (grad)."""
+        return self.name == "grad"
+
+    @property
+    def random(self) -> bool:
+        return self.name == "random"
+
+    def __str__(self) -> str:
+        if self.name.endswith("boundary"):
+            return f"{self.name}:{self.boundary_k}"
+        if self.random:
+            return f"random:{self.seed}"
+        return self.name
 
 
 @dataclass(frozen=True)
@@ -26,41 +85,14 @@ class BlendConfig:
     enable: bool = False
     check_layer: int = 1
     recompute_ratio: float = 0.15
-    # Which reused rows are recomputed after the check layer (besides every row no chunk covered
-    # and the last row): the top `recompute_ratio` by deviation (hkvd), the first `boundary_k`
-    # rows of each reused segment (boundary), both, or a seeded random `recompute_ratio`
-    # (random: a control for measurements, not for serving).
-    hkvd: bool = True
-    # The deviation hkvd ranks by: K's alone (policy hkvd, lmcache's), or K's over its mean
-    # plus V's over its mean (policy kv: one more read of the reused V per row).
-    kv_deviation: bool = False
-    # Policy grad, the paper's gradual filter: the top min(1, 2 * recompute_ratio) by K
-    # deviation at the check layer, then the top recompute_ratio (of all reused rows) among
-    # those by K deviation at the next layer, from which on only they run.
-    gradual: bool = False
-
-    @property
-    def first_ratio(self) -> float:
-        """The share of the reused rows kept at the check layer."""
-        return min(1.0, 2.0 * self.recompute_ratio) if self.gradual else self.recompute_ratio
-    boundary_k: int = 0
-    random_seed: int | None = None
+    policy: Policy = Policy()
     min_reused_tokens: int = 256
     retrieve_timeout_s: float = 30.0
 
     @property
-    def policy(self) -> str:
-        if self.random_seed is not None:
-            return f"random:{self.random_seed}"
-        if self.kv_deviation:
-            return "kv"
-        if self.gradual:
-            return "grad"
-        if self.hkvd and self.boundary_k:
-            return f"hkvd+boundary:{self.boundary_k}"
-        if self.boundary_k:
-            return f"boundary:{self.boundary_k}"
-        return "hkvd"
+    def first_ratio(self) -> float:
+        """The share of the reused rows kept at the check layer."""
+        return min(1.0, 2.0 * self.recompute_ratio) if self.policy.gradual else self.recompute_ratio
 
     @staticmethod
     def from_extra_config(extra: dict[str, Any] | None) -> "BlendConfig":
@@ -87,7 +119,7 @@ class BlendConfig:
             kw["recompute_ratio"] = r
         key, v = pick("kvd.blend.policy")
         if key is not None:
-            kw.update(_parse_policy(key, v))
+            kw["policy"] = _parse_policy(key, v)
         key, v = pick("kvd.blend.min_reused_tokens")
         if key is not None:
             kw["min_reused_tokens"] = _as_int(key, v, lo=0)
@@ -110,22 +142,17 @@ _KNOWN = {
 }
 
 
-def _parse_policy(key: str, v: Any) -> dict[str, Any]:
+def _parse_policy(key: str, v: Any) -> Policy:
     if not isinstance(v, str):
         raise ValueError(f"{key} must be a string, got {v!r}")
-    s = v.strip().lower()
-    if s in ("hkvd", "kv", "grad"):
-        return {"hkvd": True, "kv_deviation": s == "kv", "gradual": s == "grad", "boundary_k": 0,
-                "random_seed": None}
-    name, _, arg = s.partition(":")
+    text = v.strip().lower()
+    if text in ("hkvd", "kv", "grad"):
+        return Policy(text)
+    name, _, arg = text.partition(":")
     if name in ("boundary", "hkvd+boundary"):
-        k = DEFAULT_BOUNDARY_K if arg == "" else _as_int(key, arg, lo=1)
-        return {"hkvd": name == "hkvd+boundary", "kv_deviation": False, "gradual": False,
-                "boundary_k": k, "random_seed": None}
+        return Policy(name, boundary_k=DEFAULT_BOUNDARY_K if arg == "" else _as_int(key, arg, lo=1))
     if name == "random":
-        seed = 0 if arg == "" else _as_int(key, arg, lo=0)
-        return {"hkvd": False, "kv_deviation": False, "gradual": False, "boundary_k": 0,
-                "random_seed": seed}
+        return Policy(name, seed=0 if arg == "" else _as_int(key, arg, lo=0))
     raise ValueError(f"{key} must be one of hkvd, kv, grad, boundary:K, hkvd+boundary[:K], random[:SEED]; "
                      f"got {v!r}")
 

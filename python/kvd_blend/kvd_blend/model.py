@@ -226,7 +226,7 @@ class BlendForward:
             hidden, residual = layer(positions, hidden, residual)
 
         # Policy grad filters twice: at the check layer and at the next.
-        second = self.cfg.gradual and check + 1 < len(layers)
+        second = self.cfg.policy.gradual and check + 1 < len(layers)
         kept: dict[str, torch.Tensor] = {}  # "keep": the rows that go on, unless all of them
         self._intercept(attns[check], fc, names, blended, positions, None, kept, final=not second)
         hidden, residual = layers[check](positions, hidden, residual)
@@ -308,7 +308,7 @@ class BlendForward:
             md = fc.attn_metadata[attn.layer_name]  # the metadata of the rows that run here
             slot_mapping = fc.slot_mapping[attn.layer_name]
             keep_mask = torch.ones(n_cur, dtype=torch.bool)
-            with_v = self.cfg.kv_deviation
+            with_v = self.cfg.policy.with_v
             # per plan: its indices here, its rows, and (with_v) the rows its ratio counts
             mine: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]] = []
             devs: list[torch.Tensor] = []   # per plan: K deviations (then K and V's, with_v)

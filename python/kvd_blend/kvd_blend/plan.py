@@ -138,29 +138,30 @@ def choose_rows(plan: BlendRequestPlan, deviation: torch.Tensor, cfg: BlendConfi
     counted = reused & ~exact_mask(plan)
     n_reused = int(counted.sum())
     quota = min(n_reused, math.ceil(ratio * n_reused - 1e-9)) if n_reused else 0
+    policy = cfg.policy
     if among is not None:
-        if cfg.random_seed is not None or not cfg.hkvd or cfg.boundary_k:
+        if not policy.ranks_by_deviation or policy.boundary_k:
             raise ValueError("choose_rows among earlier choices: hkvd only")
         counted = counted & among
     reused_idx = torch.nonzero(counted, as_tuple=False).flatten()
     quota = min(quota, int(reused_idx.numel()))
-    if cfg.random_seed is not None:
+    if policy.random:
         if quota:
-            g = torch.Generator().manual_seed(cfg.random_seed)
+            g = torch.Generator().manual_seed(policy.seed)
             pick = torch.randperm(n_reused, generator=g)[:quota]
             keep[reused_idx[pick]] = True
     else:
-        if cfg.hkvd and quota:
+        if policy.ranks_by_deviation and quota:
             d = deviation.detach().to(torch.float64).flatten()[reused_idx]
             # Stable descending order: equal deviations keep their row order.
             order = torch.sort(-d, stable=True).indices[:quota]
             keep[reused_idx[order]] = True
-        if cfg.boundary_k:
+        if policy.boundary_k:
             for s in plan.segments:
                 if s.exact:
                     continue
                 a = s.cur_st - plan.start
-                keep[a:min(a + cfg.boundary_k, s.cur_ed - plan.start)] = True
+                keep[a:min(a + policy.boundary_k, s.cur_ed - plan.start)] = True
     return torch.nonzero(keep, as_tuple=False).flatten()
 
 

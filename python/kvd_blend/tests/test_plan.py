@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvd_blend.config import BlendConfig
+from kvd_blend.config import BlendConfig, Policy
 from types import SimpleNamespace
 
 from kvd_blend.plan import (BlendRequestPlan, Segment, choose_rows, exact_mask, k_deviation,
@@ -25,7 +25,7 @@ def plan(start: int, end: int, segments: list[Segment]) -> BlendRequestPlan:
 
 def test_config_defaults_are_the_issue_s():
     c = BlendConfig.from_extra_config({})
-    assert (c.enable, c.check_layer, c.recompute_ratio, c.policy, c.min_reused_tokens) == (
+    assert (c.enable, c.check_layer, c.recompute_ratio, str(c.policy), c.min_reused_tokens) == (
         False, 1, 0.15, "hkvd", 256)
 
 
@@ -38,15 +38,32 @@ def test_config_reads_kvd_keys_and_lmcache_spellings():
     assert c.recompute_ratio == 0.05
 
 
-@pytest.mark.parametrize("policy,hkvd,k,seed", [
-    ("hkvd", True, 0, None), ("boundary:4", False, 4, None), ("hkvd+boundary", True, 8, None),
-    ("hkvd+boundary:2", True, 2, None), ("random", False, 0, 0), ("random:7", False, 0, 7),
-    ("kv", True, 0, None), ("grad", True, 0, None)])
-def test_config_policies(policy, hkvd, k, seed):
+@pytest.mark.parametrize("policy,want,ranks", [
+    ("hkvd", Policy("hkvd"), True), ("boundary:4", Policy("boundary", boundary_k=4), False),
+    ("hkvd+boundary", Policy("hkvd+boundary", boundary_k=8), True),
+    ("hkvd+boundary:2", Policy("hkvd+boundary", boundary_k=2), True),
+    ("random", Policy("random"), False), ("random:7", Policy("random", seed=7), False),
+    (" KV ", Policy("kv"), True), ("grad", Policy("grad"), True)])
+def test_config_policies(policy, want, ranks):
     c = BlendConfig.from_extra_config({"kvd.blend.policy": policy})
-    assert (c.hkvd, c.boundary_k, c.random_seed) == (hkvd, k, seed)
-    assert (c.kv_deviation, c.gradual) == (policy == "kv", policy == "grad")
-    assert BlendConfig.from_extra_config({"kvd.blend.policy": c.policy}) == c
+    assert c.policy == want
+    assert c.policy.ranks_by_deviation == ranks
+    assert (c.policy.with_v, c.policy.gradual, c.policy.random) == (
+        want.name == "kv", want.name == "grad", want.name == "random")
+    assert BlendConfig.from_extra_config({"kvd.blend.policy": str(c.policy)}) == c
+
+
+@pytest.mark.parametrize("fields,needle", [
+    ({"name": "topk"}, "unknown blend policy"),
+    ({"name": "boundary"}, "boundary_k 0"),
+    ({"name": "hkvd", "boundary_k": 3}, "boundary_k 3"),
+    ({"name": "kv", "seed": 2}, "random only"),
+    ({"name": "random", "seed": -1}, "seed -1"),
+])
+def test_policy_refuses_combinations_that_are_no_policy(fields, needle):
+    with pytest.raises(ValueError) as e:
+        Policy(**fields)
+    assert needle in str(e.value)
 
 
 @pytest.mark.parametrize("extra,needle", [
@@ -57,6 +74,7 @@ def test_config_policies(policy, hkvd, k, seed):
     ({"kvd.blend.enable": "maybe"}, "boolean"),
     ({"kvd.blend.policy": "topk"}, "must be one of"),
     ({"kvd.blend.policy": "boundary:0"}, ">= 1"),
+    ({"kvd.blend.policy": "kv:1"}, "must be one of"),
     ({"kvd.blend.ratio": 0.1}, "unknown kv_connector_extra_config keys: kvd.blend.ratio"),
     ({"kvd.blend.retrieve_timeout_s": 0}, "> 0"),
 ])
@@ -107,7 +125,7 @@ def test_hkvd_keeps_the_top_ratio_of_reused_rows_by_deviation_ties_to_the_earlie
 
 def test_boundary_keeps_the_first_k_rows_of_each_segment():
     p = plan(0, 600, [seg(0, 256), seg(300, 256)])
-    cfg = BlendConfig(recompute_ratio=0.0, hkvd=False, boundary_k=3)
+    cfg = BlendConfig(recompute_ratio=0.0, policy=Policy("boundary", boundary_k=3))
     kept = choose_rows(p, torch.zeros(600), cfg).tolist()
     assert kept[:3] == [0, 1, 2]
     assert {300, 301, 302} <= set(kept) and 303 not in kept and 3 not in kept
@@ -115,12 +133,12 @@ def test_boundary_keeps_the_first_k_rows_of_each_segment():
 
 def test_random_is_seeded_and_takes_the_same_quota():
     p = plan(0, 512, [seg(0, 512)])
-    cfg = BlendConfig(recompute_ratio=0.15, hkvd=False, random_seed=3)
+    cfg = BlendConfig(recompute_ratio=0.15, policy=Policy("random", seed=3))
     a = choose_rows(p, torch.zeros(512), cfg)
     b = choose_rows(p, torch.rand(512), cfg)
     assert torch.equal(a, b)
     assert a.numel() in (77, 78)  # ceil(0.15 * 512) = 77 reused rows, plus the last row unless drawn
-    other = choose_rows(p, torch.zeros(512), BlendConfig(recompute_ratio=0.15, hkvd=False, random_seed=4))
+    other = choose_rows(p, torch.zeros(512), BlendConfig(recompute_ratio=0.15, policy=Policy("random", seed=4)))
     assert not torch.equal(a, other)
 
 
@@ -138,9 +156,9 @@ def test_exact_segments_are_reused_never_chosen_and_outside_the_ratio():
     assert kept == {5} | set(range(256, 512)) | set(range(768, 800))  # quota ceil(1) of 256
     kept = set(choose_rows(p, dev, BlendConfig(recompute_ratio=1.0)).tolist())
     assert kept == set(range(512)) | set(range(768, 800)), "ratio 1: every moved row, no exact one"
-    b = choose_rows(p, dev, BlendConfig(recompute_ratio=0.0, hkvd=False, boundary_k=2)).tolist()
+    b = choose_rows(p, dev, BlendConfig(recompute_ratio=0.0, policy=Policy("boundary", boundary_k=2))).tolist()
     assert 0 in b and 1 in b and 512 not in b and 513 not in b
-    r = choose_rows(p, dev, BlendConfig(recompute_ratio=1.0, hkvd=False, random_seed=1)).tolist()
+    r = choose_rows(p, dev, BlendConfig(recompute_ratio=1.0, policy=Policy("random", seed=1))).tolist()
     assert not set(r) & set(range(512, 768))
     assert exact_mask(p).sum().item() == 256 and reused_mask(p).sum().item() == 512
 
@@ -211,7 +229,7 @@ def test_kv_score_adds_k_and_v_deviations_each_over_its_mean_over_the_counted_ro
 def test_grad_keeps_twice_the_ratio_first_then_the_ratio_among_those():
     c = BlendConfig.from_extra_config({"kvd.blend.policy": "grad", "kvd.blend.recompute_ratio": 0.15})
     assert (c.first_ratio, BlendConfig(recompute_ratio=0.15).first_ratio) == (0.3, 0.15)
-    assert BlendConfig(recompute_ratio=0.6, gradual=True).first_ratio == 1.0
+    assert BlendConfig(recompute_ratio=0.6, policy=Policy("grad")).first_ratio == 1.0
     p = plan(0, 12, [seg(0, 10)])             # rows 0-9 reused, 10-11 computed
     first = torch.tensor([9.0, 8, 7, 6, 5, 4, 3, 2, 1, 0, 0, 0])
     wide = choose_rows(p, first, c, ratio=c.first_ratio)
@@ -223,4 +241,4 @@ def test_grad_keeps_twice_the_ratio_first_then_the_ratio_among_those():
     second = torch.tensor([1.0, 5, 3, 0, 0, 0, 0, 0, 0, 99, 0, 0])
     assert choose_rows(p, second, c, among=among).tolist() == [1, 2, 10, 11]
     with pytest.raises(ValueError, match="hkvd only"):
-        choose_rows(p, second, BlendConfig(hkvd=False, boundary_k=2), among=among)
+        choose_rows(p, second, BlendConfig(policy=Policy("boundary", boundary_k=2)), among=among)
