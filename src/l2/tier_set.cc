@@ -138,31 +138,24 @@ void TierSet::ControlLoop(int64_t start_ns) {
 // ---------------------------------------------------------------------------------------------
 // Chunk slots in no tier
 
+bool TierSet::SlotHeld(const ChunkSlot& slot) const {
+  return std::any_of(tiers_.begin(), tiers_.end(), [&slot](const auto& t) {
+    MutexLock lock(&t->mu);
+    return t->index.holds(slot);
+  });
+}
+
 bool TierSet::ChunkInNoTier(const l1::ChunkKey& chunk, uint32_t slots) const {
   if (!every_tier_indexed_) return false;
   for (uint32_t s = 0; s < slots; ++s) {
-    const ChunkSlot slot{chunk, s};
-    bool held = false;
-    for (const auto& t : tiers_) {
-      MutexLock lock(&t->mu);
-      if (t->index.holds(slot)) {
-        held = true;
-        break;
-      }
-    }
-    if (!held) return true;
+    if (!SlotHeld({chunk, s})) return true;
   }
   return false;
 }
 
 void TierSet::SlotsLeftATier(std::vector<ChunkSlot> slots) const {
   if (!every_tier_indexed_ || !options_.on_chunk_slots_gone || slots.empty()) return;
-  std::erase_if(slots, [this](const ChunkSlot& slot) {
-    return std::any_of(tiers_.begin(), tiers_.end(), [&slot](const auto& t) {
-      MutexLock lock(&t->mu);
-      return t->index.holds(slot);
-    });
-  });
+  std::erase_if(slots, [this](const ChunkSlot& slot) { return SlotHeld(slot); });
   if (!slots.empty()) options_.on_chunk_slots_gone(slots);
 }
 

@@ -144,6 +144,8 @@ class TierSet {
   // Objects holding `slots` left a tier: those no tier holds any more go to
   // options_.on_chunk_slots_gone (when every tier is indexed). No tier mutex held.
   void SlotsLeftATier(std::vector<ChunkSlot> slots) const;
+  // Some tier's index holds `slot` (takes each tier's mutex in turn).
+  bool SlotHeld(const ChunkSlot& slot) const;
 
   bool every_tier_indexed_ = false;  // set by Create, then constant
 
